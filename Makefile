@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Both create .venv when missing and install the project with torch pinned (constraints.txt)
+# to the locally available CPU build, so no CUDA wheels are pulled in.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint bench peers clean-venv
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) experiments/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check zoo experiments tests
+
+peers: $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,peers]"
+
+bench: $(STAMP)
+	$(PY) -m zoo.bench --attention vanilla --lengths 256,512,1024
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,82 @@
+"""Additive and multiplicative attention scores, the family the Transformer grew out of.
+
+Papers: "Neural Machine Translation by Jointly Learning to Align and Translate", Bahdanau et al.
+2015, arXiv:1409.0473 (``concat``: score(s, h) = v^T tanh(W_s s + W_h h)); "Effective Approaches
+to Attention-based Neural Machine Translation", Luong et al. 2015, arXiv:1508.04025 (``dot``:
+s^T h, and ``general``: s^T W_a h).
+
+Deviations: the scores are computed per head over projected queries/keys (multi-head, like the
+rest of the zoo) rather than over RNN states, and the output is projected back to d. ``concat``
+materialises a [b, h, t, s, k] tensor: its cost is O(t * s * d) by nature, which is why the
+Transformer replaced it with the scaled dot product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.config import require
+from zoo.registry import ATTENTION
+
+SCORES = ("dot", "general", "concat")
+
+
+@ATTENTION.register("additive")
+class AdditiveAttention(Attention):
+    supports_cross = True
+
+    @dataclass
+    class Options:
+        score: str = "concat"  # dot | general | concat
+
+        def __post_init__(self) -> None:
+            require(self.score in SCORES, f"score must be one of {', '.join(SCORES)}; got {self.score!r}")
+
+    def __init__(self, d_model: int, n_heads: int, **kwargs):
+        super().__init__(d_model, n_heads, **kwargs)
+        h, k = self.n_heads, self.head_dim
+        self.to_q = nn.Linear(d_model, d_model)
+        self.to_k = nn.Linear(d_model, d_model)
+        self.to_v = nn.Linear(d_model, d_model)
+        self.to_out = nn.Linear(d_model, d_model)
+        self.attn_dropout = nn.Dropout(self.dropout)
+        if self.options.score == "general":
+            self.w_a = nn.Parameter(torch.randn(h, k, k) * k**-0.5)  # per-head bilinear form
+        elif self.options.score == "concat":
+            self.w_s = nn.Parameter(torch.randn(h, k, k) * k**-0.5)
+            self.w_h = nn.Parameter(torch.randn(h, k, k) * k**-0.5)
+            self.v_a = nn.Parameter(torch.randn(h, k) * k**-0.5)
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """q: [b, h, t, k], k: [b, h, s, k] -> [b, h, t, s]"""
+        score = self.options.score
+        if score == "dot":
+            return torch.einsum("bhtk,bhsk->bhts", q, k)
+        if score == "general":
+            return torch.einsum("bhtk,hkl,bhsl->bhts", q, self.w_a, k)
+        query_part = torch.einsum("bhtk,hkl->bhtl", q, self.w_s)[:, :, :, None]  # [b, h, t, 1, k]
+        key_part = torch.einsum("bhsk,hkl->bhsl", k, self.w_h)[:, :, None]  # [b, h, 1, s, k]
+        return torch.einsum("bhtsl,hl->bhts", torch.tanh(query_part + key_part), self.v_a)
+
+    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
+        self.check_inputs(x, context, pad_mask, state)
+        source = x if context is None else context
+        q = self.split_heads(self.to_q(x))
+        k, v = self.split_heads(self.to_k(source)), self.split_heads(self.to_v(source))
+        t, s = q.shape[2], k.shape[2]
+        allowed = None
+        if self.causal and context is None:
+            allowed = causal_allowed(t, s, x.device)[None, None]
+        if pad_mask is not None:
+            key_ok = pad_mask[:, None, None, :]
+            allowed = key_ok if allowed is None else allowed & key_ok
+        scores = self.scores(q, k)
+        if allowed is not None:
+            scores = scores.masked_fill(~guard_empty_rows(allowed), float("-inf"))
+        weights = self.attn_dropout(torch.softmax(scores, dim=-1))
+        out = torch.einsum("bhts,bhsk->bhtk", weights, v)
+        return AttnOutput(self.to_out(self.merge_heads(out)))

@@ -1,0 +1,146 @@
+"""The attention contract every mechanism implements, plus the helpers they share.
+
+Shape legend (every tensor at a boundary is batch-first):
+
+    b  batch                     t  query length (current segment)
+    s  key length = m + t        m  memory / cache length carried from earlier calls
+    h  heads                     k  head dim = d / h
+    d  model dim                 c  context length (cross-attention keys)
+
+A mechanism is called as ``attn(x, *, context=None, pad_mask=None, state=None) -> AttnOutput``:
+
+- ``x``        [b, t, d] float: the queries' input (and keys'/values' input for self-attention).
+- ``context``  [b, c, d] or None: keys/values come from here (cross-attention).
+- ``pad_mask`` [b, t] (self) or [b, c] (cross) bool, True = real token. The only mask tensor:
+  causality is a constructor flag, so structured mechanisms build their own patterns.
+- ``state``    mechanism-specific memory from the previous call (KV cache, XL memory, span cache);
+  opaque to the block and the stack, threaded per layer by the model. ``init_state`` makes an
+  empty one; ``None`` means "start fresh".
+
+Capability flags are class attributes: the builder refuses impossible combinations with a clear
+error and the tests skip by flag, never by a list of names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from zoo.config import NoOptions, build_options, require
+
+
+@dataclass
+class AttnOutput:
+    out: Tensor  # [b, t, d], already output-projected
+    state: Any = None  # new per-layer state (detached, bounded), opaque to the block
+    aux: dict[str, Tensor] = field(default_factory=dict)  # weighted scalar losses, e.g. {"span_l1": ...}
+    stats: dict[str, Tensor] = field(default_factory=dict)  # logging only, e.g. {"span_mean": ...}
+
+
+class Attention(nn.Module):
+    """Base class: validates the arguments every mechanism shares and its own ``Options``.
+
+    Subclasses declare ``Options`` (a dataclass of their hyper-parameters with defaults) and read
+    them from ``self.options``; the registry name comes from ``@ATTENTION.register``.
+    """
+
+    # capability flags
+    supports_memory: ClassVar[bool] = False  # segment memory / KV cache across calls
+    supports_cross: ClassVar[bool] = False  # keys/values from another sequence
+    supports_padding: ClassVar[bool] = True  # honours a boolean key-padding mask
+    causal_only: ClassVar[bool] = False  # only defined for causal (decoder) use
+    Options: ClassVar[type] = NoOptions
+    registry_name: ClassVar[str | None] = None
+
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool = False, dropout: float = 0.0, layer_index: int = 0, **options: Any):
+        super().__init__()
+        name = self.registry_name or type(self).__name__
+        require(isinstance(d_model, int) and d_model > 0, f"{name}: d_model must be a positive int, got {d_model!r}")
+        require(isinstance(n_heads, int) and n_heads > 0, f"{name}: n_heads must be a positive int, got {n_heads!r}")
+        require(d_model % n_heads == 0, f"{name}: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        require(0.0 <= dropout < 1.0, f"{name}: dropout must be in [0, 1), got {dropout}")
+        require(causal or not self.causal_only, f"{name} is causal-only: build it with causal=True")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.causal, self.dropout = bool(causal), float(dropout)
+        self.layer_index = layer_index  # depth of the block holding this attention (interleaved patterns)
+        self.options = build_options(self.Options, options, f"attention {name!r}")
+
+    # -- state -------------------------------------------------------------------------------
+    def init_state(self, batch_size: int) -> Any:
+        """An empty state that makes the mechanism start caching (``None``: it keeps none)."""
+        return None
+
+    # -- shared input checks -----------------------------------------------------------------
+    def check_inputs(self, x: Tensor, context: Tensor | None, pad_mask: Tensor | None, state: Any) -> None:
+        """Clear errors for wrong shapes/dtypes instead of a shape error deep inside torch."""
+        name = self.registry_name or type(self).__name__
+        if not (isinstance(x, Tensor) and x.dim() == 3 and x.is_floating_point()):
+            raise ValueError(f"{name}: x must be a float tensor [b, t, d]; got {_describe(x)}")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"{name}: x has d={x.shape[-1]} but the attention was built with d_model={self.d_model}")
+        if context is not None:
+            if not self.supports_cross:
+                raise ValueError(f"{name} does not support cross-attention (context=...); mechanisms that do: see zoo.list_attention() with supports_cross")
+            if not (isinstance(context, Tensor) and context.dim() == 3 and context.shape[0] == x.shape[0] and context.shape[-1] == self.d_model):
+                raise ValueError(f"{name}: context must be [b={x.shape[0]}, c, d={self.d_model}]; got {_describe(context)}")
+        if pad_mask is not None:
+            keys = context if context is not None else x
+            if not (isinstance(pad_mask, Tensor) and pad_mask.dtype == torch.bool):
+                raise ValueError(f"{name}: pad_mask must be a bool tensor (True = real token); got {_describe(pad_mask)}")
+            if tuple(pad_mask.shape) != tuple(keys.shape[:2]):
+                raise ValueError(f"{name}: pad_mask must be [b, {'c' if context is not None else 't'}] = {tuple(keys.shape[:2])}; got {tuple(pad_mask.shape)}")
+            if not self.supports_padding:
+                raise ValueError(f"{name} does not support a padding mask")
+        if state is not None and not self.supports_memory:
+            raise ValueError(f"{name} keeps no state (supports_memory=False) but was given one")
+
+    # -- head reshapes -----------------------------------------------------------------------
+    def split_heads(self, x: Tensor) -> Tensor:
+        """[b, t, h*k] -> [b, h, t, k]"""
+        return rearrange(x, "b t (h k) -> b h t k", h=self.n_heads)
+
+    @staticmethod
+    def merge_heads(x: Tensor) -> Tensor:
+        """[b, h, t, k] -> [b, t, h*k]"""
+        return rearrange(x, "b h t k -> b t (h k)")
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, options={self.options}"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return type(value).__name__
+
+
+def guard_empty_rows(allowed: Tensor) -> Tensor:
+    """Let a query that may see no key (a padded query, an all-padding row) see every key.
+
+    Its output is never used by a real position, but a fully masked softmax row is NaN, and NaN
+    leaks into gradients. ``allowed``: bool [..., t, s]."""
+    return allowed | ~allowed.any(dim=-1, keepdim=True)
+
+
+def causal_allowed(t: int, s: int, device: torch.device | None = None) -> Tensor:
+    """bool [t, s]: query i (at absolute position s - t + i) may see key j iff j <= s - t + i."""
+    offset = s - t
+    q = torch.arange(t, device=device)[:, None] + offset
+    return torch.arange(s, device=device)[None, :] <= q
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """Naive softmax(q k^T * scale) v with a boolean ``allowed`` mask ([..., t, s]).
+
+    The plain reference maths the efficient mechanisms are tested against; never used by them.
+    q: [..., t, k], k/v: [..., s, k]."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.einsum("...tk,...sk->...ts", q, k) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("...ts,...sk->...tk", weights, v)

@@ -1,0 +1,426 @@
+"""Heads that turn a stack into a model, and the named presets.
+
+- :class:`CausalLM` (``kind="lm"``): decoder-only language model. Token embeddings are scaled by
+  sqrt(d_model) and tied to the output projection (Vaswani et al. 2017, Section 3.4).
+- :class:`SequenceClassifier` (``kind="classifier"``): bidirectional encoder + mean or first-token
+  pooling + a linear layer, for LRA-style tasks.
+- :class:`EncoderDecoder` (``kind="seq2seq"``): the original Transformer, with cross-attention,
+  optional three-way tying (source embedding = target embedding = output projection) when the
+  vocabularies are shared, and greedy / beam-search decoding through the KV cache.
+
+Calls: ``model(tokens, targets=None, *, pad_mask=None, state=None) -> ModelOutput`` and, for the
+encoder-decoder, ``model(src, tgt, targets=None, *, src_pad_mask=None, tgt_pad_mask=None,
+state=None)``. Feeding ``out.state`` back continues the sequence (XL memory, KV cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.build import attention_class, build_stack, create_position, split_part
+from zoo.config import ModelConfig, merge_config
+from zoo.registry import MODEL, RESIDUAL
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor
+    loss: Tensor | None = None  # task loss when targets are given
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)  # summed over layers: span_l1, ponder, ...
+    state: Any = None  # per-layer memory / cache to feed back next call
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ModelState:
+    """What a model carries between calls: one entry per layer, plus where the stream stands.
+
+    ``offset`` is the absolute position of the next token (for absolute position signals);
+    ``batch_size`` and ``signature`` let a model refuse a state that is not its own."""
+
+    layers: list[Any] | None
+    offset: int
+    batch_size: int
+    signature: str = ""
+
+
+def map_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """Apply ``fn`` to every tensor inside a (nested) state: lists, tuples, dicts, dataclasses.
+    Used to reorder caches in beam search and to move states between devices."""
+    if isinstance(state, Tensor):
+        return fn(state)
+    if isinstance(state, list):
+        return [map_tensors(s, fn) for s in state]
+    if isinstance(state, tuple):
+        return tuple(map_tensors(s, fn) for s in state)
+    if isinstance(state, dict):
+        return {k: map_tensors(v, fn) for k, v in state.items()}
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return dataclasses.replace(state, **{f.name: map_tensors(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init})
+    return state
+
+
+def reorder_state(state: Any, index: Tensor) -> Any:
+    """Select batch rows of every tensor in a state (beam search)."""
+    out = map_tensors(state, lambda t: t.index_select(0, index) if t.dim() > 0 else t)
+    if isinstance(out, (ModelState, Seq2SeqState)):
+        out = dataclasses.replace(out, batch_size=int(index.numel()))
+    return out
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids -> vectors scaled by sqrt(d_model); also the tied output projection."""
+
+    def __init__(self, vocab_size: int, d_model: int, name: str = "tokens"):
+        super().__init__()
+        self.vocab_size, self.d_model, self.name = vocab_size, d_model, name
+        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or tokens.dim() != 2:
+            got = f"shape {tuple(tokens.shape)} dtype {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"{self.name} must be an integer tensor [b, t] of token ids; got {got}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(f"{self.name}: token ids must lie in [0, vocab_size={self.vocab_size}); got min {int(tokens.min())}, max {int(tokens.max())}")
+        return F.embedding(tokens.long(), self.weight) * math.sqrt(self.d_model)
+
+
+def check_pad_mask(pad_mask: Tensor | None, tokens: Tensor, name: str = "pad_mask") -> None:
+    if pad_mask is None:
+        return
+    if not isinstance(pad_mask, Tensor) or pad_mask.dtype != torch.bool or tuple(pad_mask.shape) != tuple(tokens.shape):
+        got = f"shape {tuple(pad_mask.shape)} dtype {pad_mask.dtype}" if isinstance(pad_mask, Tensor) else type(pad_mask).__name__
+        raise ValueError(f"{name} must be a bool tensor shaped like the tokens {tuple(tokens.shape)} (True = real token); got {got}")
+
+
+def token_loss(logits: Tensor, targets: Tensor, pad_mask: Tensor | None, label_smoothing: float) -> Tensor:
+    """Mean cross-entropy over real target positions (targets == -100 or padded are skipped)."""
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must be shaped {tuple(logits.shape[:-1])}; got {tuple(targets.shape)}")
+    targets = targets.long()
+    if pad_mask is not None:
+        targets = targets.masked_fill(~pad_mask, IGNORE_INDEX)
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+
+
+class ZooModel(nn.Module):
+    """Shared plumbing: the resolved config, state checks, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.signature = f"{config.name}:{config.kind}:{config.n_layers}x{config.d_model}"
+
+    def final_norm(self) -> nn.Module:
+        name, _ = split_part(self.config.residual)
+        return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
+
+    def attentions_keep_state(self) -> bool:
+        """True when every attention can continue from a state (KV cache / memory), so decoding
+        can feed one token at a time; otherwise it recomputes the whole prefix each step."""
+        return attention_class(self.config.attention).supports_memory
+
+    def check_state(self, state: Any, batch_size: int, cls: type = None) -> None:
+        cls = cls or ModelState
+        if state is None:
+            return
+        if not isinstance(state, cls):
+            raise ValueError(f"state must be the {cls.__name__} this model returned (out.state); got {type(state).__name__}")
+        if state.signature and state.signature != self.signature:
+            raise ValueError(f"state comes from a different model ({state.signature}); this model is {self.signature}")
+        if state.batch_size != batch_size:
+            raise ValueError(f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh with state=None or model.init_state({batch_size})")
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class CausalLM(ZooModel):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.embed = TokenEmbedding(config.vocab_size, config.d_model)
+        self.position = create_position(config)
+        self.drop = nn.Dropout(config.dropout)
+        self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers)
+        self.norm = self.final_norm()
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def init_state(self, batch_size: int) -> ModelState:
+        """An empty state that turns on caching (KV cache) for incremental decoding."""
+        return ModelState(self.stack.init_state(batch_size), 0, batch_size, self.signature)
+
+    def forward(self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: ModelState | None = None) -> ModelOutput:
+        x = self.embed(tokens)
+        check_pad_mask(pad_mask, tokens)
+        self.check_state(state, tokens.shape[0])
+        offset = state.offset if state is not None else 0
+        x = self.drop(self.position(x, offset))
+        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
+        logits = self.head(self.norm(out.x))
+        loss = token_loss(logits, targets, pad_mask, self.config.label_smoothing) if targets is not None else None
+        new_state = None
+        if out.state is not None or state is not None:
+            new_state = ModelState(out.state, offset + tokens.shape[1], tokens.shape[0], self.signature)
+        return ModelOutput(logits, loss, out.aux, new_state, out.stats)
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None) -> Tensor:
+        """Continue ``prompt`` [b, t0] by ``max_new_tokens``; returns [b, t0 + max_new_tokens].
+
+        Mechanisms with a cache/memory see one new token per step; the others recompute the
+        (position-table-limited) prefix each step."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        was_training = self.training
+        self.eval()
+        tokens = prompt
+        incremental = self.attentions_keep_state()
+        out = self(prompt, state=self.init_state(prompt.shape[0]) if incremental else None)
+        for _ in range(max_new_tokens):
+            next_token = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+            if incremental:
+                out = self(next_token[:, None], state=out.state)
+            else:
+                out = self(tokens[:, -self.config.max_len :])
+        self.train(was_training)
+        return tokens
+
+
+def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None) -> Tensor:
+    """[b, V] logits -> [b] token ids (argmax, or sampling with temperature and top-k)."""
+    if greedy or temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+
+
+class SequenceClassifier(ZooModel):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.embed = TokenEmbedding(config.vocab_size, config.d_model)
+        self.position = create_position(config)
+        self.drop = nn.Dropout(config.dropout)
+        causal = attention_class(config.attention).causal_only
+        self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers)
+        self.norm = self.final_norm()
+        self.head = nn.Linear(config.d_model, config.n_classes)
+
+    def forward(self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: Any = None) -> ModelOutput:
+        if state is not None:
+            raise ValueError("the classifier reads a whole sequence per call and takes no state")
+        x = self.embed(tokens)
+        check_pad_mask(pad_mask, tokens)
+        out = self.stack(self.drop(self.position(x)), pad_mask=pad_mask)
+        h = self.norm(out.x)  # [b, t, d]
+        if self.config.pooling == "first":
+            pooled = h[:, 0]
+        elif pad_mask is None:
+            pooled = h.mean(1)
+        else:
+            weights = pad_mask.to(h.dtype)[..., None]
+            pooled = (h * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        logits = self.head(pooled)
+        loss = None
+        if targets is not None:
+            if targets.shape != (tokens.shape[0],):
+                raise ValueError(f"classifier targets must be [b] = ({tokens.shape[0]},); got {tuple(targets.shape)}")
+            if int(targets.min()) < 0 or int(targets.max()) >= self.config.n_classes:
+                raise ValueError(f"classifier targets must lie in [0, n_classes={self.config.n_classes})")
+            loss = F.cross_entropy(logits.float(), targets.long(), label_smoothing=self.config.label_smoothing)
+        return ModelOutput(logits, loss, out.aux, None, out.stats)
+
+
+@dataclass
+class Seq2SeqState:
+    """Encoder output (computed once) plus the decoder's per-layer caches."""
+
+    memory: Tensor
+    memory_pad_mask: Tensor | None
+    layers: list[Any] | None
+    offset: int
+    batch_size: int
+    signature: str = ""
+
+
+class EncoderDecoder(ZooModel):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        d = config.d_model
+        self.tgt_embed = TokenEmbedding(config.vocab_size, d, name="tgt")
+        shared_vocab = config.src_vocab_size in (0, config.vocab_size)
+        if shared_vocab and config.tie_embeddings:
+            self.src_embed = self.tgt_embed  # three-way tying: source = target = output projection
+        else:
+            self.src_embed = TokenEmbedding(config.src_vocab_size or config.vocab_size, d, name="src")
+        self.position = create_position(config)
+        self.drop = nn.Dropout(config.dropout)
+        self.encoder = build_stack(config, causal=False, cross=False, n_layers=config.n_encoder_layers or config.n_layers)
+        self.encoder_norm = self.final_norm()
+        self.decoder = build_stack(config, causal=True, cross=True, n_layers=config.n_layers)
+        self.decoder_norm = self.final_norm()
+        self.head = nn.Linear(d, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.tgt_embed.weight
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
+        x = self.src_embed(src)
+        check_pad_mask(src_pad_mask, src, "src_pad_mask")
+        out = self.encoder(self.drop(self.position(x)), pad_mask=src_pad_mask)
+        return self.encoder_norm(out.x)
+
+    def init_state(self, src: Tensor, src_pad_mask: Tensor | None = None) -> Seq2SeqState:
+        """Encode ``src`` once and start empty decoder caches."""
+        return Seq2SeqState(self.encode(src, src_pad_mask), src_pad_mask, self.decoder.init_state(src.shape[0]), 0, src.shape[0], self.signature)
+
+    def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *, src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None) -> ModelOutput:
+        self.check_state(state, tgt.shape[0], Seq2SeqState)
+        if state is None:
+            memory, memory_pad_mask, layers, offset = self.encode(src, src_pad_mask), src_pad_mask, None, 0
+        else:
+            memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
+        y = self.tgt_embed(tgt)
+        check_pad_mask(tgt_pad_mask, tgt, "tgt_pad_mask")
+        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask, offset=offset)
+        logits = self.head(self.decoder_norm(out.x))
+        loss = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing) if targets is not None else None
+        new_state = None
+        if state is not None:
+            new_state = Seq2SeqState(memory, memory_pad_mask, out.state, offset + tgt.shape[1], tgt.shape[0], self.signature)
+        return ModelOutput(logits, loss, out.aux, new_state, out.stats)
+
+    @torch.no_grad()
+    def generate(self, src: Tensor, *, max_len: int, src_pad_mask: Tensor | None = None, beam_size: int = 1, length_penalty: float = 0.6) -> Tensor:
+        """Decode [b, max_len'] target ids (starting after BOS, ending at EOS, padded with pad_id).
+
+        beam_size 1 is greedy decoding; otherwise beam search with the GNMT length penalty
+        ((5 + len) / 6) ** alpha (Wu et al. 2016), as used for the paper's translation results."""
+        if beam_size < 1 or max_len < 1:
+            raise ValueError(f"beam_size and max_len must be >= 1; got beam_size={beam_size}, max_len={max_len}")
+        was_training = self.training
+        self.eval()
+        try:
+            return self._beam_search(src, src_pad_mask, max_len, beam_size, length_penalty)
+        finally:
+            self.train(was_training)
+
+    def _decode_step(self, prefix: Tensor, state: Seq2SeqState, incremental: bool) -> tuple[Tensor, Seq2SeqState]:
+        """Log-probabilities of the next token for each row of ``prefix`` [n, l]."""
+        if incremental:
+            out = self(None, prefix[:, -1:], state=state)
+            return torch.log_softmax(out.logits[:, -1].float(), -1), out.state
+        fresh = dataclasses.replace(state, layers=None, offset=0)
+        out = self(None, prefix, state=fresh)
+        return torch.log_softmax(out.logits[:, -1].float(), -1), state
+
+    def _beam_search(self, src: Tensor, src_pad_mask: Tensor | None, max_len: int, beam: int, alpha: float) -> Tensor:
+        cfg = self.config
+        b, device = src.shape[0], src.device
+        state = self.init_state(src, src_pad_mask)
+        index = torch.arange(b, device=device).repeat_interleave(beam)  # [b*beam]: rows of each beam
+        state = reorder_state(state, index)
+        incremental = self.attentions_keep_state()
+        prefix = torch.full((b * beam, 1), cfg.bos_id, dtype=torch.long, device=device)
+        scores = torch.zeros(b, beam, device=device)
+        scores[:, 1:] = float("-inf")  # all beams start identical: keep one alive at first
+        finished = torch.zeros(b * beam, dtype=torch.bool, device=device)
+        for step in range(max_len):
+            logp, state = self._decode_step(prefix, state, incremental)  # [b*beam, V]
+            vocab = logp.shape[-1]
+            # a finished hypothesis can only be extended by padding, at no cost
+            logp = torch.where(finished[:, None], torch.full_like(logp, float("-inf")), logp)
+            logp[finished, cfg.pad_id] = 0.0
+            total = (scores.view(-1, 1) + logp).view(b, beam * vocab)
+            scores, flat = total.topk(beam, dim=-1)  # [b, beam]
+            source_beam, token = flat // vocab, flat % vocab
+            rows = (torch.arange(b, device=device)[:, None] * beam + source_beam).view(-1)
+            prefix = torch.cat([prefix[rows], token.view(-1, 1)], dim=1)
+            finished = finished[rows] | (token.view(-1) == cfg.eos_id)
+            state = reorder_state(state, rows)
+            if bool(finished.all()):
+                break
+        lengths = (prefix[:, 1:] != cfg.pad_id).sum(1).clamp_min(1).float().view(b, beam)
+        normalised = scores / (((5.0 + lengths) / 6.0) ** alpha) if beam > 1 else scores
+        best = normalised.argmax(-1)
+        chosen = prefix.view(b, beam, -1)[torch.arange(b, device=device), best, 1:]
+        return chosen
+
+
+# -- presets ------------------------------------------------------------------------------------
+
+@dataclass
+class Preset:
+    name: str
+    build_config: Callable[[], dict[str, Any]]
+    description: str
+
+
+def register_preset(name: str, description: str) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
+    """Register a preset: a function returning the config values that differ from ModelConfig's."""
+
+    def add(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+        MODEL.register(name, Preset(name, fn, description))
+        return fn
+
+    return add
+
+
+HEADS: dict[str, type[ZooModel]] = {"lm": CausalLM, "classifier": SequenceClassifier, "seq2seq": EncoderDecoder}
+
+
+def preset_config(name: str, **overrides: Any) -> ModelConfig:
+    """The resolved config of preset ``name`` with ``overrides`` merged in (nothing built)."""
+    preset: Preset = MODEL.get(name)
+    base = ModelConfig(name=name).to_dict()
+    base = merge_config(base, preset.build_config())
+    base["name"] = name
+    overrides.pop("name", None)
+    return ModelConfig(**merge_config(base, overrides))
+
+
+def create_model(name: str, **overrides: Any) -> ZooModel:
+    """Build preset ``name`` with ``overrides`` merged over its config.
+
+    ``zoo.create_model("vanilla_lm", vocab_size=256, d_model=64, n_layers=2, n_heads=4)``;
+    ``attention="lsh"`` swaps the mechanism, ``attention={"n_hashes": 8}`` tweaks it;
+    ``zoo.create_model(**model.config.to_dict())`` rebuilds the exact model."""
+    config = preset_config(name, **overrides)
+    return HEADS[config.kind](config)
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    return MODEL.list(pattern)
+
+
+BASE = dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8, dropout=0.1)  # Vaswani et al. 2017, base
+
+
+@register_preset("vanilla_lm", "Decoder-only Transformer LM, base size (Vaswani et al. 2017)")
+def _vanilla_lm() -> dict[str, Any]:
+    return dict(BASE, kind="lm")
+
+
+@register_preset("vanilla_classifier", "Transformer encoder + mean pooling classifier, base size")
+def _vanilla_classifier() -> dict[str, Any]:
+    return dict(BASE, kind="classifier")
+
+
+@register_preset("vanilla_seq2seq", "The original encoder-decoder Transformer, base size, three-way tied embeddings")
+def _vanilla_seq2seq() -> dict[str, Any]:
+    return dict(BASE, kind="seq2seq", label_smoothing=0.1)

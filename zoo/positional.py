@@ -1,0 +1,81 @@
+"""Absolute position signals added to the token embeddings.
+
+Relative schemes (Transformer-XL's r_{i-j}) live inside their attention; the Universal
+Transformer adds its own timestep signal. Both reuse :func:`sinusoid_table`.
+
+A position module is called as ``pos(x, offset=0) -> x + signal`` where ``x`` is [b, t, d] and
+``offset`` is the absolute position of ``x[:, 0]`` (non-zero when decoding with a cache).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from zoo.config import NoOptions, build_options, require
+from zoo.registry import POSITION
+
+
+def sinusoid_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
+    """The paper's signal (Vaswani et al. 2017, Section 3.5), computed in log space:
+
+        PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d))
+
+    base^(-2i/d) is exp(-2i * ln(base) / d): no large powers, so no overflow for long sequences.
+    positions: [n] (any real values, e.g. XL's relative distances) -> [n, d] float32.
+    Odd d_model: the last cosine column is dropped."""
+    half = (d_model + 1) // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32, device=positions.device) * (-2.0 * math.log(base) / d_model))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [n, half]
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # interleave sin, cos
+    return table[:, :d_model]
+
+
+class Position(nn.Module):
+    Options: ClassVar[type] = NoOptions
+    registry_name: ClassVar[str | None] = None
+
+    def __init__(self, d_model: int, max_len: int, **options):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self.options = build_options(self.Options, options, f"position {self.registry_name!r}")
+
+
+@POSITION.register("sinusoidal")
+class SinusoidalPosition(Position):
+    @dataclass
+    class Options:
+        base: float = 10000.0
+
+        def __post_init__(self) -> None:
+            require(self.base > 1.0, f"base must be > 1, got {self.base}")
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        positions = torch.arange(offset, offset + x.shape[1], device=x.device)
+        return x + sinusoid_table(positions, self.d_model, self.options.base).to(x.dtype)
+
+
+@POSITION.register("learned")
+class LearnedPosition(Position):
+    def __init__(self, d_model: int, max_len: int, **options):
+        super().__init__(d_model, max_len, **options)
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        end = offset + x.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"learned positions: sequence reaches position {end} but the table holds max_len={self.max_len}; raise max_len or use position=sinusoidal")
+        return x + self.table.weight[offset:end].to(x.dtype)
+
+
+@POSITION.register("none")
+class NoPosition(Position):
+    """No absolute signal: for mechanisms that encode position themselves (XL's relative scores)."""
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return x

@@ -1,0 +1,95 @@
+"""Name -> part registries for every axis of a variant (timm-style).
+
+Each axis (attention, residual, stack, position, model) is one :class:`Registry`. Parts register
+under a name with a decorator; the builders look them up by name, and every unknown name raises an
+error that lists the valid names and suggests the closest one, so a typo in a config never ends in
+a ``KeyError`` from deep inside the library.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError, ValueError):
+    """An unknown registry name or config key. Subclasses both KeyError and ValueError so callers
+    catching either one see it; ``str()`` gives the readable message rather than KeyError's repr."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """' Did you mean 'x'?' for the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.5)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def unknown(what: str, name: str, choices: Iterable[str]) -> UnknownNameError:
+    """Build the standard 'unknown X' error: the bad name, the valid ones, the closest one."""
+    choices = sorted(choices)
+    return UnknownNameError(
+        f"unknown {what} {name!r}; valid: {', '.join(choices) or '(none)'}.{did_you_mean(name, choices)}"
+    )
+
+
+class Registry(Generic[T]):
+    """A named collection of parts of one kind.
+
+    >>> ATTENTION.register("vanilla")(VanillaAttention)   # or as a class decorator
+    >>> ATTENTION.get("vanila")                             # raises, suggesting 'vanilla'
+    """
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
+        """Register ``obj`` under ``name``; usable as ``@REG.register("name")``.
+        A name can be taken once: a second registration is a bug (two files claiming one name)."""
+
+        def add(target: T) -> T:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"{self.kind} name must be an identifier-like string, got {name!r}")
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is already registered (by {self._entries[name]!r})")
+            self._entries[name] = target
+            try:  # let a part know the name it is registered under (for configs and messages)
+                if getattr(target, "registry_name", None) is None:
+                    target.registry_name = name  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):
+                pass
+            return target
+
+        return add(obj) if obj is not None else add
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise unknown(self.kind, name, self._entries) from None
+
+    def list(self, pattern: str = "*") -> list[str]:
+        """Sorted names matching a shell-style ``pattern`` (``"sparse_*"``)."""
+        return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {self.list()})"
+
+
+ATTENTION: Registry[Any] = Registry("attention")
+RESIDUAL: Registry[Any] = Registry("residual")
+STACK: Registry[Any] = Registry("stack")
+POSITION: Registry[Any] = Registry("position")
+MODEL: Registry[Any] = Registry("model")

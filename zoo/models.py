@@ -406,21 +406,3 @@ def create_model(name: str, **overrides: Any) -> ZooModel:
 
 def list_models(pattern: str = "*") -> list[str]:
     return MODEL.list(pattern)
-
-
-BASE = dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8, dropout=0.1)  # Vaswani et al. 2017, base
-
-
-@register_preset("vanilla_lm", "Decoder-only Transformer LM, base size (Vaswani et al. 2017)")
-def _vanilla_lm() -> dict[str, Any]:
-    return dict(BASE, kind="lm")
-
-
-@register_preset("vanilla_classifier", "Transformer encoder + mean pooling classifier, base size")
-def _vanilla_classifier() -> dict[str, Any]:
-    return dict(BASE, kind="classifier")
-
-
-@register_preset("vanilla_seq2seq", "The original encoder-decoder Transformer, base size, three-way tied embeddings")
-def _vanilla_seq2seq() -> dict[str, Any]:
-    return dict(BASE, kind="seq2seq", label_smoothing=0.1)

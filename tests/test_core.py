@@ -140,7 +140,7 @@ def test_noam_schedule_matches_the_paper():
     model = torch.nn.Linear(2, 2)
     opt = zoo.training.adam(model)
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
-    sched = schedule(opt, "noam", d_model=512, warmup=4000)
+    schedule(opt, "noam", d_model=512, warmup=4000)
     assert math.isclose(opt.param_groups[0]["lr"], rate(1))
     with pytest.raises(ValueError, match="unknown schedule"):
         schedule(opt, "linear")

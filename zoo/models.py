@@ -340,7 +340,7 @@ class EncoderDecoder(ZooModel):
         scores = torch.zeros(b, beam, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: keep one alive at first
         finished = torch.zeros(b * beam, dtype=torch.bool, device=device)
-        for step in range(max_len):
+        for _ in range(max_len):
             logp, state = self._decode_step(prefix, state, incremental)  # [b*beam, V]
             vocab = logp.shape[-1]
             # a finished hypothesis can only be extended by padding, at no cost

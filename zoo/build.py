@@ -60,7 +60,8 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
     cross_name, cross_options = split_part(config.cross_attention)
     if cross and not ATTENTION.get(cross_name).supports_cross:
         capable = [n for n in ATTENTION.list() if ATTENTION.get(n).supports_cross]
-        raise ValueError(f"cross_attention {cross_name!r} cannot attend to another sequence (supports_cross=False); choose one of: {', '.join(capable)}")
+        reason = getattr(ATTENTION.get(cross_name), "no_cross_reason", "")
+        raise ValueError(f"cross_attention {cross_name!r} cannot attend to another sequence (supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}")
     make_residual = residual_factory(config)
 
     def make_block(layer_index: int) -> Block:

@@ -370,7 +370,7 @@ def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: di
     def table(key: str, title: str, fmt: str) -> None:
         lines.append(f"## {title}")
         lines.append("")
-        lines.append(f"| variant | " + " | ".join(f"{axis} {p:,}" for p in points) + " |")
+        lines.append("| variant | " + " | ".join(f"{axis} {p:,}" for p in points) + " |")
         lines.append("|---|" + "---|" * len(points))
         for label in labels:
             cells = []

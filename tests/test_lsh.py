@@ -1,0 +1,184 @@
+"""LSH attention (Reformer) against dense reference maths, plus its strict-causality and bad-input checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zoo
+from zoo.attention.base import reference_attention
+
+D, H = 32, 4
+
+
+def lsh(causal=True, **options):
+    return zoo.create_attention("lsh", d_model=D, n_heads=H, causal=causal, **options).eval()
+
+
+def dense_lsh(attn, x, pad_mask=None):
+    """The LSH output computed densely, [t, t] per head and round: the test reference.
+
+    Per round r a query i may see key j iff j is real, in the same bucket, (causal) j <= i and at
+    most ``chunk_size`` same-bucket items back; (bidirectional) every same-bucket key, valid when
+    one chunk covers the sequence. Self only at score -1e5. Rounds combine by log-sum-exp."""
+    b, t, _ = x.shape
+    c = min(attn.options.chunk_size, t)
+    tp = -(-t // c) * c
+    qk, v = attn.split_heads(attn.to_qk(x)), attn.split_heads(attn.to_v(x))  # [b, h, t, k]
+    real = torch.ones(b, t, dtype=torch.bool) if pad_mask is None else pad_mask
+    buckets = attn.hash(F.pad(qk, (0, 0, 0, tp - t)), F.pad(real, (0, tp - t)), attn.n_buckets_for(tp))[..., :t]  # [b, h, R, t]
+    scores = torch.einsum("bhik,bhjk->bhij", qk, F.normalize(qk, dim=-1)) * qk.shape[-1] ** -0.5
+    eye = torch.eye(t, dtype=torch.bool)
+    outs, lses = [], []
+    for r in range(buckets.shape[2]):
+        bk = buckets[:, :, r]  # [b, h, t]
+        same = bk[..., :, None] == bk[..., None, :]
+        allowed = real[:, None, None, :].expand(b, H, t, t).clone()
+        if not attn.options.attend_across_buckets:
+            allowed &= same
+        if attn.causal:
+            allowed &= torch.ones(t, t, dtype=torch.bool).tril()
+            if not attn.options.attend_across_buckets:
+                # sorted distance between same-bucket items = difference of their ranks in the bucket
+                rank = (same & torch.ones(t, t, dtype=torch.bool).tril()).sum(-1)  # [b, h, t]
+                distance = rank[..., :, None] - rank[..., None, :]
+                allowed &= distance <= c
+        s = scores.masked_fill(eye, -1e5).masked_fill(~allowed, -1e9)
+        lses.append(torch.logsumexp(s, -1))
+        outs.append(torch.softmax(s, -1) @ v)
+    z = torch.stack(lses, 2)  # [b, h, R, t]
+    out = (torch.stack(outs, 2) * torch.softmax(z, 2)[..., None]).sum(2)
+    return attn.to_out(attn.merge_heads(out))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_hashes", [1, 3])
+def test_one_chunk_equals_dense_same_bucket_reference(causal, n_hashes):
+    attn = lsh(causal, chunk_size=64, n_hashes=n_hashes, n_buckets=4)
+    x = torch.randn(2, 40, D)
+    torch.testing.assert_close(attn(x).out, dense_lsh(attn, x), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attending_across_buckets_in_one_chunk_is_full_attention_with_self_mask(causal):
+    attn = lsh(causal, chunk_size=32, n_hashes=2, attend_across_buckets=True)
+    x = torch.randn(2, 32, D)
+    qk, v = attn.split_heads(attn.to_qk(x)), attn.split_heads(attn.to_v(x))
+    eye = torch.eye(32, dtype=torch.bool)
+    allowed = (torch.ones(32, 32, dtype=torch.bool).tril() if causal else torch.ones(32, 32, dtype=torch.bool)) & ~eye
+    allowed[0, 0] = allowed[0, 0] | (causal)  # position 0 sees only itself when causal
+    expected = attn.to_out(attn.merge_heads(reference_attention(qk, F.normalize(qk, dim=-1), v, allowed)))
+    torch.testing.assert_close(attn(x).out, expected, atol=1e-5, rtol=1e-4)
+    # and it matches shared_qk, the dense full-attention mechanism with the same parameters
+    full = zoo.create_attention("shared_qk", d_model=D, n_heads=H, causal=causal).eval()
+    full.load_state_dict(attn.state_dict())
+    torch.testing.assert_close(full(x).out, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("t", [64, 61])  # 61: not a multiple of the chunk: padded
+def test_chunked_causal_equals_dense_window_reference_values_and_gradients(t):
+    attn = lsh(True, chunk_size=8, n_hashes=2, n_buckets=4)
+    x = torch.randn(2, t, D, requires_grad=True)
+    out = attn(x).out
+    expected = dense_lsh(attn, x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, attn.to_qk.weight], g)
+    want = torch.autograd.grad(expected, [x, attn.to_qk.weight], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_strictly_causal_by_perturbation_even_though_buckets_move():
+    """Changing tokens from j on (which re-buckets them) never changes an output before j."""
+    attn = lsh(True, chunk_size=4, n_hashes=2, n_buckets=4)
+    x = torch.randn(2, 48, D)
+    base = attn(x).out
+    for j in (1, 13, 30, 47):
+        changed = x.clone()
+        changed[:, j:] = torch.randn_like(changed[:, j:]) * 3
+        torch.testing.assert_close(attn(changed).out[:, :j], base[:, :j], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_padding_content_never_matters(causal):
+    attn = lsh(causal, chunk_size=4, n_hashes=2, n_buckets=4)
+    x = torch.randn(2, 30, D)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[0, 20:] = False
+    mask[1, :7] = False
+    base = attn(x, pad_mask=mask).out
+    changed = x.clone()
+    changed[~mask] = torch.randn_like(changed[~mask]) * 5
+    torch.testing.assert_close(attn(changed, pad_mask=mask).out[mask], base[mask], atol=1e-5, rtol=1e-4)
+
+
+def test_order_of_equal_bucket_items_does_not_matter():
+    """Bidirectional LSH is permutation-equivariant when one chunk covers the sequence: the order
+    in which items of one bucket are sorted and processed leaves every output unchanged."""
+    attn = lsh(False, chunk_size=64, n_hashes=3, n_buckets=4)
+    x = torch.randn(2, 50, D)
+    perm = torch.randperm(50)
+    torch.testing.assert_close(attn(x[:, perm]).out, attn(x).out[:, perm], atol=1e-5, rtol=1e-4)
+
+
+def test_hashing_is_seeded_and_advances_with_the_optimiser_step():
+    attn = lsh(True, chunk_size=4, n_hashes=2, n_buckets=8)
+    x = torch.randn(1, 32, D)
+    torch.manual_seed(1)
+    a = attn(x).out
+    torch.manual_seed(2)
+    torch.testing.assert_close(attn(x).out, a)  # the global RNG plays no part
+    attn.after_optimizer_step()
+    assert not torch.allclose(attn(x).out, a)  # fresh rotations after a step
+
+
+def test_no_t_by_t_tensor_is_saved():
+    attn = lsh(True, chunk_size=32, n_hashes=2).train()
+    t = 1024
+    x = torch.randn(1, t, D, requires_grad=True)
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda s: sizes.append(s.numel()) or s, lambda s: s):
+        attn(x).out.sum().backward()
+    # the largest block: [b*h, R, n, c, 2c] = 4 * 2 * 32 * 32 * 64; a per-head t x t would be 4 * t * t
+    assert max(sizes) <= H * 2 * t * 64 < H * t * t / 4
+
+
+def test_bad_options_and_inputs_are_refused():
+    with pytest.raises(ValueError, match="even"):
+        lsh(n_buckets=5)
+    with pytest.raises(ValueError, match="even"):
+        lsh(n_buckets=1)
+    with pytest.raises(ValueError, match=r"too large.*valid: an even number in \[2, 16\]"):
+        lsh(n_buckets=64, chunk_size=4)(torch.randn(1, 16, D))
+    with pytest.raises(ValueError, match="shared-QK"):
+        lsh(False)(torch.randn(1, 8, D), context=torch.randn(1, 8, D))
+    with pytest.raises(ValueError, match="keys are derived from the queries|derives its keys"):
+        zoo.create_model("vanilla_seq2seq", d_model=32, n_heads=4, d_ff=32, n_layers=1, cross_attention="lsh")
+
+
+@pytest.mark.slow
+def test_lsh_learns_to_copy_at_long_range():
+    """A 1-layer LSH model learns the duplication task (tiny version) well beyond chance."""
+    from zoo.data.synthetic import duplication_batch
+    from zoo.training import after_optimizer_step
+
+    torch.manual_seed(0)
+    model = zoo.create_model("reformer", vocab_size=17, d_model=128, n_heads=4, d_ff=128, n_layers=1, dropout=0.0, position="learned", max_len=64,
+                             attention={"chunk_size": 8, "n_hashes": 2}, stack="sequential", ff_chunk_size=0)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(800):
+        batch = duplication_batch(32, 32, n_symbols=16, generator=g)
+        loss = model(**batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        after_optimizer_step(model)
+    batch = duplication_batch(64, 32, n_symbols=16, generator=g)
+    model.eval()
+    logits = model(batch["tokens"]).logits
+    keep = batch["targets"] != -100
+    accuracy = (logits.argmax(-1)[keep] == batch["targets"][keep]).float().mean().item()
+    assert accuracy > 0.5, accuracy  # chance is 1/16

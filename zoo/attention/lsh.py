@@ -182,24 +182,21 @@ class LSHAttention(SharedQKProjections):
         pos_sorted = order.view(B, R, n, c)
         real_sorted = rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t").gather(-1, order.view(B, R * tp)).view(B, R, n, c)
 
-        keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, 2c or c, k]
-        key_pos, key_bucket, key_real = _look_back(pos_sorted), _look_back(bucket_sorted), _look_back(real_sorted)
-
-        scores = torch.matmul(q_sorted * k**-0.5, keys.transpose(-1, -2))  # [B, R, n, c, w]
-        q_pos = pos_sorted[..., :, None]
-        masked = ~key_real[..., None, :]
-        if self.causal:
-            masked = masked | (key_pos[..., None, :] > q_pos)
-        if not self.options.attend_across_buckets:
-            masked = masked | (key_bucket[..., None, :] != bucket_sorted[..., :, None])
-            if self.causal and n > 1:
-                masked = masked | _outside_window(c, x.device)
-        scores = scores.masked_fill(key_pos[..., None, :] == q_pos, SELF_SCORE).masked_fill(masked, MASKED_SCORE)
-
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, R, n, c, 1]
-        weights = torch.exp(scores - lse)
-        weights = F.dropout(weights, self.dropout, self.training)
-        out_sorted = torch.matmul(weights, values)  # [B, R, n, c, k]
+        keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, w, k], w = 2c (c if n == 1)
+        across = self.options.attend_across_buckets
+        self_slot, static_masked = _static_masks(n, c, self.causal and not across, x.device)
+        if across:  # keys of any bucket: causality and padding by position, per element
+            masked = ~_look_back(real_sorted)[..., None, :]
+            if self.causal:
+                masked = masked | (_look_back(pos_sorted)[..., None, :] > pos_sorted[..., :, None])
+        else:
+            # Same bucket only. Within a bucket the sorted order is the position order, so causality,
+            # the window and oneself are fixed slot patterns (static_masked, self_slot); padding sits
+            # in its own bucket, so the bucket test alone keeps real queries off padded keys.
+            masked = _look_back(bucket_sorted)[..., None, :] != bucket_sorted[..., :, None]
+            if static_masked is not None:
+                masked = masked | static_masked
+        out_sorted, lse = _ChunkAttention.apply(q_sorted * k**-0.5, keys, values, masked, self_slot, self.dropout if self.training else 0.0)
 
         # un-sort: position order[i] came from sorted slot i
         undo = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))  # [B, R, tp]
@@ -222,18 +219,78 @@ def _look_back(x: Tensor) -> Tensor:
     return torch.cat([x.roll(1, dims=2), x], dim=3)
 
 
-_WINDOW_CACHE: dict[tuple[int, torch.device], Tensor] = {}
+_MASK_CACHE: dict[tuple, tuple[Tensor, Tensor | None]] = {}
 
 
-def _outside_window(c: int, device: torch.device) -> Tensor:
-    """bool [c, 2c]: True where key slot j (previous chunk 0..c-1, own chunk c..2c-1) lies more than
-    c sorted places before query slot a (key sorted index < query sorted index - c)."""
-    key = (c, device)
-    if key not in _WINDOW_CACHE:
-        a = torch.arange(c, device=device)[:, None]
-        j = torch.arange(2 * c, device=device)[None, :]
-        _WINDOW_CACHE[key] = j < a
-    return _WINDOW_CACHE[key]
+def _static_masks(n: int, c: int, causal_in_bucket: bool, device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """Slot patterns of a query chunk against its key block, fixed by the sorted layout.
+
+    Key slots: with n > 1, 0..c-1 are the previous chunk and c..2c-1 the own one; with n == 1 only
+    the own. Returns (self_slot [c, w]: the query's own key; masked [n, c, w] or None). When
+    ``causal_in_bucket`` (causal, same-bucket keys only) a same-bucket key is in the query's past
+    exactly when its sorted slot is earlier, so masked = later slots | slots more than c places
+    back (the window) | the wrapped-around "previous" chunk of chunk 0 (it holds the round's end)."""
+    key = (n, c, causal_in_bucket, device)
+    if key not in _MASK_CACHE:
+        a = torch.arange(c, device=device)[:, None]  # query slot
+        own = c if n > 1 else 0  # slot of the query's own chunk start in the key block
+        j = torch.arange(own + c, device=device)[None, :]  # key slot
+        self_slot = j == own + a
+        masked = None
+        if causal_in_bucket:
+            masked = (j > own + a) | (j < a if n > 1 else torch.zeros_like(j, dtype=torch.bool))
+            masked = masked.expand(n, c, own + c).clone()
+            if n > 1:
+                masked[0, :, :c] = True
+        _MASK_CACHE[key] = (self_slot, masked)
+    return _MASK_CACHE[key]
+
+
+class _ChunkAttention(torch.autograd.Function):
+    """softmax(q k^T + masks) v over the sorted blocks, returning the log-sum-exp normalisers too.
+
+    q [..., c, k] (already scaled), keys/values [..., w, k], masked bool broadcastable to
+    [..., c, w], self_slot bool [c, w]. Hand-written backward so that only the probabilities are
+    kept (not scores and probabilities, as autograd through logsumexp + exp would) and one exp
+    pass serves both outputs: lse = max(s) - log(max(p)), since p_max = exp(max(s) - lse)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, masked: Tensor, self_slot: Tensor, dropout: float):
+        scores = torch.matmul(q, keys.transpose(-1, -2))
+        scores.masked_fill_(self_slot, SELF_SCORE).masked_fill_(masked, MASKED_SCORE)
+        top = scores.amax(-1, keepdim=True)
+        probs = torch.softmax(scores, dim=-1)
+        del scores
+        lse = (top - torch.log(probs.amax(-1, keepdim=True))).squeeze(-1)
+        keep = None
+        if dropout > 0:
+            keep = torch.rand_like(probs) >= dropout
+            out = torch.matmul(probs * keep / (1 - dropout), values)
+        else:
+            out = torch.matmul(probs, values)
+        ctx.dropout = dropout
+        ctx.save_for_backward(q, keys, values, probs, keep)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor | None, d_lse: Tensor | None):
+        q, keys, values, probs, keep = ctx.saved_tensors
+        if d_out is None:
+            d_out = torch.zeros(*probs.shape[:-1], values.shape[-1], dtype=probs.dtype, device=probs.device)
+        d_probs = torch.matmul(d_out, values.transpose(-1, -2))
+        if keep is not None:
+            scale = keep / (1 - ctx.dropout)
+            d_values = torch.matmul((probs * scale).transpose(-1, -2), d_out)
+            d_probs = d_probs * scale
+        else:
+            d_values = torch.matmul(probs.transpose(-1, -2), d_out)
+        # softmax backward, plus d lse / d scores = probs
+        shift = (probs * d_probs).sum(-1, keepdim=True)
+        if d_lse is not None:
+            shift = shift - d_lse[..., None]
+        d_scores = probs * (d_probs - shift)
+        return torch.matmul(d_scores, keys), torch.matmul(d_scores.transpose(-1, -2), q), d_values, None, None, None
 
 
 @ATTENTION.register("shared_qk")

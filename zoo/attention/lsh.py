@@ -170,13 +170,14 @@ class LSHAttention(SharedQKProjections):
         order = (buckets * tp + positions).argsort(dim=-1)  # [b, h, R, tp]
         order = rearrange(order, "b h r t -> (b h) r t")
         B = b * h
-        flat = order + (torch.arange(B, device=x.device) * tp)[:, None, None]  # rows of [(b h t), k]
-        flat = flat.reshape(-1)
+        # flat row indices: sort picks rows of [(B t), k]; un-sort picks rows of [(B R t), k]
+        undo = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))  # slot of each position
+        sort_rows = (order + (torch.arange(B, device=x.device) * tp)[:, None, None]).reshape(-1)
+        round_base = (torch.arange(B * R, device=x.device) * tp).view(B, R, 1)
+        undo_rows, order_rows = (undo + round_base).reshape(-1), (order + round_base).reshape(-1)
 
-        q_sorted = rearrange(qk, "b h t k -> (b h t) k").index_select(0, flat)
-        v_sorted = rearrange(v, "b h t k -> (b h t) k").index_select(0, flat)
-        q_sorted = q_sorted.view(B, R, n, c, k)
-        v_sorted = v_sorted.view(B, R, n, c, k)
+        q_sorted = _Gather.apply(rearrange(qk, "b h t k -> (b h t) k"), sort_rows, undo_rows, R, tp).view(B, R, n, c, k)
+        v_sorted = _Gather.apply(rearrange(v, "b h t k -> (b h t) k"), sort_rows, undo_rows, R, tp).view(B, R, n, c, k)
         k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
         bucket_sorted = rearrange(buckets, "b h r t -> (b h) r t").gather(-1, order).view(B, R, n, c)
         pos_sorted = order.view(B, R, n, c)
@@ -198,10 +199,8 @@ class LSHAttention(SharedQKProjections):
                 masked = masked | static_masked
         out_sorted, lse = _ChunkAttention.apply(q_sorted * k**-0.5, keys, values, masked, self_slot, self.dropout if self.training else 0.0)
 
-        # un-sort: position order[i] came from sorted slot i
-        undo = torch.empty_like(order).scatter_(-1, order, positions.expand_as(order))  # [B, R, tp]
-        undo_flat = (undo + (torch.arange(B * R, device=x.device) * tp).view(B, R, 1)).reshape(-1)
-        out = out_sorted.reshape(B * R * tp, k).index_select(0, undo_flat).view(B, R, tp, k)
+        # un-sort: position p came from sorted slot undo[p]
+        out = _Gather.apply(out_sorted.reshape(B * R * tp, k), undo_rows, order_rows, 1, tp).view(B, R, tp, k)
         if R > 1:
             z = lse.reshape(B, R, tp).gather(-1, undo)  # [B, R, tp]
             out = (out * torch.softmax(z, dim=1)[..., None]).sum(1)
@@ -209,6 +208,28 @@ class LSHAttention(SharedQKProjections):
             out = out[:, 0]
         out = rearrange(out[:, :t], "(b h) t k -> b t (h k)", b=b)
         return AttnOutput(self.to_out(out))
+
+
+class _Gather(torch.autograd.Function):
+    """rows = x.index_select(0, index) whose backward is a gather too, not a scatter-add.
+
+    Every round of ``index`` is a permutation, so the gradient of x is the gradient rows picked by
+    the inverse permutation (``back_index``), summed over the ``rounds`` that each hold one copy
+    of every row. index_select's own backward (index_add, a scatter) is several times slower."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, back_index: Tensor, rounds: int, length: int):
+        ctx.save_for_backward(back_index)
+        ctx.rounds, ctx.length, ctx.rows = rounds, length, x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (back_index,) = ctx.saved_tensors
+        picked = grad.index_select(0, back_index)
+        if ctx.rounds > 1:  # [(B R t), k] -> sum over R -> [(B t), k]
+            picked = picked.view(-1, ctx.rounds, ctx.length, picked.shape[-1]).sum(1).view(ctx.rows, -1)
+        return picked, None, None, None, None
 
 
 def _look_back(x: Tensor) -> Tensor:

@@ -179,7 +179,7 @@ class _ReversibleFunction(torch.autograd.Function):
                     accumulate(g_params, d[1:])
             x2 = torch.cat(x2_pieces, dim=1) if len(x2_pieces) > 1 else x2_pieces[0]
             dy1 = dy1 + (torch.cat(dy1_pieces, dim=1) if len(dy1_pieces) > 1 else dy1_pieces[0])
-            del x2_pieces, dy1_pieces, y2
+            del x2_pieces, dy1_pieces
             # F: recover x1 = y1 - F(x2) and push dy1 through F
             f_params = [p for p in _branch_params(block, "attention") if p.requires_grad]
             with f_rng.fork():

@@ -77,7 +77,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/reformer_duplication")
+    parser.add_argument("--merge", default="", help="comma-separated output folders of runs with one --train each: combine them into --out")
     args = parser.parse_args()
+    if args.merge:
+        merge(args)
+        return
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +122,29 @@ def main() -> None:
         write_outputs(out, results, log_rows, args)  # after every model: a cut-short run keeps what it has
 
 
-def write_outputs(out: Path, results: dict, log_rows: list, args: argparse.Namespace) -> None:
+def merge(args: argparse.Namespace) -> None:
+    """Combine runs that each trained one model (in parallel processes) into one table."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, float]] = {}
+    log_rows: list[dict] = []
+    commands = []
+    for folder in args.merge.split(","):
+        folder = Path(folder)
+        with open(folder / "duplication.csv") as f:
+            for row in csv.DictReader(f):
+                results.setdefault(row["train"], {})[row["eval"]] = float(row["accuracy_percent"])
+        with open(folder / "training_log.csv") as f:
+            log_rows.extend(csv.DictReader(f))
+        commands.append((folder / "README.md").read_text().split("Command: ", 1)[1].strip())
+        run_args = argparse.Namespace(**json.loads((folder / "config.json").read_text()))
+    order = [m for m in ("full", "lsh4", "lsh2", "lsh1") if m in results]
+    results = {m: results[m] for m in order}
+    run_args.merge, run_args.out = args.merge, args.out
+    write_outputs(out, results, log_rows, run_args, commands)
+
+
+def write_outputs(out: Path, results: dict, log_rows: list, args: argparse.Namespace, commands: list[str] | None = None) -> None:
     with open(out / "duplication.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["train", "eval", "accuracy_percent", "paper_percent"])
@@ -129,28 +155,34 @@ def write_outputs(out: Path, results: dict, log_rows: list, args: argparse.Names
         writer = csv.DictWriter(f, fieldnames=list(log_rows[0]))
         writer.writeheader()
         writer.writerows(log_rows)
-    (out / "config.json").write_text(json.dumps(vars(args), indent=2))
-    write_markdown(out, results, args)
+    (out / "config.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k not in ("merge", "train")}, indent=2))
+    steps = {row["train"]: int(row["step"]) for row in log_rows}
+    write_markdown(out, results, args, commands, steps)
     plot(out, results)
 
 
-def write_markdown(out: Path, results: dict, args: argparse.Namespace) -> None:
+def write_markdown(out: Path, results: dict, args: argparse.Namespace, commands: list[str] | None = None, steps: dict[str, int] | None = None) -> None:
     names = {"full": "full", "lsh8": "LSH-8", "lsh4": "LSH-4", "lsh2": "LSH-2", "lsh1": "LSH-1"}
     lines = ["| train \\ eval | " + " | ".join(names[e] for e in EVALS) + " |", "|---|" + "---|" * len(EVALS)]
     for mode, row in results.items():
         cells = [f"**{row[e]:.1f}%** ({PAPER[mode][e]}%)" for e in EVALS]
-        lines.append(f"| {names[mode]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {names[mode]} ({(steps or {}).get(mode, args.steps)} steps) | " + " | ".join(cells) + " |")
     text = [
         "# Duplication task (Reformer, Table 2), CPU-sized",
         "",
         f"Ours in bold, the paper's in brackets. Length {args.length} (paper: 1024), {args.n_symbols} symbols, 1 layer, "
-        f"d_model = d_ff = {args.d_model} (paper: 256), {args.heads} heads, chunk {args.chunk}, {args.steps} steps of batch {args.batch} "
+        f"d_model = d_ff = {args.d_model} (paper: 256), {args.heads} heads, chunk {args.chunk}, steps of batch {args.batch} as listed per row "
         f"(paper: 150K steps), Adam lr {args.lr}. Accuracy over {args.eval_sequences} held-out sequences, second copy only.",
         "",
         *lines,
         "",
-        "Command: `python experiments/reformer_duplication.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out",)) + f" --out {args.out}`",
     ]
+    own = "python experiments/reformer_duplication.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "merge")) + f" --out {args.out}"
+    if commands:
+        text += ["Commands (one process per trained model, then merged):", "", *[f"    {c.strip('`')}" for c in commands]]
+        text += ["", f"    python experiments/reformer_duplication.py --merge {args.merge if hasattr(args, 'merge') and args.merge else '...'} --out {out}"]
+    else:
+        text.append(f"Command: `{own}`")
     (out / "README.md").write_text("\n".join(text) + "\n")
 
 

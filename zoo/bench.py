@@ -278,9 +278,12 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
                     module, loss_fn = build(variant, length, shape, overrides)
                     tokens = torch.randint(0, vocab, (batch, length + 1), generator=torch.Generator().manual_seed(length))
                     act = activation_bytes(module, loss_fn, tokens)
-                    times = time_steps(module, loss_fn, tokens, warmup, repeats, max_seconds)
-                    median = statistics.median(times)
-                    row.update(time_ms=median * 1e3, time_min_ms=min(times) * 1e3, repeats=len(times), tokens_per_s=batch * length / median, act_mib=act / 2**20, params=sum(p.numel() for p in module.parameters()), status="ok")
+                    row.update(act_mib=act / 2**20, params=sum(p.numel() for p in module.parameters()), status="ok")
+                    median = 0.0
+                    if repeats > 0:  # repeats 0: activation memory only (exact, and cheap on a busy machine)
+                        times = time_steps(module, loss_fn, tokens, warmup, repeats, max_seconds)
+                        median = statistics.median(times)
+                        row.update(time_ms=median * 1e3, time_min_ms=min(times) * 1e3, repeats=len(times), tokens_per_s=batch * length / median)
                     del module
                     if rss:
                         row["rss_peak_mib"], row["rss_step_mib"] = measure_rss(variant, length, shape, overrides, threads)
@@ -297,7 +300,8 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
 def _progress_line(row: dict[str, Any]) -> str:
     if row.get("status") != "ok":
         return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {row['status']}"
-    return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {row['time_ms']:9.1f} ms  {row['tokens_per_s']:9.0f} tok/s  act {row['act_mib']:8.1f} MiB"
+    timing = f"{row['time_ms']:9.1f} ms  {row['tokens_per_s']:9.0f} tok/s" if "time_ms" in row else "(not timed)"
+    return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {timing}  act {row['act_mib']:8.1f} MiB"
 
 
 # -- analysis and outputs -----------------------------------------------------------------------
@@ -479,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every zoo variant, e.g. residual=pre_norm or attention.n_hashes=4")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (0: activation memory and RSS only, no timing)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="a step slower than this is measured once and the variant skips larger points")
     parser.add_argument("--baseline", default=None, help="variant label the crossover is measured against (default: the first)")
     parser.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS measurement")

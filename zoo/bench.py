@@ -200,8 +200,7 @@ def activation_bytes(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tok
     meter = SavedTensorMeter(module)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
         loss = loss_fn(tokens)
-    loss.backward()
-    module.zero_grad(set_to_none=True)
+    del loss  # the count is complete once forward has run; a backward here would only cost time
     return meter.bytes
 
 
@@ -352,8 +351,8 @@ def summarise(rows: list[dict[str, Any]], baseline: str | None) -> list[dict[str
     summary = []
     for label in labels:
         xs, ts = series(rows, label, axis, "time_ms")
-        _, ms = series(rows, label, axis, "act_mib")
-        entry = dict(variant=label, time_slope=fit_slope(xs, ts), memory_slope=fit_slope(xs, ms))
+        mxs, ms = series(rows, label, axis, "act_mib")  # its own points: memory may be measured untimed
+        entry = dict(variant=label, time_slope=fit_slope(xs, ts), memory_slope=fit_slope(mxs, ms))
         if label != baseline:
             entry["faster_than_baseline_from"] = crossover(rows, label, baseline, axis)
         if ms:
@@ -389,8 +388,9 @@ def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: di
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
 
-    table("time_ms", "Time per training step (ms)", ",.1f")
-    table("tokens_per_s", "Tokens per second", ",.0f")
+    if any("time_ms" in r for r in rows):  # absent when only memory was measured (--repeats 0)
+        table("time_ms", "Time per training step (ms)", ",.1f")
+        table("tokens_per_s", "Tokens per second", ",.0f")
     table("act_mib", "Activation memory saved for backward (MiB)", ",.1f")
     if any("rss_peak_mib" in r for r in rows):
         table("rss_peak_mib", "Peak RSS of a fresh process running one step (MiB)", ",.0f")
@@ -412,17 +412,20 @@ def plot(rows: list[dict[str, Any]], summary: list[dict[str, Any]], path: Path, 
 
     axis = sweep_axis(rows)
     slopes = {s["variant"]: s for s in summary}
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    timed = any("time_ms" in r for r in rows)
+    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(10 if timed else 5.5, 4), squeeze=False)
+    ax_t, ax_m = (axes[0][0], axes[0][1]) if timed else (None, axes[0][0])
     for label in dict.fromkeys(r["variant"] for r in rows):
         xs, ts = series(rows, label, axis, "time_ms")
-        if xs:
+        if xs and ax_t is not None:
             ax_t.loglog(xs, ts, "o-", label=f"{label} (slope {slopes[label]['time_slope']:.2f})")
         xs, ms = series(rows, label, axis, "act_mib")
         if xs:
             ax_m.loglog(xs, ms, "o-", label=f"{label} (slope {slopes[label]['memory_slope']:.2f})")
-    ax_t.set(xlabel=axis, ylabel="ms per training step", title="time")
+    if ax_t is not None:
+        ax_t.set(xlabel=axis, ylabel="ms per training step", title="time")
     ax_m.set(xlabel=axis, ylabel="MiB saved for backward", title="activation memory")
-    for ax in (ax_t, ax_m):
+    for ax in (a for a in (ax_t, ax_m) if a is not None):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)

@@ -1,4 +1,4 @@
-"""Reformer against reformer-pytorch at one length, timed alternately on a shared machine.
+"""Reformer against reformer-pytorch at one length, timed alternately (A B, B A, ...) on a shared machine.
 
 On a machine shared with other jobs the load drifts by several times within minutes, so timing
 one model after the other (as ``zoo.bench`` does, variant by variant) can put them under
@@ -42,7 +42,8 @@ def main() -> None:
     tokens = torch.randint(0, 256, (1, args.length + 1), generator=torch.Generator().manual_seed(0))
     rows = []
     for pair in range(-1, args.pairs):  # pair -1: warm-up, not recorded
-        for label, (module, loss_fn) in models.items():
+        order = list(models.items()) if pair % 2 == 0 else list(models.items())[::-1]  # A B, then B A: drift cancels
+        for label, (module, loss_fn) in order:
             start = time.perf_counter()
             loss_fn(tokens).backward()
             elapsed = time.perf_counter() - start

@@ -393,26 +393,10 @@ class Trainer:
         return metrics
 
     # -- evaluation ----------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self, split: str | None = None, max_batches: int | None = None) -> dict[str, float]:
-        """The task metric on ``split`` (memory carried across segments on contiguous data)."""
         split = split or self.opts.eval_split
         max_batches = self.opts.eval_batches if max_batches is None else max_batches
-        was_training = self.model.training
-        self.model.eval()
-        nll = correct = count = 0.0
-        state = None
-        for batch in self.task.eval_batches(split, max_batches, rank=self.dist.rank, world_size=self.dist.world_size):
-            batch = {k: v.to(self.device) for k, v in batch.items()}
-            out = self.forward(self.model, batch, state)
-            state = out.state if self.task.contiguous else None
-            n, c, k = score_batch(out.logits, batch)
-            nll, correct, count = nll + n, correct + c, count + k
-        self.model.train(was_training)
-        nll, correct, count = distributed.all_sum([nll, correct, count], self.device)
-        metric = self.task.metric
-        result = {f"{split}/loss": nll / max(count, 1), f"{split}/accuracy": correct / max(count, 1), f"{split}/{metric}": metric_value(metric, nll, correct, count)}
-        return result
+        return evaluate_model(self.model, self.task, split, max_batches, device=self.device, autocast=self.autocast, rank=self.dist.rank, world_size=self.dist.world_size)
 
     def is_better(self, value: float) -> bool:
         if self.best is None or math.isnan(self.best):
@@ -520,6 +504,29 @@ class Trainer:
             self.save("best.pt", payload)
         distributed.barrier()
         return result
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, task: Task, split: str = "val", max_batches: int | None = 0, *, device: torch.device | None = None, autocast: Callable[[], Any] = contextlib.nullcontext, rank: int = 0, world_size: int = 1) -> dict[str, float]:
+    """The task metric of ``model`` on ``split`` (``max_batches`` 0/None = the whole split).
+
+    On contiguous data the state the model returns is fed back segment after segment (XL-style
+    memory), so a memory model is scored with its memory, as in its paper's evaluation."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    nll = correct = count = 0.0
+    state = None
+    for batch in task.eval_batches(split, max_batches, rank=rank, world_size=world_size):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast():
+            out = model(**batch, state=state) if state is not None else model(**batch)
+        state = out.state if task.contiguous else None
+        n, c, k = score_batch(out.logits, batch)
+        nll, correct, count = nll + n, correct + c, count + k
+    model.train(was_training)
+    nll, correct, count = distributed.all_sum([nll, correct, count], device)
+    return {f"{split}/loss": nll / max(count, 1), f"{split}/accuracy": correct / max(count, 1), f"{split}/{task.metric}": metric_value(task.metric, nll, correct, count), f"{split}/scored": count}
 
 
 def build_model_for_task(preset: str, task: Task, **overrides: Any) -> nn.Module:

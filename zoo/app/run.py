@@ -151,3 +151,20 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
         (run_dir / "config.json").write_text(json.dumps({"run": name, "config": resolved, "model_config": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters())}, indent=2, default=str))
     summary = trainer.fit()
     return float(summary["final_metric"])
+
+
+def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None, batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
+    """(app config, task, model with the checkpoint's weights, checkpoint) for evaluate/sample.
+
+    ``data`` overrides data options (e.g. ``{"path": ...}`` when the file moved)."""
+    from zoo.models import create_model
+    from zoo.trainer import load_checkpoint
+
+    ckpt = load_checkpoint(checkpoint)
+    cfg = ckpt.get("config") or {}
+    task_info = ckpt["task"]
+    options = {**task_info["options"], **(data or {})}
+    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"], seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
+    model = create_model(**ckpt["model_config"])
+    model.load_state_dict(ckpt["model"])
+    return cfg, task, model, ckpt

@@ -368,7 +368,7 @@ class Trainer:
                     loss = total_loss(out)
                 if not torch.isfinite(loss):
                     where = f"last good checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint saved yet"
-                    raise TrainingDiverged(f"loss is {float(loss)} at step {self.step + 1} (micro-batch {micro}); stopping. {where}")
+                    raise TrainingDiverged(f"loss is {float(loss.detach())} at step {self.step + 1} (micro-batch {micro}); stopping. {where}")
                 (loss / accumulate).backward()
             if meter is not None:
                 self.activation_mb = meter.megabytes

@@ -20,9 +20,9 @@ import enum
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, make_dataclass
+from typing import Any, Optional, Union
 
 from omegaconf import MISSING as REQUIRED  # '???': a value the config must supply
-from typing import Any, Optional, Union
 
 from zoo.config import ModelConfig
 from zoo.data import TASK
@@ -172,7 +172,7 @@ class RootSchema:
     seed: int = 0
     name: str = ""  # run name (default: made from the command-line overrides)
     data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
-    experiment: Optional[str] = None  # set by experiment/* configs, for the record
+    experiment: str | None = None  # set by experiment/* configs, for the record
 
 
 def register_schemas() -> None:

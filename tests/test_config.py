@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("hydra")
 
 import zoo  # noqa: E402
+from hydra.errors import ConfigCompositionException  # noqa: E402
 from zoo.app import sync  # noqa: E402
 from zoo.app.compose import CONF_DIR, compose, hydra_context, precheck  # noqa: E402
 from zoo.app.run import build, model_overrides  # noqa: E402
@@ -93,7 +94,7 @@ def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
     argv = ["attention=vanilla", override] if override.startswith("attention") else [override]
     message = precheck(argv)
     assert message and "valid:" in message and valid in message and f"Did you mean '{valid}'" in message
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigCompositionException):
         compose(argv)
 
 
@@ -107,7 +108,7 @@ def test_unknown_choice_lists_options():
 
 
 def test_wrong_type_fails_at_compose_time():
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigCompositionException, match="max_steps"):
         compose(["trainer.max_steps=many"])
 
 

@@ -43,7 +43,7 @@ def schema_type(tp: Any) -> Any:
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1:
             inner = schema_type(rest[0])
-            return Optional[inner] if len(rest) < len(args) else inner
+            return Optional[inner] if len(rest) < len(args) else inner  # noqa: UP045 - a runtime type for OmegaConf
         return Any
     if origin in (list, tuple, typing.Sequence, set, frozenset) or tp in (list, tuple):
         elem = [a for a in args if a is not Ellipsis]
@@ -129,7 +129,7 @@ def model_schema() -> type:
         if f.name == "name":
             continue
         tp = schema_type(hints[f.name])
-        tp = Any if tp in (dict[str, Any], Any) else Optional[tp]
+        tp = Any if tp in (dict[str, Any], Any) else Optional[tp]  # noqa: UP045 - a runtime type for OmegaConf
         fields.append((f.name, tp, field(default=None)))
     return make_dataclass("ModelSchema", fields)
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Union
-
 import torch
 from torch import Tensor
 
@@ -36,7 +34,7 @@ VALUE_P = 0.25  # probability of branching (the generator's constant; leaves tak
 VOCAB = ["<pad>"] + [str(d) for d in range(10)] + list(OPERATORS) + [END]
 TOKEN_ID = {tok: i for i, tok in enumerate(VOCAB)}
 
-Tree = Union[int, tuple]  # a digit, or (operator, [children])
+Tree = int | tuple  # a digit, or (operator, [children])
 
 
 def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple[Tree, int]:

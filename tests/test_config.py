@@ -14,8 +14,9 @@ import pytest
 
 pytest.importorskip("hydra")
 
-import zoo  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
+
+import zoo  # noqa: E402
 from zoo.app import sync  # noqa: E402
 from zoo.app.compose import CONF_DIR, compose, hydra_context, precheck  # noqa: E402
 from zoo.app.run import build, model_overrides  # noqa: E402

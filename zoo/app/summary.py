@@ -40,6 +40,21 @@ def gather(sweep_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def short_names(rows: list[dict[str, Any]]) -> None:
+    """Drop the overrides every run shares from the run names (``3:model=x,trainer.max_steps=300``
+    -> ``3:model=x``): the table shows what varies."""
+    split = []
+    for r in rows:
+        num, _, rest = str(r["run"]).partition(":") if ":" in str(r["run"]) else ("", "", str(r["run"]))
+        split.append((num, [item for item in rest.split(",") if item]))
+    if len(rows) < 2:
+        return
+    common = set.intersection(*(set(items) for _, items in split))
+    for r, (num, items) in zip(rows, split):
+        kept = ",".join(i for i in items if i not in common) or str(r.get("model"))
+        r["run"] = f"{num}:{kept}" if num else kept
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return ""
@@ -107,6 +122,7 @@ def write_summary(sweep_dir: str | Path) -> dict[str, Path] | None:
     rows = sort_rows(gather(sweep_dir))
     if not rows:
         return None
+    short_names(rows)
     paths = {"csv": sweep_dir / "summary.csv", "md": sweep_dir / "summary.md", "png": sweep_dir / "summary.png"}
     with open(paths["csv"], "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS + ["dir"])

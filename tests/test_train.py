@@ -68,7 +68,7 @@ def result(run_dir):
     return json.loads((Path(run_dir) / "result.json").read_text())
 
 
-@pytest.mark.parametrize("task", ["duplication", "associative_recall", "listops", "char_lm", "enwik8", "imdb"])
+@pytest.mark.parametrize("task", ["duplication", "associative_recall", "listops", "char_lm", "enwik8", "imdb", "reverse"])
 def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
     extra = {
         "duplication": [],
@@ -77,6 +77,7 @@ def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
         "char_lm": [f"data.path={text_file}"],
         "enwik8": [f"data.path={text_file}", "data.split=[18000,1000,1000]"],
         "imdb": ["model=vanilla_classifier", f"data.path={imdb_file}", "data.val_size=4"],
+        "reverse": ["model=vanilla_seq2seq", "data.eval_size=4"],
     }[task]
     value = train(tmp_path, f"data={task}", *extra)
     res = result(tmp_path)

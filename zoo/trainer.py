@@ -377,7 +377,7 @@ class Trainer:
             for name, value in out.aux_losses.items():
                 aux_sum[name] = aux_sum.get(name, 0.0) + float(value.detach()) / accumulate
             stats = out.stats
-            tokens += int(batch["tokens"].numel())
+            tokens += int((batch["tokens"] if "tokens" in batch else batch["tgt"]).numel())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip if self.opts.clip else float("inf"))
         self.optimizer.step()
         self.scheduler.step()

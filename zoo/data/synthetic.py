@@ -144,3 +144,35 @@ class AssociativeRecallTask(_SyntheticTask):
     def make(self, b: int, generator: torch.Generator) -> dict[str, Tensor]:
         o = self.options
         return associative_recall_batch(b, self.seq_len, n_keys=o.n_keys, n_values=o.n_values, n_pairs=o.n_pairs, generator=generator)
+
+
+@TASK.register("reverse")
+class ReverseTask(_SyntheticTask):
+    """A sequence-to-sequence check: the target is the source reversed (encoder-decoder presets).
+
+    Vocabulary: 0 pad, 1 BOS, 2 EOS, symbols 3..n_symbols+2 (the ModelConfig defaults for pad/bos/eos).
+    Batches: ``src`` [b, t], ``tgt`` = BOS + reversed source [b, t], ``targets`` = reversed source
+    + EOS [b, t]; the metric is token accuracy over the targets (EOS included)."""
+
+    kind = "seq2seq"
+
+    @dataclass
+    class Options:
+        n_symbols: int = 16
+        eval_size: int = 256
+
+        def __post_init__(self) -> None:
+            require(self.n_symbols >= 1, f"data.n_symbols must be >= 1, got {self.n_symbols}")
+            require(self.eval_size >= 1, f"data.eval_size must be >= 1, got {self.eval_size}")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        require(self.seq_len >= 2, f"reverse needs trainer.seq_len >= 2, got {self.seq_len}")
+        self.vocab_size = self.options.n_symbols + 3
+
+    def make(self, b: int, generator: torch.Generator) -> dict[str, Tensor]:
+        n = self.seq_len - 1  # source length: the target adds EOS
+        src = torch.randint(3, self.options.n_symbols + 3, (b, n), generator=generator)
+        rev = src.flip(1)
+        bos, eos = torch.ones(b, 1, dtype=torch.long), torch.full((b, 1), 2, dtype=torch.long)
+        return {"src": src, "tgt": torch.cat([bos, rev], 1), "targets": torch.cat([rev, eos], 1)}

@@ -99,6 +99,11 @@ def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
         compose(argv)
 
 
+def test_option_of_unchosen_attention_says_pick_one_first():
+    message = precheck(["attention.score=dot"])
+    assert "attention=" in message and "additive" in message and "vanilla" in message
+
+
 def test_unknown_choice_lists_options():
     with pytest.raises(Exception) as info:
         compose(["attention=no_such_attention"])

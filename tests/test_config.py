@@ -175,3 +175,11 @@ def test_schema_types_from_options():
 def test_conf_has_no_machine_paths():
     for path in Path(CONF_DIR).rglob("*.yaml"):
         assert "/work/" not in path.read_text(), path
+
+
+def test_model_tiny_starts_from_the_presets_tiny_variant():
+    cfg = zoo.app.run.as_dict(compose(["model=vanilla_lm", "model.tiny=true", "model.n_layers=3", "attention=vanilla", "attention.max_cache=4"]))
+    preset, overrides = model_overrides(cfg)
+    tiny = zoo.models.get_preset("vanilla_lm").tiny
+    assert overrides["d_model"] == tiny["d_model"] and overrides["n_layers"] == 3 and "vocab_size" not in overrides
+    assert overrides["attention"] == {"name": "vanilla", "max_cache": 4}

@@ -44,13 +44,26 @@ def attention_override(attention: dict[str, Any] | None) -> dict[str, Any] | Non
 
 
 def model_overrides(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(preset, overrides) from the ``model`` and ``attention`` nodes; null = the preset's value."""
+    """(preset, overrides) from the ``model`` and ``attention`` nodes; null = the preset's value.
+
+    ``model.tiny=true`` starts from the preset's registered tiny variant (its vocabulary excepted:
+    the task sets it); the user's ``model.*`` keys and the ``attention`` group go on top."""
+    from zoo.config import merge_config
+    from zoo.models import get_preset, preset_config
+
     model = dict(cfg["model"])
     preset = model.pop("preset")
+    tiny = model.pop("tiny", False)
     overrides = {k: v for k, v in model.items() if v is not None}
+    if tiny:
+        base = {k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"}
+        overrides = merge_config(base, overrides)
     attention = attention_override(cfg.get("attention"))
     if attention is not None:
-        overrides["attention"] = attention
+        current = overrides.get("attention")
+        if isinstance(current, dict) and "name" not in current:  # tweaks of the preset's own mechanism
+            overrides["attention"] = {"name": preset_config(preset).attention["name"], **current}
+        overrides = merge_config(overrides, {"attention": attention})
     return preset, overrides
 
 

@@ -122,9 +122,11 @@ def named_schema(kind: str, name: str, options_cls: type) -> type:
 
 
 def model_schema() -> type:
-    """``preset`` + every ModelConfig field as optional: null keeps the preset's value."""
+    """``preset`` + ``tiny`` (start from the preset's registered CPU-sized variant, e.g. its attention
+    blocks shrunk to fit short sequences) + every ModelConfig field as optional: null keeps the
+    preset's (or the tiny variant's) value."""
     hints = field_types(ModelConfig)
-    fields: list[tuple[str, Any, Any]] = [("preset", str, field(default=REQUIRED))]
+    fields: list[tuple[str, Any, Any]] = [("preset", str, field(default=REQUIRED)), ("tiny", bool, field(default=False))]
     for f in dataclasses.fields(ModelConfig):
         if f.name == "name":
             continue

@@ -93,6 +93,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     ok = [r for r in rows if isinstance(r.get("final_metric"), (int, float))]
     if not ok:
@@ -105,6 +106,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
         values = [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in ok]
         ax.barh(range(len(ok)), values, color="tab:blue" if key == "final_metric" else "tab:gray")
         ax.set_title(title, fontsize=9)
+        if key != "final_metric":
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12k, 1.5M: readable at any scale
         ax.tick_params(labelsize=8)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(ok)))

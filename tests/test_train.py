@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -91,9 +92,11 @@ def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
 
 
 def _interrupt_at(step):
+    """A real SIGINT (Ctrl-C) during step ``step``'s callbacks: the run stops after that step."""
+
     def callback(trainer, current):
         if current == step:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
 
     return callback
 

@@ -24,6 +24,8 @@ import math
 import os
 import random
 import resource
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -97,6 +99,10 @@ class OptimOptions:
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: unreadable, not ours, or from another model/task."""
+
+
+class ImmediateInterrupt(KeyboardInterrupt):
+    """A second Ctrl-C: stop now, possibly mid-step, so no checkpoint is written."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -287,6 +293,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self.tokens_per_s: list[float] = []
         self.activation_mb: float | None = None
+        self._ctrl_c = False
         if trainer.precision == "bf16" and self.device.type != "cuda":
             raise ValueError("trainer.precision=bf16 autocast needs CUDA here; use fp32 on CPU")
 
@@ -432,6 +439,7 @@ class Trainer:
 
         bar = tqdm(total=opts.max_steps, initial=self.step, disable=None if (opts.progress and self.dist.is_main) else True, dynamic_ncols=True, mininterval=0.5, desc=self.model.config.name)
         start, last_eval, stopped_early, status = time.perf_counter(), None, False, "finished"
+        previous_handler = self._defer_ctrl_c()
         try:
             while self.step < opts.max_steps:
                 metrics = self.train_step()
@@ -442,6 +450,8 @@ class Trainer:
                     self.log({**metrics, **self.peak_memory_mb()})
                 for callback in self.callbacks:
                     callback(self, self.step)
+                if distributed.broadcast_flag(self._ctrl_c, self.device):  # every rank stops after the same step
+                    raise KeyboardInterrupt
                 over_time = bool(opts.max_time_s) and time.perf_counter() - start > opts.max_time_s
                 over_time = distributed.broadcast_flag(over_time, self.device)
                 if (opts.eval_every and self.step % opts.eval_every == 0) or self.step == opts.max_steps or over_time:
@@ -452,6 +462,10 @@ class Trainer:
                 if over_time:
                     stopped_early = True
                     break
+        except ImmediateInterrupt:
+            bar.close()
+            print(f"\nstopped mid-step; last good checkpoint: {self.last_checkpoint or 'none saved'}", flush=True)
+            raise
         except KeyboardInterrupt:
             status = "interrupted"
             path = self.save()
@@ -460,6 +474,8 @@ class Trainer:
             raise
         finally:
             bar.close()
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
         if last_eval is None:  # resumed at or past max_steps
             last_eval = self._evaluate_and_save(metric_key)
         wall = time.perf_counter() - start
@@ -489,6 +505,22 @@ class Trainer:
             for logger in self.loggers:
                 logger.finish(summary)
         return summary
+
+    def _defer_ctrl_c(self) -> Any:
+        """Make the first Ctrl-C stop the run *between* steps (so the checkpoint it saves resumes
+        exactly); a second Ctrl-C interrupts at once. Returns the previous handler (None when not
+        on the main thread, where signals cannot be handled)."""
+        self._ctrl_c = False
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._ctrl_c:
+                raise ImmediateInterrupt
+            self._ctrl_c = True
+            print("\nCtrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to stop now)", flush=True)
+
+        return signal.signal(signal.SIGINT, handler)
 
     def _evaluate_and_save(self, metric_key: str) -> dict[str, float]:
         result = self.evaluate()

@@ -69,7 +69,13 @@ def explain_unknown_key(exc: BaseException, overrides: list[str], conf_dir: str 
         group_dir = Path(conf_dir) / parent
         if parent and "." not in parent and group_dir.is_dir() and OmegaConf.select(cfg, parent) is None:
             choices = sorted(p.stem for p in group_dir.glob("*.yaml"))
-            return f"cannot set {full_key!r}: '{parent}' is null (the preset's own choice); pick one first, e.g. {parent}={choices[0] if choices else '<name>'} {full_key}=...; choices: {', '.join(choices)}"
+            example = choices[0] if choices else "<name>"
+            if parent == "attention":  # the preset's own mechanism is the natural one to tweak
+                with contextlib.suppress(Exception):
+                    from zoo.models import preset_config
+
+                    example = preset_config(cfg.model.preset).attention["name"]
+            return f"cannot set {full_key!r}: '{parent}' is null (the preset's own choice); pick one first, e.g. {parent}={example} {full_key}=...; choices: {', '.join(choices)}"
         return None
     where = f"'{parent}'" if parent else "the top level"
     return f"unknown config key {full_key!r}: {where} has no key {key!r}; valid: {', '.join(keys)}.{did_you_mean(key, keys)}"

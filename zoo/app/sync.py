@@ -54,7 +54,7 @@ def attention_yaml(name: str) -> str:
 
 
 def model_yaml(preset: str) -> str:
-    description = MODEL.get(preset).description
+    description = " ".join(str(MODEL.get(preset).description).split())  # one comment line
     lines = [
         f"# Preset {preset!r}: {description}",
         "# Created by experiments/sync_configs.py. Every model key left out (null) keeps the preset's value;",

@@ -322,3 +322,31 @@ def test_evaluate_script_carries_memory(tmp_path, text_file, memory_attention, c
     spec.loader.exec_module(module)
     text = module.main([str(tmp_path / "checkpoints" / "best.pt"), "--prompt", "abc", "--tokens", "5"])
     assert text.startswith("abc") and len(text) == 8
+
+
+def test_aux_losses_are_added_and_logged_by_name(tmp_path):
+    """A toy mechanism with an aux loss (registered for this test only): the loss reaches the
+    gradient (its weight moves) and is logged as train/aux/<name>."""
+    from zoo.attention.base import AttnOutput
+    from zoo.attention.vanilla import VanillaAttention
+    from zoo.registry import ATTENTION
+
+    class ToyAux(VanillaAttention):
+        def __init__(self, d_model, n_heads, **kwargs):
+            super().__init__(d_model, n_heads, **kwargs)
+            self.gate = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x, **kwargs):
+            out = super().forward(x, **kwargs)
+            return AttnOutput(out.out, out.state, {"toy_l1": 0.5 * self.gate.abs()}, {"gate": self.gate.detach()})
+
+    ATTENTION.register("toy_aux_for_tests", ToyAux)
+    try:
+        train(tmp_path, "model.attention={name: toy_aux_for_tests}", "trainer.log_every=1")
+    finally:
+        ATTENTION._entries.pop("toy_aux_for_tests")
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    aux = [r["train/aux/toy_l1"] for r in rows if "train/aux/toy_l1" in r]
+    assert len(aux) == 4 and aux[0] == pytest.approx(2 * 0.5)  # two layers, 0.5 * |1| each, at step 1
+    assert aux[-1] < aux[0]  # the aux loss was part of the objective: the gates shrank
+    assert any("train/stats/layer0/gate" in r for r in rows)

@@ -158,7 +158,10 @@ class UniversalStack(Stack):
                 break
             full = bool(active.all())
             rows = None if full else active.nonzero().squeeze(1)
-            pick = (lambda v: v) if full else (lambda v: None if v is None else v.index_select(0, rows))
+
+            def pick(v: Tensor | None, rows: Tensor | None = rows) -> Tensor | None:
+                return v if rows is None or v is None else v.index_select(0, rows)
+
             s_in = pick(state)
             out = self.block(s_in + self.signal(t, offset, step, device, x.dtype), pad_mask=pick(pad_mask), context=pick(context), context_pad_mask=pick(context_pad_mask))
             merge_into(aux, out.aux)

@@ -35,8 +35,8 @@ PAPER = {
 # name -> (preset, overrides, paper row). Equal parameter budget: 4 vanilla layers at d 64
 # hold as many weights as one shared block at d 128 (params ~ layers * d^2).
 MODELS = {
-    "universal_transformer_act": ("universal_seq2seq_act", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"max_steps": 8}), "ut"),
-    "universal_transformer": ("universal_seq2seq_act", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"act": False}), "ut"),
+    "universal_transformer_act": ("universal_act_seq2seq", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"max_steps": 8}), "ut"),
+    "universal_transformer": ("universal_act_seq2seq", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"act": False}), "ut"),
     "vanilla_seq2seq": ("vanilla_seq2seq", dict(d_model=64, n_heads=4, d_ff=256, n_layers=4), "transformer"),
 }
 
@@ -109,13 +109,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--train-min", type=int, default=10)
     parser.add_argument("--train-max", type=int, default=20)
     parser.add_argument("--test-len", type=int, default=40)
-    parser.add_argument("--n-test", type=int, default=200)
+    parser.add_argument("--n-test", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/universal_algorithmic")

@@ -35,8 +35,8 @@ PAPER = {
 # name -> (preset, overrides, paper row). Equal parameter budget: 4 vanilla layers at d 64
 # hold as many weights as one shared block at d 128 (params ~ layers * d^2).
 MODELS = {
-    "universal_transformer_act": ("universal_act_seq2seq", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"max_steps": 8}), "ut"),
-    "universal_transformer": ("universal_act_seq2seq", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"act": False}), "ut"),
+    "universal_transformer_act": ("universal_seq2seq_act", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"max_steps": 8}), "ut"),
+    "universal_transformer": ("universal_seq2seq_act", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"act": False}), "ut"),
     "vanilla_seq2seq": ("vanilla_seq2seq", dict(d_model=64, n_heads=4, d_ff=256, n_layers=4), "transformer"),
 }
 

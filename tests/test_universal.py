@@ -11,6 +11,7 @@ from zoo.config import ModelConfig
 from zoo.data.algorithmic import algorithmic_batch, score, vocab_size
 from zoo.positional import sinusoid_table
 from zoo.stacks import SequentialStack
+from zoo.training import total_loss
 from zoo.universal import UniversalStack
 
 D, H = 16, 2
@@ -157,7 +158,7 @@ def test_presets_build_train_and_decode_by_recomputation():
         manual = torch.cat([manual, lm(manual).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(generated, manual)
 
-    s2s = zoo.create_model("universal_act_seq2seq", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=3)
+    s2s = zoo.create_model("universal_seq2seq_act", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=3)
     src, tgt = torch.randint(3, 20, (2, 7)), torch.randint(3, 20, (2, 5))
     out = s2s(src, tgt, tgt)
     assert "encoder/act/steps_mean" in out.stats and "act/steps_mean" in out.stats
@@ -209,13 +210,13 @@ def test_algorithmic_data():
 @pytest.mark.slow
 def test_universal_act_learns_copy():
     torch.manual_seed(0)
-    model = zoo.create_model("universal_act_seq2seq", vocab_size=vocab_size("copy"), d_model=32, n_heads=4, d_ff=64, n_layers=4, dropout=0.0)
+    model = zoo.create_model("universal_seq2seq_act", vocab_size=vocab_size("copy"), d_model=32, n_heads=4, d_ff=64, n_layers=4, dropout=0.0)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(1)
     for _ in range(300):
         batch = algorithmic_batch("copy", 32, 3, 6, generator=g)
         out = model(**batch)
-        loss = zoo.training.total_loss(out) if hasattr(zoo, "training") else out.loss
+        loss = total_loss(out)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -26,6 +26,6 @@ def _universal_transformer_act() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="lm", n_layers=8, stack={"name": "universal", "act": True})
 
 
-@register_preset("universal_act_seq2seq", "Universal Transformer encoder-decoder with ACT in both halves, at most 8 steps (algorithmic tasks)")
-def _universal_act_seq2seq() -> dict[str, Any]:
+@register_preset("universal_seq2seq_act", "Universal Transformer encoder-decoder with ACT in both halves, at most 8 steps (algorithmic tasks)")
+def _universal_seq2seq_act() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="seq2seq", n_layers=8, stack={"name": "universal", "act": True})

@@ -181,12 +181,12 @@ class LSHAttention(SharedQKProjections):
         k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
         bucket_sorted = rearrange(buckets, "b h r t -> (b h) r t").gather(-1, order).view(B, R, n, c)
         pos_sorted = order.view(B, R, n, c)
-        real_sorted = rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t").gather(-1, order.view(B, R * tp)).view(B, R, n, c)
 
         keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, w, k], w = 2c (c if n == 1)
         across = self.options.attend_across_buckets
         self_slot, static_masked = _static_masks(n, c, self.causal and not across, x.device)
         if across:  # keys of any bucket: causality and padding by position, per element
+            real_sorted = rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t").gather(-1, order.view(B, R * tp)).view(B, R, n, c)
             masked = ~_look_back(real_sorted)[..., None, :]
             if self.causal:
                 masked = masked | (_look_back(pos_sorted)[..., None, :] > pos_sorted[..., :, None])

@@ -1,0 +1,139 @@
+"""Blocked attention: the shared machinery behind the static sparse and local patterns.
+
+Not a mechanism (nothing registers here). The sparse (``sparse.py``) and local (``local.py``)
+patterns all reduce to "groups of queries, each attending to a small key set", computed without
+ever forming a t x t tensor:
+
+- :func:`attend_groups` runs one fused ``scaled_dot_product_attention`` over all groups at once
+  (groups go into SDPA's head axis, so the fused CPU/GPU kernels see ordinary 4-D tensors). A key
+  set shared by every group (the fixed pattern's summary columns) goes in once with
+  ``enable_gqa=True`` instead of being copied per group.
+- :func:`banded_attention` cuts queries into blocks that attend to their own block plus a few
+  neighbouring blocks (gathered by :func:`neighbours`) under one static relative mask: the blocked
+  formulation measured in BENCHMARKS.md to run near the hardware's bound on CPU.
+- :func:`joint_softmax` normalises several score tensors together, for patterns whose key set is a
+  union of differently shaped parts (the "merged head" of the Sparse Transformer).
+
+Shape legend as in ``base.py``; here additionally ``T`` = padded length, ``n`` = number of blocks,
+``s`` = block size, ``w`` = window (keys per block), ``g`` = groups, ``l`` = queries per group.
+Key validity ``valid`` is bool [b or 1, T]: True for a real key (inside the sequence, not padding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from zoo.attention.base import guard_empty_rows
+
+
+def padded_length(t: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` >= t: a length that does not suit a block is padded."""
+    return -(-t // multiple) * multiple
+
+
+def pad_time(x: Tensor, length: int) -> Tensor:
+    """[b, h, t, k] -> [b, h, length, k] with zeros appended along t."""
+    return F.pad(x, (0, 0, 0, length - x.shape[2]))
+
+
+def key_validity(pad_mask: Tensor | None, t: int, length: int, device: torch.device) -> Tensor:
+    """bool [b or 1, length]: True where the key is a real token (position < t, not padding)."""
+    valid = (torch.arange(length, device=device) < t)[None]
+    if pad_mask is not None:
+        valid = valid & F.pad(pad_mask, (0, length - t), value=False)
+    return valid
+
+
+def neighbours(blocks: Tensor, before: int, after: int, dim: int) -> Tensor:
+    """Concatenate each block with its ``before`` previous and ``after`` next blocks.
+
+    ``blocks`` has the block index at ``dim`` and the within-block position at ``dim + 1``
+    (e.g. keys [b, h, n, s, k] with dim=2, validity [b, n, s] with dim=1). Returns the same shape
+    with ``dim + 1`` grown to (before + 1 + after) * s, blocks in sequence order; blocks past
+    either end are zeros (False for bool), so validity marks them as no key.
+    Memory: (before + 1 + after) copies, linear in length."""
+    n = blocks.shape[dim]
+    pad = [0, 0] * (blocks.dim() - 1 - dim) + [before, after]
+    padded = F.pad(blocks, pad)
+    return torch.cat([padded.narrow(dim, shift, n) for shift in range(before + 1 + after)], dim=dim + 1)
+
+
+def attend_groups(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, is_causal: bool = False, dropout: float = 0.0) -> Tensor:
+    """Fused attention of every query group to its own key set.
+
+    q [b, h, g, l, k]; k, v [b, h, g, w, k], or [b, h, 1, w, k] for one key set shared by all
+    groups (passed once, ``enable_gqa``); mask bool broadcastable to [b, g, l, w] (True = may
+    attend; no head axis, so it is shared by the heads), or None. ``is_causal``: causal inside
+    each group (top-left aligned). Returns [b, h, g, l, k]. A query row with no allowed key
+    returns 0 (the value the dense reference gives: an empty softmax contributes nothing)."""
+    b, h, g = q.shape[:3]
+    shared = k.shape[2] == 1 and g > 1
+    flat = [rearrange(x, "b h g l k -> (b h) g l k") for x in (q, k, v)]
+    has_key = None
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # [mb, g, l, w]
+        any_key = mask.any(-1, keepdim=True)
+        if not bool(any_key.all()):
+            has_key = any_key  # empty rows: zero them after the kernel, which would return NaN
+        mask = guard_empty_rows(mask)
+        if mask.shape[0] > 1:  # depends on the batch row (padding): one copy per head
+            mask = rearrange(mask[:, None].expand(-1, h, -1, -1, -1), "b h g l w -> (b h) g l w")
+    out = F.scaled_dot_product_attention(*flat, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=shared)
+    out = rearrange(out, "(b h) g l k -> b h g l k", b=b)
+    if has_key is not None:
+        out = out * has_key[:, None].to(out.dtype)
+    return out
+
+
+def banded_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    valid: Tensor,
+    *,
+    block: int,
+    before: int,
+    after: int,
+    allowed: Callable[[Tensor, Tensor], Tensor],
+    dropout: float = 0.0,
+) -> Tensor:
+    """Queries in blocks of ``block``, each attending to its block and ``before``/``after``
+    neighbouring blocks, restricted by a static relative pattern.
+
+    q, k, v [b, h, T, k] with T a multiple of ``block``; valid [b or 1, T].
+    ``allowed(qi, d)``: qi [s, 1] = query offset in its block, d [1, w] = key position minus the
+    block's first position (negative for earlier blocks) -> bool [s, w]. The same for every block,
+    so it is built once; only key validity (sequence ends, padding) varies per block.
+    Returns [b, h, T, k]. Cost: T * (before + 1 + after) * block scores, linear in T."""
+    qb = rearrange(q, "b h (n s) k -> b h n s k", s=block)
+    kw = neighbours(rearrange(k, "b h (n s) k -> b h n s k", s=block), before, after, dim=2)
+    vw = neighbours(rearrange(v, "b h (n s) k -> b h n s k", s=block), before, after, dim=2)
+    valid_w = neighbours(rearrange(valid, "b (n s) -> b n s", s=block), before, after, dim=1)  # [b, n, w]
+    device = q.device
+    qi = torch.arange(block, device=device)[:, None]
+    d = torch.arange(kw.shape[3], device=device)[None, :] - before * block
+    mask = allowed(qi, d)[None, None] & valid_w[:, :, None, :]  # [b, n, s, w]
+    out = attend_groups(qb, kw, vw, mask, dropout=dropout)
+    return rearrange(out, "b h n s k -> b h (n s) k")
+
+
+def joint_softmax(scores: list[Tensor], masks: list[Tensor], *, dropout: float = 0.0, training: bool = False) -> list[Tensor]:
+    """One softmax over the concatenated last axes of several score tensors.
+
+    scores[i] [..., l, w_i] (same leading shape); masks[i] bool broadcastable to it (True = may
+    attend). Returns the probabilities split back into the same parts. Rows with no allowed key
+    get all-zero probabilities. Used where a query's key set is a disjoint union of parts laid
+    out differently in memory (the merged-head Sparse Transformer)."""
+    widths = [s.shape[-1] for s in scores]
+    score = torch.cat(scores, dim=-1)
+    mask = torch.cat([torch.broadcast_to(m, s.shape) for m, s in zip(masks, scores)], dim=-1)
+    has_key = mask.any(-1, keepdim=True)
+    probs = torch.softmax(score.masked_fill(~guard_empty_rows(mask), float("-inf")), dim=-1) * has_key
+    if dropout and training:
+        probs = F.dropout(probs, p=dropout)
+    return list(probs.split(widths, dim=-1))

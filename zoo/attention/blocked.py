@@ -9,8 +9,9 @@ ever forming a t x t tensor:
   set shared by every group (the fixed pattern's summary columns) goes in once with
   ``enable_gqa=True`` instead of being copied per group.
 - :func:`banded_attention` cuts queries into blocks that attend to their own block plus a few
-  neighbouring blocks (gathered by :func:`neighbours`) under one static relative mask: the blocked
-  formulation measured in BENCHMARKS.md to run near the hardware's bound on CPU.
+  neighbouring blocks (overlapping windows, :func:`windows`, a strided view rather than copies)
+  under one static relative mask: the blocked formulation measured in BENCHMARKS.md to run near
+  the hardware's bound on CPU.
 - :func:`joint_softmax` normalises several score tensors together, for patterns whose key set is a
   union of differently shaped parts (the "merged head" of the Sparse Transformer).
 
@@ -38,6 +39,8 @@ def padded_length(t: int, multiple: int) -> int:
 
 def pad_time(x: Tensor, length: int) -> Tensor:
     """[b, h, t, k] -> [b, h, length, k] with zeros appended along t."""
+    if x.shape[2] == length:
+        return x
     return F.pad(x, (0, 0, 0, length - x.shape[2]))
 
 
@@ -49,18 +52,20 @@ def key_validity(pad_mask: Tensor | None, t: int, length: int, device: torch.dev
     return valid
 
 
-def neighbours(blocks: Tensor, before: int, after: int, dim: int) -> Tensor:
-    """Concatenate each block with its ``before`` previous and ``after`` next blocks.
+def windows(x: Tensor, block: int, before: int, after: int, dim: int, length: int | None = None) -> Tensor:
+    """Overlapping key windows as a view: block i sees blocks i - before ... i + after.
 
-    ``blocks`` has the block index at ``dim`` and the within-block position at ``dim + 1``
-    (e.g. keys [b, h, n, s, k] with dim=2, validity [b, n, s] with dim=1). Returns the same shape
-    with ``dim + 1`` grown to (before + 1 + after) * s, blocks in sequence order; blocks past
-    either end are zeros (False for bool), so validity marks them as no key.
-    Memory: (before + 1 + after) copies, linear in length."""
-    n = blocks.shape[dim]
-    pad = [0, 0] * (blocks.dim() - 1 - dim) + [before, after]
-    padded = F.pad(blocks, pad)
-    return torch.cat([padded.narrow(dim, shift, n) for shift in range(before + 1 + after)], dim=dim + 1)
+    ``x`` has the time axis at ``dim`` (keys [b, h, T, k] with dim=2, validity [b, T] with
+    dim=1), T a multiple of ``block`` (or shorter, with ``length`` the multiple it is padded
+    to, in the same copy). The time axis becomes [n, w] with w = (before + 1 +
+    after) * block, positions outside the sequence zero (False). One padded copy of ``x`` is
+    made; the windows overlap in memory instead of being copied (the fused kernel reads them
+    through their strides), so keys and values are stored once, not (before + 1 + after) times."""
+    tail = (length or x.shape[dim]) - x.shape[dim]
+    pad = [0, 0] * (x.dim() - 1 - dim) + [before * block, tail + after * block]
+    width = (before + 1 + after) * block
+    out = F.pad(x, pad).unfold(dim, width, block)  # window axis appended last
+    return out.movedim(-1, dim + 1)
 
 
 def attend_groups(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, is_causal: bool = False, dropout: float = 0.0) -> Tensor:
@@ -105,15 +110,16 @@ def banded_attention(
     """Queries in blocks of ``block``, each attending to its block and ``before``/``after``
     neighbouring blocks, restricted by a static relative pattern.
 
-    q, k, v [b, h, T, k] with T a multiple of ``block``; valid [b or 1, T].
+    q, k, v [b, h, t, k]; valid [b or 1, T] with T >= t a multiple of ``block``; q, k, v are
+    padded to T here (keys and values in the same copy that makes their windows).
     ``allowed(qi, d)``: qi [s, 1] = query offset in its block, d [1, w] = key position minus the
     block's first position (negative for earlier blocks) -> bool [s, w]. The same for every block,
     so it is built once; only key validity (sequence ends, padding) varies per block.
     Returns [b, h, T, k]. Cost: T * (before + 1 + after) * block scores, linear in T."""
-    qb = rearrange(q, "b h (n s) k -> b h n s k", s=block)
-    kw = neighbours(rearrange(k, "b h (n s) k -> b h n s k", s=block), before, after, dim=2)
-    vw = neighbours(rearrange(v, "b h (n s) k -> b h n s k", s=block), before, after, dim=2)
-    valid_w = neighbours(rearrange(valid, "b (n s) -> b n s", s=block), before, after, dim=1)  # [b, n, w]
+    length = valid.shape[1]
+    qb = rearrange(pad_time(q, length), "b h (n s) k -> b h n s k", s=block)
+    kw, vw = (windows(x, block, before, after, dim=2, length=length) for x in (k, v))  # [b, h, n, w, k]
+    valid_w = windows(valid, block, before, after, dim=1)  # [b, n, w]
     device = q.device
     qi = torch.arange(block, device=device)[:, None]
     d = torch.arange(kw.shape[3], device=device)[None, :] - before * block

@@ -87,7 +87,6 @@ class Local1DAttention(LocalAttention):
         t = q.shape[2]
         block, memory = self.options.block, self.options.memory
         length = padded_length(t, block)
-        q, k, v = (pad_time(x, length) for x in (q, k, v))
         valid = key_validity(pad_mask, t, length, q.device)
         causal = self.causal
 

@@ -48,7 +48,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from zoo.attention.base import Attention, AttnOutput
-from zoo.attention.blocked import attend_groups, banded_attention, joint_softmax, key_validity, neighbours, pad_time, padded_length
+from zoo.attention.blocked import attend_groups, banded_attention, joint_softmax, key_validity, pad_time, padded_length, windows
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -167,9 +167,8 @@ class StridedSparseAttention(FactorisedSparseAttention):
         after = 0 if self.causal else 1
         # part 1, the band: blocks of l queries against the gathered neighbouring blocks
         qb = rearrange(q * scale, "b h (n s) k -> b h n s k", s=l)
-        kw = neighbours(rearrange(k, "b h (n s) k -> b h n s k", s=l), 1, after, dim=2)
-        vw = neighbours(rearrange(v, "b h (n s) k -> b h n s k", s=l), 1, after, dim=2)
-        valid_w = neighbours(rearrange(valid, "b (n s) -> b n s", s=l), 1, after, dim=1)
+        kw, vw = (windows(x, l, 1, after, dim=2) for x in (k, v))  # [b, h, n, w, k]
+        valid_w = windows(valid, l, 1, after, dim=1)
         qi = torch.arange(l, device=device)[:, None]
         d = torch.arange(kw.shape[3], device=device)[None, :] - l
         band = ((d - qi >= -l) & (d <= qi)) if self.causal else ((d - qi).abs() <= l)

@@ -25,18 +25,18 @@ def grid(t):
     return torch.arange(t)[:, None], torch.arange(t)[None, :]
 
 
-def strided_sets(t, l, causal):
+def strided_sets(t, stride, causal):
     """Child et al. 2019, Section 4.2: A1 = {t, ..., i}, t = max(0, i - l); A2 = {j : (i - j) mod l = 0}."""
     i, j = grid(t)
     if causal:
-        return (j >= (i - l).clamp(min=0)) & (j <= i), ((i - j) % l == 0) & (j <= i)
-    return (i - j).abs() <= l, (i - j) % l == 0
+        return (j >= (i - stride).clamp(min=0)) & (j <= i), ((i - j) % stride == 0) & (j <= i)
+    return (i - j).abs() <= stride, (i - j) % stride == 0
 
 
-def fixed_sets(t, l, c, causal):
+def fixed_sets(t, stride, c, causal):
     """A1 = {j : floor(j / l) = floor(i / l)}; A2 = {j : j mod l in {l - c, ..., l - 1}}."""
     i, j = grid(t)
-    a1, a2 = (j // l == i // l), (j % l >= l - c)
+    a1, a2 = (j // stride == i // stride), (j % stride >= stride - c)
     if causal:
         a1, a2 = a1 & (j <= i), a2 & (j <= i)
     return a1, a2

@@ -27,9 +27,36 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 
-from zoo.attention.base import guard_empty_rows
+from zoo.attention.base import Attention, AttnOutput, guard_empty_rows
+
+
+class PatternAttention(Attention):
+    """Base of the static-pattern mechanisms: q/k/v/output projections (option ``bias``) around
+    ``attend(q, k, v, pad_mask)``, which each pattern implements on heads [b, h, t, k]."""
+
+    def __init__(self, d_model: int, n_heads: int, **kwargs):
+        super().__init__(d_model, n_heads, **kwargs)
+        bias = self.options.bias
+        self.to_q = nn.Linear(d_model, d_model, bias=bias)
+        self.to_k = nn.Linear(d_model, d_model, bias=bias)
+        self.to_v = nn.Linear(d_model, d_model, bias=bias)
+        self.to_out = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
+        self.check_inputs(x, context, pad_mask, state)
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """The pattern's attention on projected heads: q, k, v [b, h, t, k] -> [b, h, t, k]."""
+        raise NotImplementedError
+
+    @property
+    def attn_dropout(self) -> float:
+        """Dropout on the attention weights: only while training."""
+        return self.dropout if self.training else 0.0
 
 
 def padded_length(t: int, multiple: int) -> int:

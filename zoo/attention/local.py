@@ -37,37 +37,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor, nn
+from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput
-from zoo.attention.blocked import attend_groups, banded_attention, key_validity, pad_time, padded_length
+from zoo.attention.blocked import PatternAttention, attend_groups, banded_attention, key_validity, pad_time, padded_length
 from zoo.config import require
 from zoo.registry import ATTENTION
 
 
-class LocalAttention(Attention):
-    """Projections and the forward shared by the 1D and 2D variants; ``attend`` differs."""
-
-    def __init__(self, d_model: int, n_heads: int, **kwargs):
-        super().__init__(d_model, n_heads, **kwargs)
-        bias = self.options.bias
-        self.to_q = nn.Linear(d_model, d_model, bias=bias)
-        self.to_k = nn.Linear(d_model, d_model, bias=bias)
-        self.to_v = nn.Linear(d_model, d_model, bias=bias)
-        self.to_out = nn.Linear(d_model, d_model, bias=bias)
-
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
-        self.check_inputs(x, context, pad_mask, state)
-        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
-        return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
-
-    @property
-    def attn_dropout(self) -> float:
-        return self.dropout if self.training else 0.0
-
-
 @ATTENTION.register("local_1d")
-class Local1DAttention(LocalAttention):
+class Local1DAttention(PatternAttention):
     @dataclass
     class Options:
         block: int = 128  # l_q, query block length
@@ -99,7 +77,7 @@ class Local1DAttention(LocalAttention):
 
 
 @ATTENTION.register("local_2d")
-class Local2DAttention(LocalAttention):
+class Local2DAttention(PatternAttention):
     @dataclass
     class Options:
         width: int = 32  # columns of the raster (for RGB: 3 x image width)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import zoo  # noqa: F401  (registers mechanisms)
-from zoo.bench import Variant, _split_top, build, parse_spec
+from zoo.bench import Variant, _quote, _split_top, build, parse_spec
 
 
 def main() -> None:
@@ -65,7 +65,7 @@ def main() -> None:
     lines = [
         f"# Paired training steps at length {args.length} (2 layers, d 256, 4 heads, vocab 256, batch 1, {args.threads} threads)",
         "",
-        "Command: `python experiments/sparse_local_paired.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in ("", None)) + "`",
+        "Command: `python experiments/sparse_local_paired.py " + " ".join(f"--{k.replace('_', '-')} {_quote(str(v))}" for k, v in vars(args).items() if v not in ("", None)) + "`",
         "",
         f"| variant | median ms | speed-up over {args.baseline}: median of per-round ratios | min / max ratio |",
         "|---|---|---|---|",

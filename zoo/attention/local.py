@@ -1,0 +1,150 @@
+"""Local self-attention in 1D and 2D query blocks.
+
+Paper: "Image Transformer", Parmar, Vaswani, Uszkoreit, Kaiser, Shazeer, Ku, Tran 2018,
+arXiv:1802.05751, Section 3.2 (local self-attention) and Figure 2.
+
+- ``local_1d``: the sequence (an image in raster order) is cut into non-overlapping query blocks
+  of length ``block`` (l_q). Each block attends to a memory block made of its own positions and
+  the ``memory`` (l_m) positions before it. Query i in block q = floor(i / l_q) sees
+  A(i) = {j : q * l_q - l_m <= j <= i} when causal, {j : q * l_q - l_m <= j < (q + 1) * l_q}
+  when not (the paper's memory block without the causal mask).
+- ``local_2d``: the sequence is a raster of ``width`` columns (and ``height`` rows, when given).
+  It is cut into rectangular query blocks of ``query_height`` x ``query_width``; each block's
+  memory extends ``flange_height`` rows up and ``flange_width`` columns left and right of it:
+  rows [R * q_h - f_h, (R + 1) * q_h), columns [C * q_w - f_w, (C + 1) * q_w + f_w). Causal
+  masking keeps the memory positions that precede the query in the sequence (raster) order.
+
+Computation is blocked: a block's memory is gathered once (neighbouring 1D blocks; an unfolded
+2D window), and one fused SDPA runs over all blocks with a mask that is static except at the
+image's borders, so time and memory grow linearly with the length; no t x t tensor is formed.
+A length that does not fill the last block is padded and the pad masked.
+
+Deviations: the paper generates an image in the order of its query blocks (raster order inside
+each block); our sequences stay in plain raster order, so the causal mask is "precedes in raster
+order", which keeps a causal LM over the raster exact. Memory positions to the right of the query
+block in the rows above it are therefore visible, those on the query's own row and below are
+not. Channels are not special: an RGB image enters as a raster of width 3 * W, as in the paper.
+With ``height`` = 0 any number of rows is accepted (the last one may be partial). When
+``height`` is set, a bidirectional layer needs exactly height * width positions and a causal one
+accepts a raster prefix (for generation); anything longer is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from zoo.attention.blocked import PatternAttention, attend_groups, banded_attention, key_validity, pad_time, padded_length
+from zoo.config import require
+from zoo.registry import ATTENTION
+
+
+@ATTENTION.register("local_1d")
+class Local1DAttention(PatternAttention):
+    @dataclass
+    class Options:
+        block: int = 128  # l_q, query block length
+        memory: int = 128  # l_m, positions before the query block that it also attends to
+        bias: bool = True  # bias in the q/k/v/output projections
+
+        def __post_init__(self) -> None:
+            require(isinstance(self.block, int) and self.block >= 1, f"block must be an int >= 1, got {self.block!r}")
+            require(isinstance(self.memory, int) and self.memory >= 0, f"memory must be an int >= 0, got {self.memory!r}")
+
+    @classmethod
+    def contract_options(cls) -> dict:
+        return {"block": 4, "memory": 6}
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """q, k, v [b, h, t, k] -> [b, h, t, k]."""
+        t = q.shape[2]
+        block, memory = self.options.block, self.options.memory
+        length = padded_length(t, block)
+        valid = key_validity(pad_mask, t, length, q.device)
+        causal = self.causal
+
+        def allowed(qi: Tensor, d: Tensor) -> Tensor:  # d: key position - block start
+            inside = d >= -memory
+            return inside & (d <= qi) if causal else inside
+
+        out = banded_attention(q, k, v, valid, block=block, before=math.ceil(memory / block), after=0, allowed=allowed, dropout=self.attn_dropout)
+        return out[:, :, :t]
+
+
+@ATTENTION.register("local_2d")
+class Local2DAttention(PatternAttention):
+    @dataclass
+    class Options:
+        width: int = 32  # columns of the raster (for RGB: 3 x image width)
+        height: int = 0  # rows; 0 = any number (the last row may be partial)
+        query_height: int = 8  # query block rows
+        query_width: int = 16  # query block columns
+        flange_height: int = 8  # memory rows above the query block
+        flange_width: int = 16  # memory columns left and right of the query block
+        bias: bool = True
+
+        def __post_init__(self) -> None:
+            for key in ("width", "query_height", "query_width"):
+                require(isinstance(getattr(self, key), int) and getattr(self, key) >= 1, f"{key} must be an int >= 1, got {getattr(self, key)!r}")
+            for key in ("height", "flange_height", "flange_width"):
+                require(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, f"{key} must be an int >= 0, got {getattr(self, key)!r}")
+
+    @classmethod
+    def contract_options(cls) -> dict:
+        return {"width": 5, "query_height": 2, "query_width": 2, "flange_height": 1, "flange_width": 1}
+
+    def rows_for(self, t: int) -> int:
+        """Raster rows of a length-t sequence; refuses lengths the configured image cannot hold."""
+        width, height = self.options.width, self.options.height
+        if height:
+            size = height * width
+            if self.causal:
+                require(1 <= t <= size, f"local_2d: sequence length {t} does not fit the image height x width = {height} x {width} = {size} (a causal layer accepts up to {size} positions, a raster prefix)")
+            else:
+                require(t == size, f"local_2d: sequence length {t} is not height x width = {height} x {width} = {size}; a bidirectional 2D layer needs the whole image")
+            return height
+        return -(-t // width)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """q, k, v [b, h, t, k] -> [b, h, t, k]."""
+        o = self.options
+        t = q.shape[2]
+        rows, width = self.rows_for(t), o.width
+        qh, qw, fh, fw = o.query_height, o.query_width, o.flange_height, o.flange_width
+        grid_h, grid_w = padded_length(rows, qh), padded_length(width, qw)
+        valid = key_validity(pad_mask, t, rows * width, q.device)
+        valid = F.pad(rearrange(valid, "b (r c) -> b r c", c=width), (0, grid_w - width, 0, grid_h - rows), value=False)
+
+        def grid(x: Tensor) -> Tensor:  # [b, h, t, k] -> [b, h, grid_h, grid_w, k], zero padded
+            x = rearrange(pad_time(x, rows * width), "b h (r c) k -> b h r c k", c=width)
+            return F.pad(x, (0, 0, 0, grid_w - width, 0, grid_h - rows))
+
+        qb = rearrange(grid(q), "b h (n i) (m j) k -> b h (n m) (i j) k", i=qh, j=qw)
+
+        def memory(x: Tensor, dims: tuple[int, int]) -> Tensor:
+            """Each query block's memory window: pad f_h rows on top and f_w columns on both
+            sides, then unfold windows of (f_h + q_h) x (q_w + 2 f_w) with steps q_h, q_w."""
+            pad = [0, 0] * (x.dim() - 1 - dims[1]) + [fw, fw, fh, 0]
+            x = F.pad(x, pad)
+            return x.unfold(dims[0], fh + qh, qh).unfold(dims[1], qw + 2 * fw, qw)
+
+        kw, vw = (rearrange(memory(grid(x), (2, 3)), "b h n m k i j -> b h (n m) (i j) k") for x in (k, v))
+        valid_w = rearrange(memory(valid, (1, 2)), "b n m i j -> b (n m) (i j)")
+        if self.causal:  # key (i, j) of the window precedes query (qr, qc) of the block in raster order
+            device = q.device
+            qr = torch.arange(qh, device=device).repeat_interleave(qw)[:, None]
+            qc = torch.arange(qw, device=device).repeat(qh)[:, None]
+            kr = torch.arange(fh + qh, device=device).repeat_interleave(qw + 2 * fw)[None, :] - fh
+            kc = torch.arange(qw + 2 * fw, device=device).repeat(fh + qh)[None, :] - fw
+            static = (kr < qr) | ((kr == qr) & (kc <= qc))  # [q_h q_w, window]
+            mask = static[None, None] & valid_w[:, :, None, :]
+        else:
+            mask = valid_w[:, :, None, :]
+        out = attend_groups(qb, kw, vw, mask, dropout=self.attn_dropout)
+        out = rearrange(out, "b h (n m) (i j) k -> b h (n i) (m j) k", n=grid_h // qh, i=qh, j=qw)
+        return rearrange(out[:, :, :rows, :width], "b h r c k -> b h (r c) k")[:, :, :t]

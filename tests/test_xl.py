@@ -59,13 +59,18 @@ def test_attention_equals_naive_four_term_score(causal, clamp_len):
     attn = zoo.create_attention("xl_rel", d_model=D, n_heads=H, causal=causal, mem_len=6, clamp_len=clamp_len, block_size=3).eval()
     x, mem = torch.randn(2, 7, D), torch.randn(2, 5, D)
     got = attn(x, state=XLMemory(mem)).out
-    torch.testing.assert_close(got, naive_xl(attn, x, mem), atol=1e-5, rtol=1e-4)
+    want = naive_xl(attn, x, mem)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # the fused (SDPA) path taken without gradients
+        torch.testing.assert_close(attn(x, state=XLMemory(mem)).out, want, atol=1e-5, rtol=1e-4)
     # and with padding in both the memory and the segment
     mem_pad = torch.tensor([[True] * 5, [False, False, True, True, True]])
     pad = torch.tensor([[True] * 5 + [False] * 2, [True] * 7])
-    got = attn(x, state=XLMemory(mem, mem_pad), pad_mask=pad).out
     want = naive_xl(attn, x, mem, pad=torch.cat([mem_pad, pad], 1))
-    torch.testing.assert_close(got[pad], want[pad], atol=1e-5, rtol=1e-4)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            got = attn(x, state=XLMemory(mem, mem_pad), pad_mask=pad).out
+        torch.testing.assert_close(got[pad], want[pad], atol=1e-5, rtol=1e-4)
 
 
 def test_block_size_does_not_change_the_maths():
@@ -92,6 +97,10 @@ def test_segment_with_memory_equals_one_pass(name):
     second = model(tokens[:, 12:], state=first.state)
     torch.testing.assert_close(second.logits, full[:, 12:], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(first.logits, full[:, :12], atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # evaluation path: the memory's keys/values are reused, not re-projected
+        state = model(tokens[:, :12], state=model.init_state(3)).state
+        assert state.layers[0].attention.keys is not None
+        torch.testing.assert_close(model(tokens[:, 12:], state=state).logits, full[:, 12:], atol=1e-4, rtol=1e-4)
 
 
 def test_memory_is_detached_and_bounded():

@@ -17,13 +17,17 @@ descending order (one matmul), then a pad-and-reshape turns row i's "distance or
 order" in O(t * s) copies: no loop over rows, no gather of a [t, s] index. ``rel_shift`` is
 also correct for negative distances (the bidirectional use) when given the t - 1 extra columns.
 
-How it is run (speed on CPU, see DESIGN "vanilla attention goes through SDPA"): the positional
-term (b)+(d) is the only thing SDPA cannot compute, so it is built per block of queries, shifted,
-scaled and passed as an additive float mask (together with the causal/padding -inf) to
-``scaled_dot_product_attention(q + u, k, v)``. Blocks of ``block_size`` queries keep each bias
-tile in cache and let causal blocks skip the keys after their last query (about a quarter of the
-work when m = t); measured on this CPU at t = m = 1,024, 4 heads x 64 (forward + backward):
-one unblocked bias 220 ms, blocks of 256 105 ms, plain causal SDPA without any positional term 72 ms.
+How it is run (speed on CPU): queries go in blocks of ``block_size``. Each block's positional
+term (b)+(d) is one matmul against the distances it needs, shifted, and joined to the content
+term: without gradients it is passed as an additive float mask (with the causal/padding -inf)
+to ``scaled_dot_product_attention(q + u, k, v)``, whose fused kernel then runs; with gradients
+SDPA would fall back to its unfused path (it cannot differentiate a float mask), so the block's
+scores are written out and the shifted term is added in place. Blocks keep each [c, n] tile in
+cache and let causal blocks skip the keys after their last query (a quarter of the work when
+m = t). Measured on this CPU at t = m = 1,024, 4 heads x 64, forward + backward, 2 threads: one
+unblocked bias through SDPA 220 ms, blocks of 256 105 ms, plain causal SDPA with no positional
+term at all 72 ms; at 1 thread under load, written-out blocks of 128 were ~15% faster than SDPA's
+unfused path.
 
 Memory (``XLMemory``): the layer's input hidden states of the last ``mem_len`` positions,
 detached, plus their padding mask. In a pre-norm block the attention sees LayerNorm(h), so the
@@ -64,6 +68,12 @@ class XLMemory:
 
     states: Tensor | None = None
     pad_mask: Tensor | None = None
+    # evaluation only: the states' projected keys/values [b, h, m, k], valid while the weights
+    # are unchanged (``version``), so a segment projects only its own tokens. Training recomputes
+    # them from ``states`` (the weights move every step), as the paper does.
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    version: tuple | None = None
 
     @property
     def length(self) -> int:
@@ -99,7 +109,7 @@ class XLRelativeAttention(Attention):
         mem_len: int = 512  # hidden states kept per layer for the next segment (0 = no memory)
         eval_mem_len: int = 0  # memory kept in eval mode (0 = mem_len); longer evaluation context
         clamp_len: int = 0  # distances beyond this share r_{clamp_len} (0 = no clamping)
-        block_size: int = 256  # queries per block of the computation (speed only, not maths)
+        block_size: int = 128  # queries per block of the computation (speed only, not maths)
 
         def __post_init__(self) -> None:
             require(isinstance(self.mem_len, int) and self.mem_len >= 0, f"mem_len must be an int >= 0 (0 = no memory), got {self.mem_len!r}")
@@ -144,12 +154,33 @@ class XLRelativeAttention(Attention):
         if got.dtype != x.dtype or got.device != x.device:
             raise ValueError(f"xl_rel: memory is {got.dtype} on {got.device} but the input is {x.dtype} on {x.device}; convert the state (zoo.models.map_tensors) or start fresh")
 
-    def _next_memory(self, keys_in: Tensor, key_pad: Tensor | None) -> XLMemory:
+    def _next_memory(self, keys_in: Tensor, key_pad: Tensor | None, cache: tuple | None) -> XLMemory:
         keep = self.memory_length
         if keep == 0:
             return XLMemory()
         states = keys_in[:, -keep:].detach()
-        return XLMemory(states, None if key_pad is None else key_pad[:, -keep:])
+        memory = XLMemory(states, None if key_pad is None else key_pad[:, -keep:])
+        if cache is not None:
+            k, v, memory.version = cache
+            memory.keys, memory.values = k[:, :, -keep:], v[:, :, -keep:]
+        return memory
+
+    def _keys_values(self, x: Tensor, keys_in: Tensor, memory: XLMemory) -> tuple[Tensor, Tensor, tuple | None]:
+        """Keys/values of [memory ; x] -> (k, v [b, h, s, k], what to cache for evaluation or None).
+
+        With gradients on, everything is projected from the states (the paper). Without, the
+        memory's projections from the previous call are reused if the weights are unchanged."""
+        if torch.is_grad_enabled() and self.to_qkv.weight.requires_grad:
+            k, v = (self.split_heads(y) for y in self.to_kv(keys_in))
+            return k, v, None
+        w = self.to_qkv.weight
+        version = (w.data_ptr(), w._version)
+        if memory.length and memory.version == version and memory.keys is not None and memory.keys.shape[2] == memory.length:
+            k_new, v_new = (self.split_heads(y) for y in self.to_kv(x))
+            k, v = torch.cat([memory.keys, k_new], dim=2), torch.cat([memory.values, v_new], dim=2)
+        else:
+            k, v = (self.split_heads(y) for y in self.to_kv(keys_in))
+        return k, v, (k, v, version)
 
     # -- positional keys ---------------------------------------------------------------------
     def _positional_keys(self, top: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -188,15 +219,16 @@ class XLRelativeAttention(Attention):
         s = m + t
 
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
-        k, v = (self.split_heads(y) for y in self.to_kv(keys_in))  # [b, h, s, k]
+        k, v, cache = self._keys_values(x, keys_in, memory)  # [b, h, s, k]
+        scale = self.head_dim**-0.5
         q_content = q + self.u[:, None, :]  # (a) + (c): one dot product with k
-        q_position = q + self.v[:, None, :]  # (b) + (d): against W_R r
+        q_position = (q + self.v[:, None, :]) * scale  # (b) + (d): against W_R r; SDPA scales only (a)+(c)
         # distances: query row i sits at m + i, so the largest is m + t - 1 (last query, key 0);
         # the smallest is 0 (causal) or -(t - 1) (first query, last key: bidirectional)
         width_all = s if self.causal else s + t - 1
         r_keys = self._positional_keys(s - 1, width_all, x.device, q.dtype)  # [h, width_all, k]
-        scale = self.head_dim**-0.5
 
+        training = torch.is_grad_enabled()
         outs = []
         for i0 in range(0, t, self.options.block_size):
             i1 = min(t, i0 + self.options.block_size)
@@ -205,14 +237,23 @@ class XLRelativeAttention(Attention):
             width = n if self.causal else n + c - 1
             first = t - i1  # the block's largest distance, m + i1 - 1, sits at this column of r_keys
             position = q_position[:, :, i0:i1] @ r_keys[:, first : first + width].transpose(-1, -2)  # [b, h, c, width]
-            bias = rel_shift(position, n) * scale  # [b, h, c, n]
+            bias = rel_shift(position, n)  # [b, h, c, n], a view into a fresh buffer
             allowed = self._allowed(c, n, key_pad, x.device)
-            if allowed is not None:
-                bias = bias.masked_fill(~allowed, float("-inf"))
-            out = F.scaled_dot_product_attention(q_content[:, :, i0:i1], k[:, :, :n], v[:, :, :n], attn_mask=bias, dropout_p=self.dropout if self.training else 0.0)
-            outs.append(out)
+            if training:
+                # SDPA cannot return the gradient of a float mask, so it would fall back to its
+                # unfused path anyway; written out, the positional scores are added in place
+                scores = (q_content[:, :, i0:i1] * scale) @ k[:, :, :n].transpose(-1, -2)
+                scores = scores.add_(bias)
+                if allowed is not None:
+                    scores = scores.masked_fill_(~allowed, float("-inf"))
+                weights = F.dropout(torch.softmax(scores, dim=-1), self.dropout, self.training)
+                outs.append(weights @ v[:, :, :n])
+            else:  # no graph: the fused kernel takes the additive float mask
+                if allowed is not None:  # in place: the buffer is ours
+                    bias = bias.masked_fill_(~allowed, float("-inf"))
+                outs.append(F.scaled_dot_product_attention(q_content[:, :, i0:i1], k[:, :, :n], v[:, :, :n], attn_mask=bias, dropout_p=self.dropout if self.training else 0.0))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        return AttnOutput(self.to_out(self.merge_heads(out)), state=self._next_memory(keys_in, key_pad))
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=self._next_memory(keys_in, key_pad, cache))
 
     def to_q(self, x: Tensor) -> Tensor:
         return F.linear(x, self.to_qkv.weight[: self.d_model])

@@ -205,3 +205,20 @@ def test_identity_map_reordering_is_x_plus_relu_of_normed_sublayer():
     x = torch.randn(2, 5, 16)
     lin = torch.nn.Linear(16, 16)
     torch.testing.assert_close(res(x, lin), x + torch.relu(lin(res.norm(x))))
+
+
+def test_delayed_recall_batch_layout():
+    from zoo.data.delayed_recall import delayed_recall_batch, vocab_size
+
+    batch = delayed_recall_batch(64, n_segments=3, segment_len=8, generator=torch.Generator().manual_seed(0))
+    tokens, targets, cue = batch["tokens"], batch["targets"], batch["cue"]
+    assert tokens.shape == targets.shape == (64, 24) and int(tokens.max()) < vocab_size()
+    queries = torch.tensor([7, 15, 23])
+    assert (tokens[:, queries] == 0).all() and (targets[:, queries] == cue[:, None]).all()
+    others = torch.ones(24, dtype=torch.bool)
+    others[queries] = False
+    assert (targets[:, others] == -100).all()
+    is_cue = (tokens >= 1) & (tokens <= 8)
+    assert (is_cue[:, :7].sum(1) == 1).all() and not is_cue[:, 8:].any(), "one cue, in segment 0 only"
+    with pytest.raises(ValueError, match="segment_len"):
+        delayed_recall_batch(2, segment_len=1)

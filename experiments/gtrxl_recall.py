@@ -84,9 +84,11 @@ def plot(results: list[dict], path: Path, n_segments: int, threshold: float) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(MODELS), figsize=(4 * len(MODELS), 3.2), sharey=True)
+    names = list(dict.fromkeys(r["model"] for r in results))
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.2), sharey=True, squeeze=False)
+    axes = axes[0]
     key = f"acc_delay{n_segments - 1}"
-    for ax, name in zip(axes, MODELS):
+    for ax, name in zip(axes, names):
         for r in (r for r in results if r["model"] == name):
             ax.plot([c["step"] for c in r["curve"]], [c[key] for c in r["curve"]], label=f"seed {r['seed']}")
         ax.axhline(threshold, color="grey", ls=":", lw=1)
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-streams", type=int, default=512)
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--load", default="", help="comma-separated runs.json files to summarise instead of training")
     parser.add_argument("--out", default="results/gtrxl_recall")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -126,8 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    results = [run(name, int(seed), args, task, log) for name in args.models.split(",") for seed in args.seeds.split(",")]
-    (out / "runs.json").write_text(json.dumps(results, indent=1))
+    if args.load:  # summarise runs made by earlier invocations (e.g. one process per model)
+        results = [r for path in args.load.split(",") for r in json.loads(Path(path).read_text())]
+        lines.extend(line for path in args.load.split(",") for line in json.loads(Path(path).read_text())[0].get("log", []))
+    else:
+        results = [run(name, int(seed), args, task, log) for name in args.models.split(",") for seed in args.seeds.split(",")]
+        if results:
+            results[0]["log"] = list(lines)
+        (out / "runs.json").write_text(json.dumps(results, indent=1))
+    args.models = ",".join(dict.fromkeys(r["model"] for r in results))
     longest = f"acc_delay{args.segments - 1}"
     with open(out / "curves.csv", "w", newline="") as f:
         writer = csv.writer(f)

@@ -139,6 +139,9 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.plot(list(PAPER_TABLE9), list(PAPER_TABLE9.values()), "s--", label="paper Table 9 (GPU)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ticks = sorted(set(xs) | set(PAPER_TABLE9))
+    ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("attention length")
     ax.set_ylabel("eval speed-up per token (x)")
     ax.set_title("Transformer-XL state reuse vs vanilla recompute")
@@ -159,10 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/xl_speed")
+    parser.add_argument("--replot", action="store_true", help="only redraw eval_speed.png from the eval_speed.csv in --out")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        with open(out / "eval_speed.csv") as f:
+            rows = [{k: (float(v) if v else "") for k, v in row.items()} for row in csv.DictReader(f)]
+        plot(rows, out / "eval_speed.png")
+        return 0
     lines: list[str] = []
 
     def log(text: str) -> None:

@@ -140,7 +140,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ticks = sorted(set(xs) | set(PAPER_TABLE9))
-    ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45)
+    ax.set_xticks(ticks, [str(int(t)) for t in ticks], rotation=45)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("attention length")
     ax.set_ylabel("eval speed-up per token (x)")

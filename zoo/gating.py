@@ -33,19 +33,12 @@ from torch import Tensor, nn
 
 from zoo.config import require
 from zoo.registry import RESIDUAL
-from zoo.residual import Residual, Sublayer
+from zoo.residual import PreNorm, Residual, Sublayer
 
 
 @RESIDUAL.register("identity_map")
-class IdentityMapReordered(Residual):
-    """TrXL-I: x + ReLU(Sublayer(LayerNorm(x)))."""
-
-    additive = True
-    final_norm = True
-
-    def __init__(self, d_model: int, dropout: float = 0.0, **options):
-        super().__init__(d_model, dropout, **options)
-        self.norm = nn.LayerNorm(d_model)
+class IdentityMapReordered(PreNorm):
+    """TrXL-I: x + ReLU(Sublayer(LayerNorm(x))): pre-norm with a ReLU on the sub-layer output."""
 
     def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
         return self.drop(F.relu(sublayer(self.norm(x))))

@@ -228,7 +228,7 @@ class XLRelativeAttention(Attention):
         width_all = s if self.causal else s + t - 1
         r_keys = self._positional_keys(s - 1, width_all, x.device, q.dtype)  # [h, width_all, k]
 
-        training = torch.is_grad_enabled()
+        with_grad = torch.is_grad_enabled()
         outs = []
         for i0 in range(0, t, self.options.block_size):
             i1 = min(t, i0 + self.options.block_size)
@@ -239,7 +239,7 @@ class XLRelativeAttention(Attention):
             position = q_position[:, :, i0:i1] @ r_keys[:, first : first + width].transpose(-1, -2)  # [b, h, c, width]
             bias = rel_shift(position, n)  # [b, h, c, n], a view into a fresh buffer
             allowed = self._allowed(c, n, key_pad, x.device)
-            if training:
+            if with_grad:
                 # SDPA cannot return the gradient of a float mask, so it would fall back to its
                 # unfused path anyway; written out, the positional scores are added in place
                 scores = (q_content[:, :, i0:i1] * scale) @ k[:, :, :n].transpose(-1, -2)

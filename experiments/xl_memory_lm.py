@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import sys
 import time
@@ -122,14 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-mem", type=int, default=256, help="longer evaluation memory for the XL model trained with memory (0 = skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--models", default="xl_memory,xl_no_memory,vanilla_lm")
+    parser.add_argument("--load", default="", help="comma-separated runs.json files to summarise instead of training")
     parser.add_argument("--out", default="results/xl_memory_lm")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = load_bytes(Path(args.data))
-    split = int(0.9 * data.numel())
-    train_data, eval_data = data[:split], data[split:]
+    if not args.load:
+        data = load_bytes(Path(args.data))
+        split = int(0.9 * data.numel())
+        train_data, eval_data = data[:split], data[split:]
+    command = "python " + " ".join(["experiments/xl_memory_lm.py", *(argv if argv is not None else sys.argv[1:])])
+    commands = [command]
     lines: list[str] = []
 
     def log(text: str) -> None:
@@ -137,7 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(text)
 
     rows, curves = [], {}
-    for kind in ("xl_memory", "xl_no_memory", "vanilla_lm"):
+    if args.load:  # summarise runs made by earlier invocations (e.g. one process per model)
+        for path in args.load.split(","):
+            saved = json.loads(Path(path).read_text())
+            rows += saved["rows"]
+            curves.update(saved["curves"])
+            lines += saved["log"]
+            commands.insert(-1, saved["command"])
+    for kind in [] if args.load else args.models.split(","):
         model, losses, seconds = train(kind, train_data, args, log)
         curves[kind] = losses
         bpc, bpc_early = evaluate(model, kind, eval_data, args)
@@ -147,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             bpc, bpc_early = evaluate(model, kind, eval_data, args, mem_len=args.eval_mem)
             rows.append(dict(model=kind, eval_memory=args.eval_mem, eval_bpc=bpc, eval_bpc_first_quarter=bpc_early, train_seconds=seconds))
             log(f"{kind} with eval memory {args.eval_mem}: eval bpc {bpc:.3f} (first quarter {bpc_early:.3f})")
+    if not args.load:
+        (out / "runs.json").write_text(json.dumps(dict(rows=rows, curves=curves, log=lines, command=command)))
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -168,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "train_curves.png", dpi=100)
-    command = "python " + " ".join(["experiments/xl_memory_lm.py", *(argv if argv is not None else sys.argv[1:])])
-    md = [f"# Memory helps: tiny Shakespeare, bits per character\n\nCommand: `{command}`  \n{args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, segment {args.segment}, batch {args.batch} streams, {args.steps} steps, lr {args.lr} (cosine), dropout {args.dropout}, seed {args.seed}, 1 thread. Evaluation: first {args.eval_chars} held-out characters (last 10% of the file), 8 streams.\n"]
+    shown = "; ".join(f"`{c}`" for c in commands)
+    md = [f"# Memory helps: tiny Shakespeare, bits per character\n\nCommand(s): {shown}  \n{args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, segment {args.segment}, batch {args.batch} streams, {args.steps} steps, lr {args.lr} (cosine), dropout {args.dropout}, seed {args.seed}, 1 thread. Evaluation: first {args.eval_chars} held-out characters (last 10% of the file), 8 streams.\n"]
     md.append("| model | eval memory | eval bpc | bpc, first quarter of each segment | train seconds |\n|---|---|---|---|---|")
     for r in rows:
         md.append(f"| {r['model']} | {r['eval_memory']} | {r['eval_bpc']:.3f} | {r['eval_bpc_first_quarter']:.3f} | {r['train_seconds']:.0f} |")

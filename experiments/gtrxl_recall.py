@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [run(name, int(seed), args, task, log) for name in args.models.split(",") for seed in args.seeds.split(",")]
         if results:
             results[0]["log"] = list(lines)
+            results[0]["command"] = "python " + " ".join(["experiments/gtrxl_recall.py", *(argv if argv is not None else sys.argv[1:])])
         (out / "runs.json").write_text(json.dumps(results, indent=1))
     args.models = ",".join(dict.fromkeys(r["model"] for r in results))
     longest = f"acc_delay{args.segments - 1}"
@@ -147,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 writer.writerow([r["model"], r["seed"], c["step"], f"{c['loss']:.4f}", *[f"{c[f'acc_delay{d}']:.4f}" for d in range(args.segments)]])
     plot(results, out / "curves.png", args.segments, args.threshold)
     command = "python " + " ".join(["experiments/gtrxl_recall.py", *(argv if argv is not None else sys.argv[1:])])
-    md = [f"# Delayed recall: TrXL vs TrXL-I vs GTrXL\n\nCommand: `{command}`  \nTask: {args.segments} segments of {args.segment_len} tokens, cue in segment 0, asked at the end of every segment (delays 0..{args.segments - 1}); chance = 1/8. Model: {args.layers} layers, d {args.d_model}, 4 heads, mem_len {args.segment_len}; batch {args.batch}, Adam lr {args.lr}, {args.steps} steps, 1 thread. Success: accuracy at delay {args.segments - 1} >= {args.threshold} on {args.eval_streams} held-out streams.\n"]
+    runs = [r["command"] for r in results if "command" in r]
+    shown = "; ".join(f"`{c}`" for c in [*runs, command])
+    md = [f"# Delayed recall: TrXL vs TrXL-I vs GTrXL\n\nCommand(s): {shown}  \nTask: {args.segments} segments of {args.segment_len} tokens, cue in segment 0, asked at the end of every segment (delays 0..{args.segments - 1}); chance = 1/8. Model: {args.layers} layers, d {args.d_model}, 4 heads, mem_len {args.segment_len}; batch {args.batch}, Adam lr {args.lr}, {args.steps} steps, 1 thread. Success: accuracy at delay {args.segments - 1} >= {args.threshold} on {args.eval_streams} held-out streams.\n"]
     md.append(f"| model | success | per seed: accuracy at delays 0..{args.segments - 1} (final) | first step solved | final loss |\n|---|---|---|---|---|")
     for name in args.models.split(","):
         runs = [r for r in results if r["model"] == name]

@@ -265,14 +265,16 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
     layers = layers or [2]
     overrides = overrides or {}
     rows: list[dict[str, Any]] = []
-    for variant in variants:
-        stop_reason = ""
-        for depth in layers:
-            for length in lengths:
+    stop_reason = {variant.label: "" for variant in variants}
+    # points outer, variants inner: variants compared at one point are measured close together
+    # in time, so load from other processes on a shared machine skews their ratio less
+    for depth in layers:
+        for length in lengths:
+            for variant in variants:
                 shape = dict(d_model=d_model, heads=heads, layers=depth, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
                 row: dict[str, Any] = dict(variant=variant.label, kind=variant.kind, length=length, layers=depth, batch=batch, d_model=d_model, heads=heads, threads=threads)
-                if stop_reason:
-                    rows.append({**row, "status": f"skipped ({stop_reason})"})
+                if stop_reason[variant.label]:
+                    rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
                     continue
                 try:
                     module, loss_fn = build(variant, length, shape, overrides)
@@ -285,10 +287,10 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
                     if rss:
                         row["rss_peak_mib"], row["rss_step_mib"] = measure_rss(variant, length, shape, overrides, threads)
                     if median > max_seconds:
-                        stop_reason = f"step > {max_seconds:.0f} s"
+                        stop_reason[variant.label] = f"step > {max_seconds:.0f} s"
                 except Exception as error:  # noqa: BLE001  (recorded in the table, not hidden)
                     row["status"] = f"error: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
-                    stop_reason = "failed at a smaller point"
+                    stop_reason[variant.label] = "failed at a smaller point"
                 rows.append(row)
                 progress(_progress_line(row))
     return rows

@@ -10,6 +10,7 @@ Public API::
 """
 
 from zoo import attention as _attention  # noqa: F401  (registers mechanisms)
+from zoo import gating as _gating  # noqa: F401  (gru_gate, identity_map residuals)
 from zoo import positional as _positional  # noqa: F401
 from zoo import presets as _presets  # noqa: F401
 from zoo import residual as _residual  # noqa: F401

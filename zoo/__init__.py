@@ -11,14 +11,14 @@ Public API::
 
 from zoo import attention as _attention  # noqa: F401  (registers mechanisms)
 from zoo import positional as _positional  # noqa: F401
+from zoo import presets as _presets  # noqa: F401
 from zoo import residual as _residual  # noqa: F401
 from zoo import stacks as _stacks  # noqa: F401
-from zoo import presets as _presets  # noqa: F401
 from zoo.attention.base import Attention, AttnOutput
 from zoo.build import create_attention
 from zoo.config import ModelConfig
 from zoo.models import ModelOutput, ModelState, create_model, list_models, preset_config
-from zoo.registry import ATTENTION, MODEL, POSITION, RESIDUAL, STACK, UnknownNameError
+from zoo.registry import ATTENTION, POSITION, RESIDUAL, STACK, UnknownNameError
 
 __version__ = "0.1.0"
 

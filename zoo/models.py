@@ -340,7 +340,7 @@ class EncoderDecoder(ZooModel):
         scores = torch.zeros(b, beam, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: keep one alive at first
         finished = torch.zeros(b * beam, dtype=torch.bool, device=device)
-        for step in range(max_len):
+        for _ in range(max_len):
             logp, state = self._decode_step(prefix, state, incremental)  # [b*beam, V]
             vocab = logp.shape[-1]
             # a finished hypothesis can only be extended by padding, at no cost
@@ -364,21 +364,32 @@ class EncoderDecoder(ZooModel):
 
 # -- presets ------------------------------------------------------------------------------------
 
+TINY = dict(vocab_size=32, d_model=32, n_layers=2, n_heads=4, d_ff=64, dropout=0.0)
+
+
 @dataclass
 class Preset:
     name: str
     build_config: Callable[[], dict[str, Any]]
     description: str
+    tiny: dict[str, Any]  # overrides giving a CPU-second-sized version (tests, demo)
+    example_length: int  # a sequence length the tiny version accepts
 
 
-def register_preset(name: str, description: str) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
-    """Register a preset: a function returning the config values that differ from ModelConfig's."""
+def register_preset(name: str, description: str, *, tiny: dict[str, Any] | None = None, example_length: int = 24) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
+    """Register a preset: a function returning the config values that differ from ModelConfig's.
+
+    ``tiny`` is merged over the generic tiny size (:data:`TINY`) for tests and the demo."""
 
     def add(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-        MODEL.register(name, Preset(name, fn, description))
+        MODEL.register(name, Preset(name, fn, description, {**TINY, **(tiny or {})}, example_length))
         return fn
 
     return add
+
+
+def get_preset(name: str) -> Preset:
+    return MODEL.get(name)
 
 
 HEADS: dict[str, type[ZooModel]] = {"lm": CausalLM, "classifier": SequenceClassifier, "seq2seq": EncoderDecoder}

@@ -53,6 +53,8 @@ class Attention(nn.Module):
     supports_cross: ClassVar[bool] = False  # keys/values from another sequence
     supports_padding: ClassVar[bool] = True  # honours a boolean key-padding mask
     causal_only: ClassVar[bool] = False  # only defined for causal (decoder) use
+    content_routed: ClassVar[bool] = False  # which keys a query sees depends on content (LSH buckets):
+    # changing any token may reshuffle others' key sets, so causality/padding are checked by gradients
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
 
@@ -68,6 +70,17 @@ class Attention(nn.Module):
         self.causal, self.dropout = bool(causal), float(dropout)
         self.layer_index = layer_index  # depth of the block holding this attention (interleaved patterns)
         self.options = build_options(self.Options, options, f"attention {name!r}")
+
+    # -- hooks for the contract suite (tests/test_attention.py) -----------------------------
+    @classmethod
+    def contract_options(cls) -> dict[str, Any]:
+        """Small options under which the contract suite exercises this mechanism (d_model 32, 4 heads)."""
+        return {}
+
+    @classmethod
+    def contract_lengths(cls) -> tuple[int, ...]:
+        """Sequence lengths the contract suite uses: include ones that are not multiples of any block."""
+        return (7, 19, 33)
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, batch_size: int) -> Any:

@@ -42,7 +42,9 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> KVCache:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
-        pick = (lambda t: None if t is None else t.index_select(0, index))
+        def pick(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.index_select(0, index)
+
         return KVCache(pick(self.k), pick(self.v), pick(self.pad_mask), self.static)
 
 

@@ -1,7 +1,6 @@
 """Attention mechanisms. Importing this package registers every mechanism in ``ATTENTION``."""
 
-from zoo.attention import additive, vanilla  # noqa: F401  (registration side effects)
-from zoo.attention import adaptive_span  # noqa: F401
+from zoo.attention import adaptive_span, additive, vanilla  # noqa: F401  (registration side effects)
 from zoo.attention.base import Attention, AttnOutput
 
 __all__ = ["Attention", "AttnOutput"]

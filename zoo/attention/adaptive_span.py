@@ -72,8 +72,13 @@ class SpanCache:
 def soft_mask(distance: Tensor, span: Tensor, ramp: float) -> Tensor:
     """m_z(x) = clamp((R + z - x) / R, 0, 1) for x >= 0, and 0 for x < 0 (the future).
 
-    ``distance`` and ``span`` broadcast against each other (x = i - j in tokens, z in tokens)."""
-    mask = ((ramp + span - distance) / ramp).clamp(0.0, 1.0)
+    ``distance`` and ``span`` broadcast against each other (x = i - j in tokens, z in tokens).
+    Gradient convention at the two kinks: 0 at x = z and at x = z + R (only the ramp's interior
+    moves z). ``clamp`` would pass a gradient at x = z, so at z = 0 (the initial value, and where
+    the L1 penalty parks spans) every head's own token (x = 0) would push z although raising z
+    does not change m(0); and at x = z + R the log-space kernel cannot pass one (log 0)."""
+    ramp_value = (ramp + span - distance) / ramp
+    mask = torch.where(distance - span <= 0, torch.ones_like(ramp_value), torch.where(ramp_value <= 0, torch.zeros_like(ramp_value), ramp_value))
     return torch.where(distance >= 0, mask, torch.zeros_like(mask))
 
 
@@ -164,6 +169,12 @@ class AdaptiveSpanAttention(Attention):
             if self.cache_size == 0:
                 self.cache_size = self.max_span + self.ramp - 1
             require(self.cache_size >= self.max_span, f"max_span={self.max_span} is larger than the cache (cache_size={self.cache_size}): a head could learn a span whose keys are never kept; raise cache_size to >= max_span (or 0 = max_span + ramp - 1) or lower max_span")
+
+    @classmethod
+    def contract_options(cls) -> dict:
+        # spans short enough that cropping is active at every contract length, and blocks that do
+        # not divide them
+        return {"max_span": 16, "ramp": 4, "span_init": 3.0, "block_size": 5}
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)

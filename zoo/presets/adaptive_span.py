@@ -16,7 +16,11 @@ from typing import Any
 from zoo.models import register_preset
 
 
-@register_preset("adaptive_span_lm", "Causal LM with learned per-head attention spans (Sukhbaatar et al. 2019), small model, S = 8192")
+@register_preset(
+    "adaptive_span_lm",
+    "Causal LM with learned per-head attention spans (Sukhbaatar et al. 2019), small model, S = 8192",
+    tiny={"attention": {"max_span": 16, "ramp": 4, "block_size": 8}, "dropout": 0.0},
+)
 def _adaptive_span_lm() -> dict[str, Any]:
     return dict(
         kind="lm",

@@ -76,5 +76,5 @@ def test_preset_config_is_plain_and_named(name):
     cfg = zoo.preset_config(name)
     assert cfg.name == name
     assert get_preset(name).description
-    if not (name.endswith("_classifier") or name.endswith("_seq2seq")):
+    if "_classifier" not in name and "_seq2seq" not in name:
         assert cfg.kind == "lm", "presets are causal LMs unless the name says otherwise"

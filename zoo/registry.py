@@ -59,11 +59,10 @@ class Registry(Generic[T]):
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered (by {self._entries[name]!r})")
             self._entries[name] = target
-            try:  # let a part know the name it is registered under (for configs and messages)
-                if getattr(target, "registry_name", None) is None:
-                    target.registry_name = name  # type: ignore[attr-defined]
-            except (AttributeError, TypeError):
-                pass
+            # let a class know the name it is registered under (messages, configs); a subclass of a
+            # registered class gets its own name, not its parent's
+            if isinstance(target, type) and "registry_name" not in vars(target):
+                target.registry_name = name  # type: ignore[attr-defined]
             return target
 
         return add(obj) if obj is not None else add

@@ -1,0 +1,528 @@
+"""Speed and memory harness: ``python -m zoo.bench``.
+
+For each variant (a registered attention in an LM skeleton, a preset, or a peer library's model)
+and each sequence length (or depth), it measures one training step (forward + backward):
+
+- time: median over ``--repeats`` after ``--warmup`` steps, with ``torch.set_num_threads`` fixed;
+- tokens per second (batch * length / median time);
+- activation memory: bytes of tensors saved for backward, counted with
+  ``torch.autograd.graph.saved_tensors_hooks`` (unique storages, parameters excluded): exact and
+  noise-free on CPU;
+- peak resident memory of a fresh process running one step (``--rss``; noisier, includes torch);
+
+then fits the log-log slope of time and memory against length (the complexity claim), finds the
+length from which each variant beats the baseline, and writes ``bench.csv``, ``bench.md`` and a
+log-log ``bench.png`` into ``--out``.
+
+Examples::
+
+    python -m zoo.bench --attention vanilla --lengths 256,512,1024
+    python -m zoo.bench --attention vanilla,lsh(n_hashes=4) --lengths 1024,4096,8192 --peers reformer-pytorch
+    python -m zoo.bench --model reformer,vanilla_lm --layers 2,4,8,12 --lengths 1024 --set residual=pre_norm
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+# -- variants -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    """One thing to measure. ``kind``: ``attention`` (mechanism in the ``model`` skeleton),
+    ``model`` (a preset as configured), or ``peer`` (another library, see :data:`PEERS`)."""
+
+    label: str
+    kind: str
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    model: str = "vanilla_lm"
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``lsh(n_hashes=4,bucket_size=64)`` -> ("lsh", {"n_hashes": 4, "bucket_size": 64})."""
+    spec = spec.strip()
+    if "(" not in spec:
+        return spec, {}
+    if not spec.endswith(")"):
+        raise ValueError(f"bad variant spec {spec!r}: expected name(key=value,...)")
+    name, inner = spec[:-1].split("(", 1)
+    options = {}
+    for item in filter(None, (p.strip() for p in _split_top(inner))):
+        key, _, value = item.partition("=")
+        options[key.strip()] = _literal(value.strip())
+    return name.strip(), options
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return parts + [current]
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        lowered = text.lower()
+        return {"true": True, "false": False, "none": None}.get(lowered, text)
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``["attention.n_hashes=4", "residual=pre_norm"]`` -> nested override dict."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        target = overrides
+        *parents, leaf = key.strip().split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[leaf] = _literal(value.strip())
+    return overrides
+
+
+# -- peers: other libraries' models, same shape of step -----------------------------------------
+
+def _peer_x_transformers(length: int, shape: dict[str, int]) -> nn.Module:
+    from x_transformers import Decoder, TransformerWrapper
+
+    return TransformerWrapper(num_tokens=shape["vocab"], max_seq_len=length, attn_layers=Decoder(dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], attn_flash=True))
+
+
+def _peer_local_attention(length: int, shape: dict[str, int]) -> nn.Module:
+    from local_attention import LocalTransformer
+
+    return LocalTransformer(num_tokens=shape["vocab"], max_seq_len=length, dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], causal=True, local_attn_window_size=128)
+
+
+def _peer_reformer_pytorch(length: int, shape: dict[str, int]) -> nn.Module:
+    from reformer_pytorch import ReformerLM
+
+    return ReformerLM(num_tokens=shape["vocab"], dim=shape["d_model"], depth=shape["layers"], max_seq_len=length, heads=shape["heads"], bucket_size=64, n_hashes=4, causal=True)
+
+
+PEERS: dict[str, tuple[Callable[[int, dict[str, int]], nn.Module], str]] = {
+    "x-transformers": (_peer_x_transformers, "x-transformers Decoder, attn_flash=True (SDPA)"),
+    "local-attention": (_peer_local_attention, "local-attention LocalTransformer, window 128"),
+    "reformer-pytorch": (_peer_reformer_pytorch, "reformer-pytorch ReformerLM, 4 hashes, bucket 64, reversible"),
+}
+
+
+def register_peer(name: str, builder: Callable[[int, dict[str, int]], nn.Module], description: str) -> None:
+    """Add a peer library's model: ``builder(length, shape) -> module(tokens) -> logits``."""
+    if name in PEERS:
+        raise ValueError(f"peer {name!r} already registered")
+    PEERS[name] = (builder, description)
+
+
+# -- building and stepping ----------------------------------------------------------------------
+
+def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any]) -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
+    """The module and a ``loss(tokens)`` closure for one training step."""
+    torch.manual_seed(0)
+    if variant.kind == "peer":
+        if variant.name not in PEERS:
+            raise ValueError(f"unknown peer {variant.name!r}; valid: {', '.join(sorted(PEERS))}")
+        module = PEERS[variant.name][0](length, shape)
+
+        def peer_loss(tokens: Tensor) -> Tensor:
+            logits = module(tokens[:, :-1])
+            return nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+        return module, peer_loss
+    import zoo
+    from zoo.config import merge_config
+    from zoo.training import total_loss
+
+    sizing = dict(vocab_size=shape["vocab"], d_model=shape["d_model"], n_heads=shape["heads"], n_layers=shape["layers"], d_ff=shape["d_ff"], dropout=0.0, max_len=max(length, 16))
+    cfg = merge_config(sizing, overrides) if overrides else sizing
+    if variant.kind == "attention":
+        cfg = merge_config(cfg, {"attention": {"name": variant.name, **variant.options}})
+        module = zoo.create_model(variant.model, **cfg)
+    else:
+        cfg = merge_config(cfg, variant.options)
+        module = zoo.create_model(variant.name, **cfg)
+
+    def zoo_loss(tokens: Tensor) -> Tensor:
+        return total_loss(module(tokens[:, :-1], tokens[:, 1:]))
+
+    return module, zoo_loss
+
+
+class SavedTensorMeter:
+    """Counts bytes of tensors autograd saves for backward: unique storages, parameters excluded."""
+
+    def __init__(self, module: nn.Module):
+        self.param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.seen: dict[int, int] = {}
+
+    def pack(self, tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self.param_storages and ptr not in self.seen:
+            self.seen[ptr] = storage.nbytes()
+        return tensor
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.seen.values())
+
+
+def activation_bytes(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor) -> int:
+    meter = SavedTensorMeter(module)
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+        loss = loss_fn(tokens)
+    loss.backward()
+    module.zero_grad(set_to_none=True)
+    return meter.bytes
+
+
+def time_steps(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor, warmup: int, repeats: int, max_seconds: float) -> list[float]:
+    """Seconds per forward + backward; fewer repeats when one step alone exceeds ``max_seconds``."""
+    module.train()
+    times = []
+    for i in range(warmup + repeats):
+        start = time.perf_counter()
+        loss_fn(tokens).backward()
+        elapsed = time.perf_counter() - start
+        module.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(elapsed)
+        if elapsed > max_seconds and (i >= warmup or warmup + repeats > 1):
+            if i < warmup:  # a warm-up this slow: time one more step and stop
+                start = time.perf_counter()
+                loss_fn(tokens).backward()
+                times.append(time.perf_counter() - start)
+                module.zero_grad(set_to_none=True)
+            break
+    return times
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def measure_rss(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any], threads: int) -> tuple[float, float]:
+    """(peak MiB, step MiB) of a fresh process that builds the model and runs one step."""
+    payload = json.dumps({"variant": asdict(variant), "length": length, "shape": shape, "overrides": overrides, "threads": threads})
+    proc = subprocess.run([sys.executable, "-m", "zoo.bench", "--_rss-child", payload], capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "rss child failed")
+    peak, step = json.loads(proc.stdout.strip().splitlines()[-1])
+    return peak, step
+
+
+def _rss_child(payload: str) -> None:
+    spec = json.loads(payload)
+    torch.set_num_threads(spec["threads"])
+    variant = Variant(**spec["variant"])
+    module, loss_fn = build(variant, spec["length"], spec["shape"], spec["overrides"])
+    tokens = torch.randint(0, spec["shape"]["vocab"], (spec["shape"]["batch"], spec["length"] + 1))
+    before = _rss_kib()
+    loss_fn(tokens).backward()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps([peak / 1024, max(0, peak - before) / 1024]))
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None = None, d_model: int = 256, heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None, overrides: dict[str, Any] | None = None, threads: int = 2, warmup: int = 1, repeats: int = 3, max_seconds: float = 60.0, rss: bool = True, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Measure every variant at every (length, depth); returns one row per point.
+
+    A variant that fails (error, out of memory) at a point records the error and is skipped at
+    larger points; one whose step exceeds ``max_seconds`` is measured there once and skipped
+    beyond, so a slow baseline cannot eat the whole budget."""
+    torch.set_num_threads(threads)
+    layers = layers or [2]
+    overrides = overrides or {}
+    rows: list[dict[str, Any]] = []
+    stop_reason = {variant.label: "" for variant in variants}
+    # points outer, variants inner: variants compared at one point are measured close together
+    # in time, so load from other processes on a shared machine skews their ratio less
+    for depth in layers:
+        for length in lengths:
+            for variant in variants:
+                shape = dict(d_model=d_model, heads=heads, layers=depth, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
+                row: dict[str, Any] = dict(variant=variant.label, kind=variant.kind, length=length, layers=depth, batch=batch, d_model=d_model, heads=heads, threads=threads)
+                if stop_reason[variant.label]:
+                    rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
+                    continue
+                try:
+                    module, loss_fn = build(variant, length, shape, overrides)
+                    tokens = torch.randint(0, vocab, (batch, length + 1), generator=torch.Generator().manual_seed(length))
+                    act = activation_bytes(module, loss_fn, tokens)
+                    times = time_steps(module, loss_fn, tokens, warmup, repeats, max_seconds)
+                    median = statistics.median(times)
+                    row.update(time_ms=median * 1e3, time_min_ms=min(times) * 1e3, repeats=len(times), tokens_per_s=batch * length / median, act_mib=act / 2**20, params=sum(p.numel() for p in module.parameters()), status="ok")
+                    del module
+                    if rss:
+                        row["rss_peak_mib"], row["rss_step_mib"] = measure_rss(variant, length, shape, overrides, threads)
+                    if median > max_seconds:
+                        stop_reason[variant.label] = f"step > {max_seconds:.0f} s"
+                except Exception as error:  # noqa: BLE001  (recorded in the table, not hidden)
+                    row["status"] = f"error: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+                    stop_reason[variant.label] = "failed at a smaller point"
+                rows.append(row)
+                progress(_progress_line(row))
+    return rows
+
+
+def _progress_line(row: dict[str, Any]) -> str:
+    if row.get("status") != "ok":
+        return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {row['status']}"
+    return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {row['time_ms']:9.1f} ms  {row['tokens_per_s']:9.0f} tok/s  act {row['act_mib']:8.1f} MiB"
+
+
+# -- analysis and outputs -----------------------------------------------------------------------
+
+def fit_slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log(y) against log(x); nan with fewer than two points."""
+    points = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+    if len(points) < 2:
+        return float("nan")
+    mx = sum(p[0] for p in points) / len(points)
+    my = sum(p[1] for p in points) / len(points)
+    var = sum((p[0] - mx) ** 2 for p in points)
+    return sum((p[0] - mx) * (p[1] - my) for p in points) / var if var else float("nan")
+
+
+def sweep_axis(rows: list[dict[str, Any]]) -> str:
+    return "layers" if len({r["layers"] for r in rows}) > 1 and len({r["length"] for r in rows}) == 1 else "length"
+
+
+def series(rows: list[dict[str, Any]], label: str, axis: str, key: str) -> tuple[list[float], list[float]]:
+    ok = [r for r in rows if r["variant"] == label and r.get("status") == "ok" and r.get(key) is not None]
+    ok.sort(key=lambda r: r[axis])
+    return [r[axis] for r in ok], [r[key] for r in ok]
+
+
+def crossover(rows: list[dict[str, Any]], label: str, baseline: str, axis: str) -> str:
+    """Smallest measured point from which ``label`` is faster than ``baseline`` at every larger one."""
+    mine = dict(zip(*series(rows, label, axis, "time_ms")))
+    base = dict(zip(*series(rows, baseline, axis, "time_ms")))
+    shared = sorted(set(mine) & set(base))
+    if not shared:
+        return "n/a"
+    winner = None
+    for x in reversed(shared):
+        if mine[x] < base[x]:
+            winner = x
+        else:
+            break
+    if winner is None:
+        return f"not by {shared[-1]}"
+    return f"{winner}" if winner != shared[0] else f"<= {winner}"
+
+
+def summarise(rows: list[dict[str, Any]], baseline: str | None) -> list[dict[str, Any]]:
+    axis = sweep_axis(rows)
+    labels = list(dict.fromkeys(r["variant"] for r in rows))
+    baseline = baseline if baseline in labels else labels[0]
+    summary = []
+    for label in labels:
+        xs, ts = series(rows, label, axis, "time_ms")
+        _, ms = series(rows, label, axis, "act_mib")
+        entry = dict(variant=label, time_slope=fit_slope(xs, ts), memory_slope=fit_slope(xs, ms))
+        if label != baseline:
+            entry["faster_than_baseline_from"] = crossover(rows, label, baseline, axis)
+        if ms:
+            entry["memory_last_over_first"] = ms[-1] / ms[0] if ms[0] else float("nan")
+        summary.append(entry)
+    return summary
+
+
+def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any], baseline: str | None) -> str:
+    axis = sweep_axis(rows)
+    points = sorted({r[axis] for r in rows})
+    labels = list(dict.fromkeys(r["variant"] for r in rows))
+    baseline = baseline if baseline in labels else labels[0]
+    lines = [f"# {meta.get('title', 'zoo.bench')}", "", f"Command: `{meta['command']}`", ""]
+    lines.append(f"Machine: {meta['machine']}; torch {meta['torch']}, {meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up.")
+    lines.append("")
+
+    def table(key: str, title: str, fmt: str) -> None:
+        lines.append(f"## {title}")
+        lines.append("")
+        lines.append("| variant | " + " | ".join(f"{axis} {p:,}" for p in points) + " |")
+        lines.append("|---|" + "---|" * len(points))
+        for label in labels:
+            cells = []
+            for p in points:
+                row = next((r for r in rows if r["variant"] == label and r[axis] == p), None)
+                if row is None:
+                    cells.append("")
+                elif row.get("status") != "ok" or row.get(key) is None:
+                    cells.append(str(row.get("status", ""))[:40])
+                else:
+                    cells.append(format(row[key], fmt))
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+
+    table("time_ms", "Time per training step (ms)", ",.1f")
+    table("tokens_per_s", "Tokens per second", ",.0f")
+    table("act_mib", "Activation memory saved for backward (MiB)", ",.1f")
+    if any("rss_peak_mib" in r for r in rows):
+        table("rss_peak_mib", "Peak RSS of a fresh process running one step (MiB)", ",.0f")
+    lines.append(f"## Fitted log-log slopes (against {axis}) and crossover against `{baseline}`")
+    lines.append("")
+    lines.append(f"| variant | time slope | memory slope | memory last/first | faster than {baseline} from {axis} |")
+    lines.append("|---|---|---|---|---|")
+    for s in summary:
+        lines.append(f"| {s['variant']} | {s['time_slope']:.2f} | {s['memory_slope']:.2f} | {s.get('memory_last_over_first', float('nan')):.2f} | {s.get('faster_than_baseline_from', '(baseline)')} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], summary: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axis = sweep_axis(rows)
+    slopes = {s["variant"]: s for s in summary}
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    for label in dict.fromkeys(r["variant"] for r in rows):
+        xs, ts = series(rows, label, axis, "time_ms")
+        if xs:
+            ax_t.loglog(xs, ts, "o-", label=f"{label} (slope {slopes[label]['time_slope']:.2f})")
+        xs, ms = series(rows, label, axis, "act_mib")
+        if xs:
+            ax_m.loglog(xs, ms, "o-", label=f"{label} (slope {slopes[label]['memory_slope']:.2f})")
+    ax_t.set(xlabel=axis, ylabel="ms per training step", title="time")
+    ax_m.set(xlabel=axis, ylabel="MiB saved for backward", title="activation memory")
+    for ax in (ax_t, ax_m):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_outputs(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any], baseline: str | None = None) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarise(rows, baseline)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    paths = {"csv": out / "bench.csv", "md": out / "bench.md", "png": out / "bench.png", "json": out / "summary.json"}
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    paths["md"].write_text(markdown(rows, summary, meta, baseline))
+    paths["json"].write_text(json.dumps({"meta": meta, "summary": summary}, indent=2, default=str))
+    plot(rows, summary, paths["png"], meta.get("title", "zoo.bench"))
+    return paths
+
+
+def variants_from_args(args: argparse.Namespace) -> list[Variant]:
+    variants: list[Variant] = []
+    models = [m for m in _split_top(args.model or "") if m.strip()]
+    skeleton = "vanilla_lm"
+    if args.attention:
+        if len(models) == 1:
+            skeleton = parse_spec(models[0])[0]
+            models = []
+        for spec in _split_top(args.attention):
+            name, options = parse_spec(spec)
+            variants.append(Variant(spec.strip(), "attention", name, options, skeleton))
+    for spec in models:
+        name, options = parse_spec(spec)
+        variants.append(Variant(spec.strip(), "model", name, options))
+    for spec in _split_top(args.peers or ""):
+        if spec.strip():
+            variants.append(Variant(f"peer:{spec.strip()}", "peer", spec.strip()))
+    if not variants:
+        raise SystemExit("nothing to measure: give --attention and/or --model (and optionally --peers)")
+    return variants
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zoo.bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--attention", help="comma-separated mechanisms, each optionally name(key=value,...), run in the --model skeleton (default vanilla_lm)")
+    parser.add_argument("--model", help="comma-separated presets (each optionally preset(key=value,...)); with --attention, a single preset is the skeleton")
+    parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(sorted(PEERS))}")
+    parser.add_argument("--lengths", default="256,512,1024", help="comma-separated sequence lengths")
+    parser.add_argument("--layers", default="2", help="comma-separated depths (several with one length = a depth sweep)")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-ff", type=int, default=0, help="feed-forward width (default 4 * d_model)")
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every zoo variant, e.g. residual=pre_norm or attention.n_hashes=4")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="a step slower than this is measured once and the variant skips larger points")
+    parser.add_argument("--baseline", default=None, help="variant label the crossover is measured against (default: the first)")
+    parser.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS measurement")
+    parser.add_argument("--title", default=None)
+    parser.add_argument("--out", default="results/bench", help="output folder for bench.csv, bench.md, bench.png")
+    parser.add_argument("--_rss-child", dest="rss_child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rss_child:
+        _rss_child(args.rss_child)
+        return 0
+    import zoo  # noqa: F401  (registers everything before variants are checked)
+
+    variants = variants_from_args(args)
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    layers = [int(x) for x in args.layers.split(",") if x.strip()]
+    overrides = parse_set(args.set)
+    command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    meta = dict(title=args.title or "zoo.bench: one training step", command=command, machine=_machine(), torch=torch.__version__, threads=args.threads, batch=args.batch, d_model=args.d_model, heads=args.heads, vocab=args.vocab)
+    rows = run(variants, lengths, layers=layers, d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None, overrides=overrides, threads=args.threads, warmup=args.warmup, repeats=args.repeats, max_seconds=args.max_seconds, rss=not args.no_rss)
+    paths = write_outputs(rows, Path(args.out), meta, args.baseline)
+    print(paths["md"].read_text())
+    print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
+    return 0
+
+
+def _quote(arg: str) -> str:
+    return f"'{arg}'" if any(c in arg for c in " ()[]{}*;") else arg
+
+
+def _machine() -> str:
+    cpu = "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

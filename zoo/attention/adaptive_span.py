@@ -129,15 +129,35 @@ def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ra
     else:  # one span per head and query: [b, h, n, a, 1]
         per_query = rearrange(F.pad(spans, (0, right)), "b h (n a) -> b h n a", a=a)[..., None]
         mask = soft_mask(distance, per_query, ramp)
-    # keys that do not exist (left of the cache, right of the segment) or are padding; a query
-    # always keeps itself (distance 0) so no row is empty (a padded query's output is never used)
-    valid = key_valid if key_valid is not None else torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device)
-    valid = F.pad(valid, (left, right), value=False).unfold(1, window, a)  # [b|1, n, w]
-    allowed = valid[:, None, :, None, :] | (distance == 0)  # [b|1, 1, n, a, w]
-    keep = allowed & (mask > 0)
-    # log m, with -inf where m = 0; the clamp keeps log's gradient finite on the masked entries
-    bias = torch.where(keep, mask.clamp_min(torch.finfo(q.dtype).tiny).log(), torch.full((), float("-inf"), dtype=q.dtype, device=q.device))
-    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias, dropout_p=dropout)
+    neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
+    tiny = torch.finfo(q.dtype).tiny  # log(m) with -inf where m = 0; the clamp keeps log's gradient finite there
+
+    def log_mask(m: Tensor, allowed: Tensor | None = None) -> Tensor:
+        keep = m > 0 if allowed is None else allowed & (m > 0)
+        return torch.where(keep, m.clamp_min(tiny).log(), neg_inf)
+
+    def attend(part: slice, bias: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout)
+
+    # Keys that do not exist (left of the cache) or are padding are masked; a query always keeps
+    # itself (distance 0), so no row is empty (a padded query's output is never used). Keys right
+    # of the segment are only ever in a query's future, which the mask already removes.
+    if key_valid is None and spans.dim() == 1:
+        # common case: only the first blocks reach before the first key; the others share one
+        # [1, h, 1, a, w] bias, broadcast by SDPA instead of materialised per block
+        head = min(n, -(-left // a))
+        template = log_mask(mask)
+        parts = []
+        if head:
+            exists = F.pad(torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device), (left, right), value=False).unfold(1, window, a)[:, :head]
+            parts.append(attend(slice(0, head), log_mask(mask, exists[:, None, :, None, :] | (distance == 0))))
+        if head < n:
+            parts.append(attend(slice(head, n), template))
+        out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    else:
+        valid = key_valid if key_valid is not None else torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device)
+        valid = F.pad(valid, (left, right), value=False).unfold(1, window, a)  # [b|1, n, w]
+        out = attend(slice(0, n), log_mask(mask, valid[:, None, :, None, :] | (distance == 0)))
     return rearrange(out, "b h n a k -> b h (n a) k")[:, :, :t]
 
 

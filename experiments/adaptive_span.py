@@ -6,7 +6,7 @@ characters, and each layer's span cache (``out.state``) carries the previous seg
 can learn a span longer than the segment. The same model with every span fixed at the maximum
 (``mode=fixed``) is the baseline; ``--modes`` can add the dynamic variant. Reports, per mode: the
 learned span of every layer and head, validation bits per character, and time per training step
-(wall and CPU seconds of this process), as CSV, markdown and a plot in ``--out``.
+(wall, and CPU seconds of the training process: the fairer figure on a shared machine), as CSV, markdown and a plot in ``--out``.
 
 Scale-down (the paper: 12 layers, d 512, 8 heads, S 8192, segments of 512, 600K steps of batch 64):
 by default 4 layers, d 128, 4 heads, FFN 512, S 256, segments of 64, batch 16, ``--steps`` 600 on one
@@ -80,6 +80,13 @@ def evaluate(model, data: torch.Tensor, segment: int) -> float:
         count += (end - start) * data.shape[0]
     model.train()
     return total / count / math.log(2)
+
+
+def train_in_process(mode: str, args) -> dict:
+    """One mode in its own process (``--parallel``), on ``--threads`` threads."""
+    torch.set_num_threads(args.threads)
+    train_ids, val_ids, chars = load_text(args.data)
+    return train(mode, args, train_ids, val_ids, len(chars))
 
 
 def train(mode: str, args, train_ids, val_ids, vocab: int) -> dict:
@@ -238,10 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parallel", action="store_true", help="train the modes side by side, one process each (each on --threads threads)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    train_ids, val_ids, chars = load_text(args.data)
-    results = [train(mode.strip(), args, train_ids, val_ids, len(chars)) for mode in args.modes.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    if args.parallel:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(len(modes)) as pool:
+            results = pool.starmap(train_in_process, [(mode, args) for mode in modes])
+    else:
+        train_ids, val_ids, chars = load_text(args.data)
+        results = [train(mode, args, train_ids, val_ids, len(chars)) for mode in modes]
     write(results, args, "python experiments/adaptive_span.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0
 

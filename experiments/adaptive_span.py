@@ -136,7 +136,7 @@ def train(mode: str, args, train_ids, val_ids, vocab: int) -> dict:
             spans = span_table(model)
             flat = [z for row in spans for z in row]
             reach = max(float(out.stats[f"layer{i}/span_reach"]) for i in range(args.layers))
-            point = dict(mode=mode, step=step, train_bpc=float(out.loss) / math.log(2), span_mean=statistics.mean(flat), span_max=max(flat), reach_max=reach, wall_ms=1e3 * statistics.median(wall[-args.log_every :]))
+            point = dict(mode=mode, step=step, train_bpc=float(out.loss.detach()) / math.log(2), span_mean=statistics.mean(flat), span_max=max(flat), reach_max=reach, wall_ms=1e3 * statistics.median(wall[-args.log_every :]))
             curve.append(point)
             print(json.dumps(point), flush=True)
     bpc = evaluate(model, val, args.segment)

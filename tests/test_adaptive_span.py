@@ -215,7 +215,7 @@ def test_span_penalty_stats_and_clamp():
     opt.step()
     assert float(attn.span_param.detach().min()) < 0
     after_optimizer_step(attn)
-    assert float(attn.spans(torch.randn(1, 1, D))[0]) == 0.0 and float(attn.span_param.detach().min()) == 0.0
+    assert float(attn.spans(torch.randn(1, 1, D)).detach()[0]) == 0.0 and float(attn.span_param.detach().min()) == 0.0
     with torch.no_grad():
         attn.span_param.fill_(1.7)
     after_optimizer_step(attn)

@@ -14,6 +14,7 @@ from zoo import positional as _positional  # noqa: F401
 from zoo import presets as _presets  # noqa: F401
 from zoo import residual as _residual  # noqa: F401
 from zoo import stacks as _stacks  # noqa: F401
+from zoo import universal as _universal  # noqa: F401
 from zoo.attention.base import Attention, AttnOutput
 from zoo.build import create_attention
 from zoo.config import ModelConfig

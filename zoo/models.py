@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.blocks import merge_into
 from zoo.build import attention_class, build_stack, create_position, split_part
 from zoo.config import ModelConfig, merge_config
-from zoo.registry import MODEL, RESIDUAL
+from zoo.registry import MODEL, RESIDUAL, STACK
 
 IGNORE_INDEX = -100
 
@@ -126,9 +127,10 @@ class ZooModel(nn.Module):
         return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
 
     def attentions_keep_state(self) -> bool:
-        """True when every attention can continue from a state (KV cache / memory), so decoding
-        can feed one token at a time; otherwise it recomputes the whole prefix each step."""
-        return attention_class(self.config.attention).supports_memory
+        """True when every attention can continue from a state (KV cache / memory) and the stack
+        threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
+        token at a time; otherwise it recomputes the whole prefix each step."""
+        return attention_class(self.config.attention).supports_memory and STACK.get(split_part(self.config.stack)[0]).keeps_state
 
     def check_state(self, state: Any, batch_size: int, cls: type = None) -> None:
         cls = cls or ModelState
@@ -280,10 +282,14 @@ class EncoderDecoder(ZooModel):
             self.head.weight = self.tgt_embed.weight
 
     def encode(self, src: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
+        return self._encode(src, src_pad_mask)[0]
+
+    def _encode(self, src: Tensor, src_pad_mask: Tensor | None) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        """Encoder output plus its aux losses and stats (an ACT encoder's ponder cost)."""
         x = self.src_embed(src)
         check_pad_mask(src_pad_mask, src, "src_pad_mask")
         out = self.encoder(self.drop(self.position(x)), pad_mask=src_pad_mask)
-        return self.encoder_norm(out.x)
+        return self.encoder_norm(out.x), out.aux, out.stats
 
     def init_state(self, src: Tensor, src_pad_mask: Tensor | None = None) -> Seq2SeqState:
         """Encode ``src`` once and start empty decoder caches."""
@@ -291,8 +297,11 @@ class EncoderDecoder(ZooModel):
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *, src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None) -> ModelOutput:
         self.check_state(state, tgt.shape[0], Seq2SeqState)
+        encoder_aux: dict[str, Tensor] = {}
+        encoder_stats: dict[str, Tensor] = {}
         if state is None:
-            memory, memory_pad_mask, layers, offset = self.encode(src, src_pad_mask), src_pad_mask, None, 0
+            memory, encoder_aux, encoder_stats = self._encode(src, src_pad_mask)
+            memory_pad_mask, layers, offset = src_pad_mask, None, 0
         else:
             memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
         y = self.tgt_embed(tgt)
@@ -303,7 +312,9 @@ class EncoderDecoder(ZooModel):
         new_state = None
         if state is not None:
             new_state = Seq2SeqState(memory, memory_pad_mask, out.state, offset + tgt.shape[1], tgt.shape[0], self.signature)
-        return ModelOutput(logits, loss, out.aux, new_state, out.stats)
+        aux = merge_into(dict(encoder_aux), out.aux)  # same-named losses (ponder) are summed
+        stats = {**{f"encoder/{key}": value for key, value in encoder_stats.items()}, **out.stats}
+        return ModelOutput(logits, loss, aux, new_state, stats)
 
     @torch.no_grad()
     def generate(self, src: Tensor, *, max_len: int, src_pad_mask: Tensor | None = None, beam_size: int = 1, length_penalty: float = 0.6) -> Tensor:

@@ -62,7 +62,10 @@ class Registry(Generic[T]):
             # let a class know the name it is registered under (messages, configs); a subclass of a
             # registered class gets its own name, not its parent's
             if isinstance(target, type) and "registry_name" not in vars(target):
-                target.registry_name = name  # type: ignore[attr-defined]
+                try:
+                    target.registry_name = name  # type: ignore[attr-defined]
+                except TypeError:  # built-in types take no attributes
+                    pass
             return target
 
         return add(obj) if obj is not None else add

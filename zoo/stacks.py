@@ -35,6 +35,7 @@ class StackOutput:
 class Stack(nn.Module):
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
+    keeps_state: ClassVar[bool] = True  # can thread its blocks' caches across calls (universal: no)
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__()

@@ -1,0 +1,50 @@
+"""Evaluate a checkpoint on a split with the task metric (bpc / ppl / accuracy).
+
+On contiguous text the memory a model returns (Transformer-XL style) is carried from segment to
+segment across the whole split.
+
+    python experiments/evaluate.py outputs/.../checkpoints/best.pt --split test
+    python experiments/evaluate.py CKPT --split val --batches 50 --data-path /elsewhere/enwik8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from zoo.app.run import load_run  # noqa: E402
+from zoo.trainer import evaluate_model, pick_device  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    parser.add_argument("--batches", type=int, default=0, help="batches to score (0 = the whole split)")
+    parser.add_argument("--batch-size", type=int, default=0, help="rows per batch (0 = as trained)")
+    parser.add_argument("--data-path", default="", help="the data file, if it moved since training (data.path)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", default="", help="also write the result as JSON here")
+    args = parser.parse_args(argv)
+    _, task, model, ckpt = load_run(args.checkpoint, data={"path": args.data_path} if args.data_path else None, batch_size=args.batch_size or None)
+    device = pick_device(args.device)
+    model.to(device)
+    start = time.perf_counter()
+    result = evaluate_model(model, task, args.split, args.batches, device=device)
+    result.update(checkpoint=str(args.checkpoint), step=ckpt["step"], model=model.config.name, data=task.registry_name, seconds=time.perf_counter() - start, memory_carried=bool(task.contiguous))
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()

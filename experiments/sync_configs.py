@@ -1,0 +1,41 @@
+"""(Re)write conf/attention/<name>.yaml for every registered attention and conf/model/<preset>.yaml
+for every registered preset lacking one, from the registries (see zoo/app/sync.py).
+
+    python experiments/sync_configs.py            # write
+    python experiments/sync_configs.py --check    # exit 1 listing mismatches, write nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+
+from zoo.app.sync import check, sync  # noqa: E402
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="list mismatches and exit 1 if any; write nothing")
+    parser.add_argument("--conf", type=Path, default=CONF, help="the conf/ directory (default: the project's)")
+    args = parser.parse_args(argv)
+    if args.check:
+        problems = check(args.conf)
+        for line in problems:
+            print(line)
+        print("conf/ is in sync with the registries" if not problems else f"{len(problems)} mismatch(es); run experiments/sync_configs.py")
+        return 1 if problems else 0
+    changes, problems = sync(args.conf)
+    for line in changes + problems:
+        print(line)
+    if not changes:
+        print("conf/ already in sync")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Hydra structured-config schemas generated from the registries.
+
+Every config group node is backed by a dataclass registered in Hydra's ConfigStore under
+``schema/...``, and each YAML file starts with ``defaults: [/schema/<group>/<name>@_here_, _self_]``.
+OmegaConf then type-checks values and, because structured configs are closed, refuses a key the
+schema lacks at compose time (``attention.n_hashs=8``). The schemas are generated, never hand-written:
+
+- ``schema/attention/<name>``: ``name`` + the fields of ``ATTENTION.get(name).Options``;
+- ``schema/data/<name>``: ``name`` + the fields of ``TASK.get(name).Options``;
+- ``schema/model``: ``preset`` + every ``ModelConfig`` field as optional (null = the preset's value);
+- ``schema/trainer``, ``schema/optim``, ``schema/logger``: :mod:`zoo.trainer`'s option dataclasses.
+
+A new mechanism or task therefore needs no schema code, only its ``Options`` dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, make_dataclass
+from typing import Any, Optional, Union
+
+from omegaconf import MISSING as REQUIRED  # '???': a value the config must supply
+
+from zoo.config import ModelConfig
+from zoo.data import TASK
+from zoo.registry import ATTENTION
+from zoo.trainer import OptimOptions, TrainerOptions
+
+SIMPLE = (int, float, bool, str)
+
+
+def schema_type(tp: Any) -> Any:
+    """Map a Python annotation to one OmegaConf can enforce (anything exotic -> Any)."""
+    if tp is Any or tp in SIMPLE:
+        return tp
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            inner = schema_type(rest[0])
+            return Optional[inner] if len(rest) < len(args) else inner  # noqa: UP045 - a runtime type for OmegaConf
+        return Any
+    if origin in (list, tuple, typing.Sequence, set, frozenset) or tp in (list, tuple):
+        elem = [a for a in args if a is not Ellipsis]
+        if len(set(elem)) == 1 and elem[0] in SIMPLE:
+            return list[elem[0]]
+        return list[Any]
+    if origin is dict or tp is dict:
+        return dict[str, Any]
+    return Any
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass (string annotations under ``from __future__``)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation naming something not importable here: resolve field by field
+        out = {}
+        module = __import__(cls.__module__, fromlist=["_"])
+        for f in dataclasses.fields(cls):
+            tp = f.type
+            if isinstance(tp, str):
+                try:
+                    tp = eval(tp, vars(module), {})  # noqa: S307 - annotations of our own dataclasses
+                except Exception:
+                    tp = Any
+            out[f.name] = tp
+        return out
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        value = f.default
+    elif f.default_factory is not MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+    else:
+        return MISSING
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, enum.Enum):
+        return value
+    return value
+
+
+def options_fields(cls: type) -> list[tuple[str, Any, Any]]:
+    """(name, schema type, default) for each field of an ``Options`` dataclass."""
+    hints = field_types(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        default = field_default(f)
+        out.append((f.name, schema_type(hints.get(f.name, Any)), default))
+    return out
+
+
+def options_defaults(cls: type) -> dict[str, Any]:
+    return {name: default for name, _, default in options_fields(cls) if default is not MISSING}
+
+
+def _as_field(default: Any) -> Any:
+    if default is MISSING:
+        return field(default=REQUIRED)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d))
+    return field(default=default)
+
+
+def named_schema(kind: str, name: str, options_cls: type) -> type:
+    """A dataclass ``name`` + the options of one registered part."""
+    fields = [("name", str, field(default=name))]
+    for fname, tp, default in options_fields(options_cls):
+        if fname == "name":
+            raise ValueError(f"{kind} {name!r}: an Options field may not be called 'name' (the config key that picks the part)")
+        fields.append((fname, tp, _as_field(default)))
+    return make_dataclass(f"{kind.capitalize()}Schema_{name}", fields)
+
+
+def model_schema() -> type:
+    """``preset`` + ``tiny`` (start from the preset's registered CPU-sized variant, e.g. its attention
+    blocks shrunk to fit short sequences) + every ModelConfig field as optional: null keeps the
+    preset's (or the tiny variant's) value."""
+    hints = field_types(ModelConfig)
+    fields: list[tuple[str, Any, Any]] = [("preset", str, field(default=REQUIRED)), ("tiny", bool, field(default=False))]
+    for f in dataclasses.fields(ModelConfig):
+        if f.name == "name":
+            continue
+        tp = schema_type(hints[f.name])
+        tp = Any if tp in (dict[str, Any], Any) else Optional[tp]  # noqa: UP045 - a runtime type for OmegaConf
+        fields.append((f.name, tp, field(default=None)))
+    return make_dataclass("ModelSchema", fields)
+
+
+def simple_schema(cls: type, name: str) -> type:
+    fields = [(fname, tp, _as_field(default)) for fname, tp, default in options_fields(cls)]
+    return make_dataclass(name, fields)
+
+
+@dataclass
+class LoggerOptions:
+    """``logger.*``: ``wandb`` (offline by default: no network, no account; ``wandb sync`` later),
+    ``csv`` (local files only) or ``none``. Local ``metrics.jsonl``/``metrics.csv`` are written
+    for wandb and csv alike, so nothing depends on wandb to be read."""
+
+    name: str = "wandb"
+    project: str = "transformer-zoo"
+    mode: str = "offline"  # offline | online | disabled
+    entity: str = ""
+    group: str = ""  # default: the multirun's directory name
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from zoo.config import require
+
+        require(self.name in ("wandb", "csv", "none"), f"logger.name must be wandb, csv or none, got {self.name!r}")
+        require(self.mode in ("offline", "online", "disabled"), f"logger.mode must be offline, online or disabled, got {self.mode!r}")
+
+
+@dataclass
+class RootSchema:
+    """The top level: one node per config group plus run-wide keys."""
+
+    model: Any = REQUIRED
+    attention: Any = None  # null: the preset's mechanism; a choice swaps it
+    data: Any = REQUIRED
+    optim: Any = REQUIRED
+    trainer: Any = REQUIRED
+    logger: Any = REQUIRED
+    seed: int = 0
+    name: str = ""  # run name (default: made from the command-line overrides)
+    data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
+    experiment: str | None = None  # set by experiment/* configs, for the record
+
+
+def register_schemas() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent: re-storing replaces)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="root_schema", node=RootSchema)
+    cs.store(group="schema", name="model", node=model_schema())
+    cs.store(group="schema", name="trainer", node=simple_schema(TrainerOptions, "TrainerSchema"))
+    cs.store(group="schema", name="optim", node=simple_schema(OptimOptions, "OptimSchema"))
+    cs.store(group="schema", name="logger", node=simple_schema(LoggerOptions, "LoggerSchema"))
+    for name in ATTENTION.list():
+        cs.store(group="schema/attention", name=name, node=named_schema("attention", name, ATTENTION.get(name).Options))
+    for name in TASK.list():
+        cs.store(group="schema/data", name=name, node=named_schema("data", name, TASK.get(name).Options))
+
+
+def to_options(options_cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Config values -> constructor kwargs: lists back to tuples where the default is a tuple."""
+    out = dict(values)
+    for f in dataclasses.fields(options_cls):
+        if f.name in out and isinstance(out[f.name], list):
+            default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
+            if isinstance(default, tuple):
+                out[f.name] = tuple(out[f.name])
+    return out

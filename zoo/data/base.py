@@ -1,0 +1,151 @@
+"""The task contract every data set implements, and the task registry.
+
+A task turns ``(split, index)`` into a batch, deterministically: batch ``index`` of the training
+split is always the same tensors for the same seed, whatever happened before. That is what makes
+resume exact (the data position is just the step counter) and data-parallel sharding trivial
+(rank ``r`` of ``w`` takes its own rows). Batches are dicts of the model's call arguments:
+
+- LM tasks (``kind = "lm"``): ``tokens`` [b, t] long, ``targets`` [b, t] long (-100 = not scored).
+- classifier tasks: ``tokens`` [b, t], ``pad_mask`` [b, t] bool (True = real), ``targets`` [b].
+
+``contiguous`` tasks (text streams) continue each batch row where the previous batch of the same
+row stopped, so a model's segment memory (Transformer-XL) can be carried from step to step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from zoo.config import NoOptions, build_options, require
+from zoo.registry import Registry
+
+IGNORE_INDEX = -100
+SPLITS = ("train", "val", "test")
+TASK: Registry[Any] = Registry("task")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class DataFileNotFound(FileNotFoundError):
+    """A data file a task needs is missing; the message names the path and the config key."""
+
+
+def resolve_path(path: str | Path, key: str = "data.path") -> Path:
+    """Find ``path``: as given (absolute or relative to the working directory), else relative to
+    the project root (so ``../shared/data/...`` works from anywhere). Missing -> a clear error."""
+    if not path:
+        raise DataFileNotFound(f"no data file given: set {key}=/path/to/file")
+    candidates = [Path(path).expanduser()]
+    if not candidates[0].is_absolute():
+        candidates.append(PROJECT_ROOT / candidates[0])
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    tried = ", ".join(str(c.resolve()) for c in candidates)
+    raise DataFileNotFound(f"data file not found: {path} (looked at {tried}); set {key}=/path/to/file")
+
+
+def seeded_generator(seed: int, *parts: Any) -> torch.Generator:
+    """A torch generator seeded from ``(seed, *parts)`` by hashing, so (split, index, rank)
+    streams never overlap and do not depend on the order batches are drawn in."""
+    digest = hashlib.sha256(repr((int(seed),) + tuple(parts)).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def seed_int(seed: int, *parts: Any) -> int:
+    digest = hashlib.sha256(repr((int(seed),) + tuple(parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class Task:
+    """Base class. Subclasses set the class flags, an ``Options`` dataclass, ``vocab_size``
+    (and ``n_classes`` for classifiers) and implement :meth:`batch`."""
+
+    kind: ClassVar[str] = "lm"  # the model head it trains: lm | classifier | seq2seq
+    metric: ClassVar[str] = "loss"  # the task metric: bpc | ppl | accuracy | loss
+    contiguous: ClassVar[bool] = False  # consecutive batches continue the same streams
+    Options: ClassVar[type] = NoOptions
+    registry_name: ClassVar[str | None] = None
+
+    vocab_size: int = 256
+    n_classes: int = 0
+
+    def __init__(self, *, batch_size: int, seq_len: int, seed: int = 0, **options: Any):
+        name = self.registry_name or type(self).__name__
+        require(isinstance(batch_size, int) and batch_size > 0, f"trainer.batch_size must be a positive int, got {batch_size!r}")
+        require(isinstance(seq_len, int) and seq_len > 0, f"trainer.seq_len must be a positive int, got {seq_len!r}")
+        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, int(seed)
+        self.options = build_options(self.Options, options, f"data {name!r}")
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "accuracy"
+
+    def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def num_batches(self, split: str, world_size: int = 1) -> int | None:
+        """Batches in one pass over ``split`` (None: unbounded, e.g. generated on the fly)."""
+        return None
+
+    def starts_stream(self, index: int) -> bool:
+        """True when batch ``index`` of a contiguous task starts its streams over (memory reset)."""
+        return index == 0
+
+    def eval_batches(self, split: str, max_batches: int | None, *, rank: int = 0, world_size: int = 1) -> Iterator[dict[str, Tensor]]:
+        total = self.num_batches(split, world_size)
+        n = total if max_batches in (None, 0) else (max_batches if total is None else min(total, max_batches))
+        if n is None:
+            raise ValueError(f"split {split!r} of data {self.registry_name!r} is unbounded: give a number of eval batches")
+        for index in range(n):
+            yield self.batch(split, index, rank=rank, world_size=world_size)
+
+    def model_overrides(self) -> dict[str, Any]:
+        """Model config values the task dictates (vocabulary, classes)."""
+        out: dict[str, Any] = {"vocab_size": self.vocab_size}
+        if self.kind == "classifier":
+            out["n_classes"] = self.n_classes
+        return out
+
+    def decode(self, tokens: list[int]) -> str:
+        """Token ids -> readable text (for sample.py)."""
+        return " ".join(str(t) for t in tokens)
+
+    def encode(self, text: str) -> list[int]:
+        raise ValueError(f"data {self.registry_name!r} has no text encoding; prompts need a text task")
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.registry_name, "kind": self.kind, "metric": self.metric, "vocab_size": self.vocab_size, "n_classes": self.n_classes, "seq_len": self.seq_len, "batch_size": self.batch_size}
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+
+
+def metric_value(metric: str, nll_sum: float, correct: float, count: float) -> float:
+    """The task metric from summed statistics (nats, correct predictions, scored items)."""
+    if count <= 0:
+        return float("nan")
+    if metric == "bpc":
+        return nll_sum / count / math.log(2)
+    if metric == "ppl":
+        return math.exp(min(nll_sum / count, 50.0))
+    if metric == "accuracy":
+        return correct / count
+    return nll_sum / count
+
+
+def create_task(name: str, *, batch_size: int, seq_len: int, seed: int = 0, **options: Any) -> Task:
+    """Build a registered task: ``create_task("duplication", batch_size=8, seq_len=64)``."""
+    return TASK.get(name)(batch_size=batch_size, seq_len=seq_len, seed=seed, **options)
+
+
+def list_tasks(pattern: str = "*") -> list[str]:
+    return TASK.list(pattern)

@@ -1,0 +1,145 @@
+"""ListOps, regenerated with the Long Range Arena generator's grammar and length limits.
+
+Tasks: Nangia & Bowman 2018 ("ListOps", arXiv:1804.06028); the LRA variant of Tay et al. 2020
+("Long Range Arena", arXiv:2011.04006): nested ``[MIN``, ``[MAX``, ``[MED``, ``[SM`` (sum mod 10)
+over digits, up to depth 10 and 10 arguments, sequences of 500-2000 tokens, 10 classes.
+
+Grammar and sampling (the LRA generator, restated from its description; our own code):
+a tree at depth ``d`` is a leaf digit with probability 0.75 (always at ``max_depth``), otherwise an
+operator node with ``k ~ U{2..max_args}`` children, generated *before* the operator is drawn
+uniformly. Its length counts digits, operators and one ``]`` per operator (no parentheses); a tree
+is kept only if ``min_length < length < max_length`` (strict), else redrawn.
+
+Deviations: LRA dedups 100k trees through an unseeded Python set; we draw each sequence from a
+generator seeded by (seed, split, index), so runs are reproducible and the splits are disjoint
+streams (not deduplicated across each other; collisions are negligible at these lengths). Tokens
+drop the parentheses and keep ``]`` (as the PyTorch ports of LRA do); ``to_string`` gives LRA's
+parenthesised text for inspection.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from zoo.config import require
+from zoo.data.base import TASK, Task, check_split, seed_int
+
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+END = "]"
+VALUE_P = 0.25  # probability of branching (the generator's constant; leaves take the rest)
+# vocabulary: 0 = padding, digits 0-9 -> 1..10, operators -> 11..14, ']' -> 15
+VOCAB = ["<pad>"] + [str(d) for d in range(10)] + list(OPERATORS) + [END]
+TOKEN_ID = {tok: i for i, tok in enumerate(VOCAB)}
+
+Tree = int | tuple  # a digit, or (operator, [children])
+
+
+def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple[Tree, int]:
+    """One random tree and its length (digits + operators + closing brackets)."""
+    r = rng.random() if depth < max_depth else 1.0
+    if r > VALUE_P:
+        return rng.randint(0, 9), 1
+    n_args = rng.randint(2, max_args)
+    children, length = [], 2  # the operator and its ']'
+    for _ in range(n_args):
+        child, child_length = generate_tree(rng, depth + 1, max_depth, max_args)
+        children.append(child)
+        length += child_length
+    return (rng.choice(OPERATORS), children), length
+
+
+def evaluate(tree: Tree) -> int:
+    if isinstance(tree, int):
+        return tree
+    op, children = tree
+    values = [evaluate(c) for c in children]
+    if op == "[MIN":
+        return min(values)
+    if op == "[MAX":
+        return max(values)
+    if op == "[SM":
+        return sum(values) % 10
+    values.sort()
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else int((values[mid - 1] + values[mid]) / 2)  # np.median, truncated
+
+
+def to_tokens(tree: Tree) -> list[str]:
+    if isinstance(tree, int):
+        return [str(tree)]
+    op, children = tree
+    out = [op]
+    for child in children:
+        out += to_tokens(child)
+    return out + [END]
+
+
+def to_string(tree: Tree) -> str:
+    """LRA's text: the tree left-nested into pairs, each pair written as ``( a b )``."""
+    if isinstance(tree, int):
+        return str(tree)
+    op, children = tree
+    text = op
+    for child in children:
+        text = f"( {text} {to_string(child)} )"
+    return f"( {text} {END} )"
+
+
+def sample(rng: random.Random, *, min_length: int = 500, max_length: int = 2000, max_depth: int = 10, max_args: int = 10, max_tries: int = 100_000) -> tuple[Tree, int]:
+    """Draw trees until one has ``min_length < length < max_length``; returns (tree, label)."""
+    for _ in range(max_tries):
+        tree, length = generate_tree(rng, 1, max_depth, max_args)
+        if min_length < length < max_length:
+            return tree, evaluate(tree)
+    raise ValueError(f"no ListOps tree with {min_length} < length < {max_length} in {max_tries} draws; widen data.min_length/data.max_length")
+
+
+@TASK.register("listops")
+class ListOpsTask(Task):
+    """10-way classification of ListOps expressions (padded to ``trainer.seq_len`` tokens)."""
+
+    kind = "classifier"
+    metric = "accuracy"
+
+    @dataclass
+    class Options:
+        min_length: int = 500  # LRA: 500 < length < 2000
+        max_length: int = 2000
+        max_depth: int = 10
+        max_args: int = 10
+        eval_size: int = 2000  # sequences in val/test (LRA: 2000 each)
+
+        def __post_init__(self) -> None:
+            require(0 <= self.min_length < self.max_length - 1, f"need 0 <= data.min_length < data.max_length - 1; got {self.min_length}, {self.max_length}")
+            require(self.max_depth >= 1 and self.max_args >= 2, f"need data.max_depth >= 1 and data.max_args >= 2; got {self.max_depth}, {self.max_args}")
+            require(self.eval_size >= 1, f"data.eval_size must be >= 1, got {self.eval_size}")
+
+    vocab_size = len(VOCAB)
+    n_classes = 10
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        require(self.seq_len >= self.options.max_length - 1, f"listops sequences reach data.max_length - 1 = {self.options.max_length - 1} tokens; set trainer.seq_len >= that (or lower data.max_length)")
+
+    def num_batches(self, split: str, world_size: int = 1) -> int | None:
+        check_split(split)
+        return None if split == "train" else max(1, self.options.eval_size // (self.batch_size * world_size))
+
+    def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
+        check_split(split)
+        o = self.options
+        rng = random.Random(seed_int(self.seed, "listops", split, index, rank, world_size))
+        tokens = torch.zeros(self.batch_size, self.seq_len, dtype=torch.long)
+        labels = torch.zeros(self.batch_size, dtype=torch.long)
+        for row in range(self.batch_size):
+            tree, labels[row] = sample(rng, min_length=o.min_length, max_length=o.max_length, max_depth=o.max_depth, max_args=o.max_args)
+            ids = [TOKEN_ID[tok] for tok in to_tokens(tree)]
+            tokens[row, : len(ids)] = torch.tensor(ids)
+        return {"tokens": tokens, "targets": labels, "pad_mask": tokens != 0}
+
+    def decode(self, tokens: list[int]) -> str:
+        return " ".join(VOCAB[int(t)] for t in tokens if int(t) != 0)

@@ -1,0 +1,139 @@
+"""Character / byte-level language modelling from any text file, and the enwik8 / text8 splits.
+
+Batches are contiguous: the split is cut into ``batch_size x world_size`` lanes, and batch ``i``
+row ``j`` is the ``i``-th segment of lane ``j``, so row ``j`` of consecutive batches continues one
+stream and a model's segment memory (Transformer-XL) carries across steps. After the last segment
+the lanes start over (``starts_stream``), where the trainer resets the memory.
+
+enwik8 (Hutter prize: the first 10^8 bytes of an English Wikipedia dump) and text8 (10^8
+characters of a-z and space) use the standard split of Al-Rfou et al. 2018 / Dai et al. 2019:
+the first 90M bytes for training, the next 5M for validation, the last 5M for test. The files are
+not shipped: the user gives ``data.path``. The metric is bits per character (byte).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from zoo.config import require
+from zoo.data.base import SPLITS, TASK, Task, check_split, resolve_path
+
+
+def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[int, int]]:
+    """Cut ``total`` tokens into train/val/test ranges. ``split`` holds three fractions (all <= 1)
+    or three sizes in tokens (the standard 90M/5M/5M)."""
+    require(len(split) == 3, f"data.split must hold three numbers (train, val, test), got {list(split)}")
+    require(all(x >= 0 for x in split), f"data.split must be non-negative, got {list(split)}")
+    if all(x <= 1 for x in split):
+        sizes = [int(total * x) for x in split]
+    else:
+        sizes = [int(x) for x in split]
+        need = sum(sizes)
+        require(need <= total, f"{what} has {total:,} tokens but data.split asks for {need:,} ({sizes}); set data.split to fractions (e.g. [0.9,0.05,0.05]) or sizes that fit")
+    bounds, start = {}, 0
+    for name, size in zip(SPLITS, sizes):
+        bounds[name] = (start, start + size)
+        start += size
+    return bounds
+
+
+@TASK.register("char_lm")
+class TextLMTask(Task):
+    """Next-character prediction over a text file (``vocab=bytes``: 256 byte ids; ``vocab=chars``:
+    the file's own characters, sorted)."""
+
+    metric = "bpc"
+    contiguous = True
+
+    @dataclass
+    class Options:
+        path: str = ""  # the text file (relative paths: to the working directory, then the project)
+        vocab: str = "bytes"  # bytes | chars
+        split: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])  # fractions or token counts
+
+        def __post_init__(self) -> None:
+            require(self.vocab in ("bytes", "chars"), f"data.vocab must be bytes or chars, got {self.vocab!r}")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        path = resolve_path(self.options.path, "data.path")
+        self.path = path
+        if self.options.vocab == "bytes":
+            self.data = np.memmap(path, dtype=np.uint8, mode="r")  # enwik8-sized files stay on disk
+            self.vocab_size, self.itos = 256, None
+        else:
+            text = path.read_text(encoding="utf-8")
+            self.itos = sorted(set(text))
+            self.stoi = {c: i for i, c in enumerate(self.itos)}
+            lookup = np.zeros(max(map(ord, self.itos)) + 1, dtype=np.int32)
+            lookup[[ord(c) for c in self.itos]] = np.arange(len(self.itos))
+            self.data = lookup[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]
+            self.vocab_size = len(self.itos)
+        require(len(self.data) > 1, f"data file {path} is empty (data.path)")
+        self.bounds = split_bounds(len(self.data), list(self.options.split), f"data file {path}")
+
+    def _layout(self, split: str, world_size: int) -> tuple[int, int, int]:
+        """(start of the split, lane length, segments per lane)."""
+        check_split(split)
+        start, end = self.bounds[split]
+        rows = self.batch_size * world_size
+        lane = (end - start - 1) // rows
+        segments = lane // self.seq_len
+        require(segments >= 1, f"the {split} split of {self.path} ({end - start:,} tokens) is too small for {rows} rows x trainer.seq_len={self.seq_len} (+1); lower trainer.batch_size or trainer.seq_len, or change data.split")
+        return start, lane, segments
+
+    def num_batches(self, split: str, world_size: int = 1) -> int:
+        return self._layout(split, world_size)[2]
+
+    def starts_stream(self, index: int) -> bool:
+        return index % self._layout("train", 1)[2] == 0
+
+    def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
+        start, lane, segments = self._layout(split, world_size)
+        t = self.seq_len
+        rows = np.arange(rank * self.batch_size, (rank + 1) * self.batch_size)
+        offsets = start + rows * lane + (index % segments) * t  # [b]
+        window = np.asarray(self.data[offsets[:, None] + np.arange(t + 1)[None, :]], dtype=np.int64)  # [b, t + 1]
+        window = torch.from_numpy(window)
+        return {"tokens": window[:, :-1].contiguous(), "targets": window[:, 1:].contiguous()}
+
+    def decode(self, tokens: list[int]) -> str:
+        if self.itos is None:
+            return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+        return "".join(self.itos[int(t)] for t in tokens)
+
+    def encode(self, text: str) -> list[int]:
+        if self.itos is None:
+            return list(text.encode("utf-8"))
+        missing = sorted({c for c in text if c not in self.stoi})
+        require(not missing, f"prompt has characters outside the vocabulary of {self.path}: {missing}")
+        return [self.stoi[c] for c in text]
+
+
+STANDARD_SPLIT = [90_000_000, 5_000_000, 5_000_000]
+
+
+@TASK.register("enwik8")
+class Enwik8Task(TextLMTask):
+    """enwik8, byte-level, the standard 90M/5M/5M split (file: the first 10^8 bytes of enwiki-20060303)."""
+
+    @dataclass
+    class Options(TextLMTask.Options):
+        split: list[float] = field(default_factory=lambda: list(STANDARD_SPLIT))
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            require(self.vocab == "bytes", f"enwik8 is byte-level: data.vocab must be bytes, got {self.vocab!r}")
+
+
+@TASK.register("text8")
+class Text8Task(TextLMTask):
+    """text8 (a-z and space), the standard 90M/5M/5M split, character-level."""
+
+    @dataclass
+    class Options(TextLMTask.Options):
+        split: list[float] = field(default_factory=lambda: list(STANDARD_SPLIT))

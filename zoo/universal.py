@@ -1,0 +1,221 @@
+"""The Universal Transformer stack, with optional Adaptive Computation Time halting.
+
+Papers: "Universal Transformers", Dehghani et al. 2019, arXiv:1807.03819 (Section 2, eqs. 1-5);
+"Adaptive Computation Time for Recurrent Neural Networks", Graves 2016, arXiv:1603.08983
+(Section 2, eqs. 5-14).
+
+One block (any registered attention, any residual; its feed-forward network is the paper's
+transition function) is applied T times with shared weights. Before every step the coordinate
+signal P^t is added (paper, eq. 3):
+
+    P^t[i, 2j] = sin(i / 10000^(2j/d)) + sin(t / 10000^(2j/d))
+    P^t[i, 2j+1] = cos(i / 10000^(2j/d)) + cos(t / 10000^(2j/d))
+
+i.e. the sinusoid of the absolute position i (= ``offset`` + index) plus the sinusoid of the step
+t (1-based). Presets therefore set the model's own ``position`` to ``none``.
+
+ACT (``act=True``, Graves 2016 applied per position as in the paper, Section 2.2). At step n a
+position's new state s^n = block(s^{n-1} + P^n) gets a halting probability
+h^n = sigmoid(W_h s^n + b_h). It halts at N = min{n : h^1 + ... + h^n >= 1 - epsilon} or at
+``max_steps``; its step weights are p^n = h^n for n < N and the remainder R = 1 - (h^1 + ... +
+h^{N-1}) at n = N, so they sum to one. The output is the mean-field average sum_n p^n s^n. After it
+halts a position's state is copied forward unchanged (it still serves as a key/value for the
+positions that keep going). The ponder cost tau * mean(N + R) over real positions is returned as
+the aux loss ``ponder`` (already weighted; only R carries a gradient, into the halting unit).
+
+Compute is really saved: a batch row whose positions have all halted is dropped from the
+sub-batch the block runs on, so later steps cost only the rows still running. ``act/steps_executed``
+reports the block applications actually made per row, beside the mean/max of N.
+
+Deviations:
+- The halting unit reads the state after the step (Graves's s^n); tensor2tensor's UT reads the
+  state before the transition. Both give every position at least one step.
+- tensor2tensor keeps updating halted positions' states and mixes outputs as
+  s' = w * new + (1 - w) * s'; we follow the paper's text (copy forward) and Graves's mean field.
+- No state across calls: re-applying one block T times (and stopping each position at its own
+  step under ACT) leaves no per-layer KV cache or segment memory that a later call could extend
+  consistently, so the stack keeps none (``keeps_state = False``), refuses one, and models
+  recompute the prefix when decoding.
+
+Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real); context [b, c, d]; per-position maps [b, t].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from zoo.blocks import merge_into
+from zoo.config import require
+from zoo.positional import sinusoid_table
+from zoo.registry import STACK
+from zoo.stacks import BlockFactory, Stack, StackOutput
+
+
+@dataclass
+class ACTTrace:
+    """What one ACT forward did, step by step (recorded only when ``stack.trace = True``; tests and
+    plots read it). Lists have one entry per executed step; tensors are detached, full batch."""
+
+    weights: list[Tensor] = field(default_factory=list)  # [b, t] p^n (0 for positions not running)
+    states: list[Tensor] = field(default_factory=list)  # [b, t, d] state after step n
+    halted: list[Tensor] = field(default_factory=list)  # [b, t] bool, halted after step n
+    rows: list[int] = field(default_factory=list)  # batch rows the block ran on at step n
+    steps: Tensor | None = None  # [b, t] N per position (0 for padding)
+    remainder: Tensor | None = None  # [b, t] R per position
+
+
+@STACK.register("universal")
+class UniversalStack(Stack):
+    """``n_layers`` is T, the number of steps (and the step limit under ACT unless ``max_steps``)."""
+
+    keeps_state = False  # models read this to recompute instead of feeding cached state
+
+    @dataclass
+    class Options:
+        act: bool = False  # per-position halting (Graves 2016)
+        max_steps: int | None = None  # ACT step limit; None = n_layers
+        epsilon: float = 0.01  # halt once the cumulative halting probability reaches 1 - epsilon
+        ponder_weight: float = 0.01  # tau: weight of the ponder cost in the aux loss
+        halting_bias: float = 1.0  # initial b_h (tensor2tensor's act_halting_bias_init)
+        position_signal: bool = True  # add the position sinusoid before each step
+        timestep_signal: bool = True  # add the step sinusoid before each step
+
+        def __post_init__(self) -> None:
+            require(self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1), f"max_steps must be an int >= 1 (or None = n_layers), got {self.max_steps!r}")
+            require(0.0 < self.epsilon < 1.0, f"epsilon must lie in (0, 1) (halting threshold is 1 - epsilon), got {self.epsilon}")
+            require(self.ponder_weight >= 0.0, f"ponder_weight (tau) must be >= 0, got {self.ponder_weight}")
+
+    def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options: Any):
+        super().__init__(make_block, n_layers, d_model, **options)
+        # one block, layer_index 0: every step is "the same layer" (interleaved patterns that vary
+        # by depth see depth 0 at every step)
+        self.block = make_block(0)
+        self.steps = self.options.max_steps if (self.options.act and self.options.max_steps) else n_layers
+        if self.options.act:
+            self.halting = nn.Linear(d_model, 1)
+            nn.init.zeros_(self.halting.weight)  # start from the bias alone: equal pondering everywhere
+            nn.init.constant_(self.halting.bias, self.options.halting_bias)
+        self.trace = False
+        self.last_trace: ACTTrace | None = None
+
+    def init_state(self, batch_size: int) -> None:
+        return None  # no cache: see the module docstring
+
+    def check_state(self, state: list[Any] | None) -> list[Any]:
+        if state is not None and any(s is not None for s in (state if isinstance(state, (list, tuple)) else [state])):
+            raise ValueError("stack 'universal' keeps no state: it re-applies one block T times (under ACT each position stops at its own step), so a per-layer KV cache or segment memory cannot be threaded through the repeated steps; call with state=None (models recompute the prefix when decoding)")
+        return [None] * self.n_layers
+
+    def signal(self, t: int, offset: int, step: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """P^step for positions offset .. offset + t - 1: [t, d] (zeros when both signals are off)."""
+        out = torch.zeros(t, self.d_model, device=device)
+        if self.options.position_signal:
+            out = out + sinusoid_table(torch.arange(offset, offset + t, device=device), self.d_model)
+        if self.options.timestep_signal:
+            out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model)
+        return out.to(dtype)
+
+    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None, context: Tensor | None = None, context_pad_mask: Tensor | None = None, offset: int = 0) -> StackOutput:
+        self.check_state(state)
+        if offset:
+            # the only way a model passes offset > 0 is by continuing a stream from a returned
+            # state; without a cache the new tokens would not see the earlier ones
+            raise ValueError(f"stack 'universal' keeps no cache, so it cannot continue a sequence at offset {offset}: the new tokens would not see the earlier ones; feed the whole prefix with state=None (ZooModel.attentions_keep_state() is False for this stack, so generate() does)")
+        if self.options.act:
+            return self._forward_act(x, pad_mask, context, context_pad_mask, offset)
+        aux: dict[str, Tensor] = {}
+        stats: dict[str, Tensor] = {}
+        for step in range(1, self.steps + 1):
+            out = self.block(x + self.signal(x.shape[1], offset, step, x.device, x.dtype), pad_mask=pad_mask, context=context, context_pad_mask=context_pad_mask)
+            x = out.x
+            merge_into(aux, out.aux)
+            stats.update(out.stats)
+        stats["universal/steps"] = torch.tensor(float(self.steps))
+        return StackOutput(x, None, aux, stats)
+
+    def _forward_act(self, x: Tensor, pad_mask: Tensor | None, context: Tensor | None, context_pad_mask: Tensor | None, offset: int) -> StackOutput:
+        b, t, _ = x.shape
+        device = x.device
+        threshold = 1.0 - self.options.epsilon
+        real = pad_mask if pad_mask is not None else torch.ones(b, t, dtype=torch.bool, device=device)
+        state = x
+        output = torch.zeros_like(x)  # mean-field sum_n p^n s^n
+        cumulative = torch.zeros(b, t, device=device)  # h^1 + ... + h^n of the steps before halting
+        remainder = torch.zeros(b, t, device=device)
+        steps = torch.zeros(b, t, device=device)  # N per position
+        halted = ~real  # padding never runs: it must not keep its row alive
+        executed = torch.zeros(b, device=device)  # block applications per row
+        aux: dict[str, Tensor] = {}
+        stats: dict[str, Tensor] = {}
+        trace = ACTTrace() if self.trace else None
+        for step in range(1, self.steps + 1):
+            active = ~halted.all(dim=1)  # [b]: rows with a position still running
+            if not bool(active.any()):
+                break
+            full = bool(active.all())
+            rows = None if full else active.nonzero().squeeze(1)
+
+            def pick(v: Tensor | None, rows: Tensor | None = rows) -> Tensor | None:
+                return v if rows is None or v is None else v.index_select(0, rows)
+
+            s_in = pick(state)
+            out = self.block(s_in + self.signal(t, offset, step, device, x.dtype), pad_mask=pick(pad_mask), context=pick(context), context_pad_mask=pick(context_pad_mask))
+            merge_into(aux, out.aux)
+            stats.update(out.stats)
+            new = out.x  # [r, t, d]
+            h = torch.sigmoid(self.halting(new)).squeeze(-1).float()  # [r, t]
+            running = ~pick(halted)
+            cum = pick(cumulative)
+            if step == self.steps:
+                stop = running  # the step limit: every running position halts here
+            else:
+                stop = running & (cum + h >= threshold)
+            go_on = running & ~stop
+            rem = 1.0 - cum  # R for the positions halting now
+            weight = torch.where(go_on, h, torch.where(stop, rem, torch.zeros_like(h)))
+            # halted positions keep their state; running ones take the new one
+            kept = torch.where(running[..., None], new, s_in)
+            contribution = weight[..., None].to(new.dtype) * new
+            new_cum = cum + torch.where(go_on, h, torch.zeros_like(h))
+            new_rem = torch.where(stop, rem, pick(remainder))
+            new_steps = pick(steps) + running.float()
+            new_halted = pick(halted) | stop
+            if full:
+                state, output, cumulative, remainder, steps, halted = kept, output + contribution, new_cum, new_rem, new_steps, new_halted
+            else:
+                state = state.index_copy(0, rows, kept)
+                output = output.index_add(0, rows, contribution)
+                cumulative = cumulative.index_copy(0, rows, new_cum)
+                remainder = remainder.index_copy(0, rows, new_rem)
+                steps = steps.index_copy(0, rows, new_steps)
+                halted = halted.index_copy(0, rows, new_halted)
+            executed = executed + active.float()
+            if trace is not None:
+                full_weight = torch.zeros(b, t, device=device)
+                full_weight[active] = weight.detach()
+                trace.weights.append(full_weight)
+                trace.states.append(state.detach().clone())
+                trace.halted.append(halted.clone())
+                trace.rows.append(int(active.sum()))
+        # padding was never updated: pass its input through
+        output = torch.where(real[..., None], output, x)
+        n_real = real.float().sum().clamp_min(1.0)
+        ponder = ((steps + remainder) * real.float()).sum() / n_real
+        merge_into(aux, {"ponder": self.options.ponder_weight * ponder})
+        real_steps = steps[real] if bool(real.any()) else steps.new_zeros(1)
+        stats.update({
+            "act/steps_mean": real_steps.mean().detach(),
+            "act/steps_max": real_steps.max().detach(),
+            "act/steps": steps.detach(),  # [b, t] per-position N (0 = padding)
+            "act/ponder": ponder.detach(),
+            "act/steps_executed": executed.mean().detach(),  # block applications per row, really run
+            "act/compute_fraction": (executed.sum() / (b * self.steps)).detach(),
+        })
+        if trace is not None:
+            trace.steps, trace.remainder = steps.detach(), remainder.detach()
+            self.last_trace = trace
+        return StackOutput(output, None, aux, stats)

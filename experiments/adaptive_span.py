@@ -62,7 +62,7 @@ def span_table(model) -> list[list[float]]:
         if attn.options.mode == "dynamic":
             rows.append(attn.last_spans)
         else:
-            rows.append([float(z) for z in attn.spans(torch.zeros(1, 1, attn.d_model))])
+            rows.append([float(z) for z in attn.spans(torch.zeros(1, 1, attn.d_model)).detach()])
     return rows
 
 

@@ -1,0 +1,278 @@
+"""Adaptive attention span (Sukhbaatar et al. 2019): mask, cropping, reference maths, cache, penalty.
+
+The dense reference here is the paper's eq. (4) written out over the full [t, s] matrix,
+a_ij = m_z(i - j) exp(s_ij) / sum_l m_z(i - l) exp(s_il), and is used by the tests only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from zoo.attention.adaptive_span import SpanCache, blocked_span_attention, soft_mask, span_reach
+from zoo.training import adam, after_optimizer_step, total_loss
+
+D, H = 32, 4
+
+
+def dense_soft_attention(q, k, v, spans, ramp, key_valid=None):
+    """Eq. (4) over every (query, key) pair. q [b, h, t, k]; k, v [b, h, s, k]; spans [h] or [b, h, t]."""
+    t, s = q.shape[2], k.shape[2]
+    distance = (torch.arange(t)[:, None] + (s - t) - torch.arange(s)[None, :]).to(q.dtype)
+    z = spans[:, None, None] if spans.dim() == 1 else spans[..., None]
+    mask = soft_mask(distance, z, ramp)
+    if key_valid is not None:  # a padded query keeps its own key so its row is not empty (output unused)
+        mask = mask * (key_valid[:, None, None, :] | (distance == 0)).to(q.dtype)
+    scores = torch.einsum("bhtk,bhsk->bhts", q, k) * q.shape[-1] ** -0.5
+    weights = mask * torch.exp(scores - scores.amax(-1, keepdim=True))
+    weights = weights / weights.sum(-1, keepdim=True)
+    return torch.einsum("bhts,bhsk->bhtk", weights, v)
+
+
+def module_reference(attn, x, past=None, pad_mask=None, past_pad=None):
+    """The module's own projections, attended densely with eq. (4)."""
+    inputs = x if past is None else torch.cat([past, x], 1)
+    q, k, v = attn.split_heads(attn.to_q(x)), attn.split_heads(attn.to_k(inputs)), attn.split_heads(attn.to_v(inputs))
+    valid = None
+    if pad_mask is not None or past_pad is not None:
+        b = x.shape[0]
+        old = past_pad if past_pad is not None else torch.ones(b, inputs.shape[1] - x.shape[1], dtype=torch.bool)
+        new = pad_mask if pad_mask is not None else torch.ones(b, x.shape[1], dtype=torch.bool)
+        valid = torch.cat([old, new], 1)
+    out = dense_soft_attention(q, k, v, attn.spans(x), attn.options.ramp, valid)
+    return attn.to_out(attn.merge_heads(out))
+
+
+def build(**options):
+    options = {"max_span": 24, "ramp": 4, **options}
+    return zoo.create_attention("adaptive_span", d_model=D, n_heads=H, causal=True, **options).eval()
+
+
+def set_spans(attn, spans):
+    with torch.no_grad():
+        attn.span_param.copy_(torch.tensor(spans) / attn.options.max_span)
+
+
+# -- the mask --------------------------------------------------------------------------------------
+
+def test_soft_mask_values_and_ramp():
+    x = torch.arange(-2, 12, dtype=torch.float64)
+    m = soft_mask(x, torch.tensor(5.0, dtype=torch.float64), 4)
+    expected = [0, 0, 1, 1, 1, 1, 1, 1, 0.75, 0.5, 0.25, 0, 0, 0]  # future 0; x <= z: 1; ramp of R = 4
+    torch.testing.assert_close(m, torch.tensor(expected, dtype=torch.float64))
+    # a fractional span shifts the ramp: m(x) = (R + z - x) / R
+    m = soft_mask(torch.tensor([5.0, 6.0, 9.0, 10.0]), torch.tensor(5.5), 4)
+    torch.testing.assert_close(m, torch.tensor([1.0, 0.875, 0.125, 0.0]))
+    # the reach is the last distance with a non-zero mask
+    assert span_reach(5.0, 4) == 8 and soft_mask(torch.tensor(8.0), torch.tensor(5.0), 4) > 0
+    assert span_reach(5.5, 4) == 9 and soft_mask(torch.tensor(10.0), torch.tensor(5.5), 4) == 0
+    assert span_reach(0.0, 32) == 31
+
+
+# -- blocked computation against the dense reference ----------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["learned", "dynamic"])
+@pytest.mark.parametrize("t,m,block", [(37, 0, 5), (37, 11, 7), (16, 20, 4), (9, 3, 64), (1, 30, 0)])
+def test_blocked_equals_dense_reference_forward_and_gradients(dynamic, t, m, block):
+    g = torch.Generator().manual_seed(t * 100 + m)
+    b, h, k = 2, 3, 8
+    q = torch.randn(b, h, t, k, generator=g, dtype=torch.float64, requires_grad=True)
+    keys = torch.randn(b, h, m + t, k, generator=g, dtype=torch.float64, requires_grad=True)
+    values = torch.randn(b, h, m + t, k, generator=g, dtype=torch.float64, requires_grad=True)
+    if dynamic:
+        spans = (torch.rand(b, h, t, generator=g, dtype=torch.float64) * 12).requires_grad_(True)
+    else:
+        spans = torch.tensor([0.0, 3.3, 11.0], dtype=torch.float64, requires_grad=True)
+    valid = torch.rand(b, m + t, generator=g) > 0.3
+    valid[:, -1] = True
+    ramp = 4
+    reach = span_reach(float(spans.detach().max()), ramp)
+    for key_valid in (None, valid):
+        out = blocked_span_attention(q, keys, values, spans=spans, ramp=ramp, reach=reach, key_valid=key_valid, block_size=block)
+        ref = dense_soft_attention(q, keys, values, spans, ramp, key_valid)
+        rows = torch.ones(b, t, dtype=torch.bool) if key_valid is None else key_valid[:, m:]  # padded queries' outputs are unused
+        torch.testing.assert_close(out.transpose(1, 2)[rows], ref.transpose(1, 2)[rows], atol=1e-10, rtol=1e-8)
+        weight = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        if key_valid is not None:
+            weight = weight * key_valid[:, None, m:, None]
+        grads = torch.autograd.grad((out * weight).sum(), (q, keys, values, spans))
+        ref_grads = torch.autograd.grad((ref * weight).sum(), (q, keys, values, spans))
+        for got, want in zip(grads, ref_grads):
+            torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("mode", ["learned", "dynamic", "fixed"])
+def test_cropped_equals_uncropped_when_span_fits(mode):
+    """Cropping to the reach changes nothing: the same attention over every key gives the same result."""
+    g = torch.Generator().manual_seed(1)
+    b, h, t, m, k = 2, 4, 29, 17, 8
+    q = torch.randn(b, h, t, k, generator=g, requires_grad=True)
+    keys = torch.randn(b, h, m + t, k, generator=g, requires_grad=True)
+    values = torch.randn(b, h, m + t, k, generator=g, requires_grad=True)
+    spans = {"learned": torch.tensor([0.0, 2.5, 6.0, 9.0]), "fixed": torch.full((h,), 9.0), "dynamic": torch.rand(b, h, t, generator=g) * 9}[mode]
+    spans.requires_grad_(True)
+    cropped = blocked_span_attention(q, keys, values, spans=spans, ramp=4, reach=span_reach(9.0, 4), block_size=6)
+    full = blocked_span_attention(q, keys, values, spans=spans, ramp=4, reach=m + t, block_size=t)  # one block, every key
+    torch.testing.assert_close(cropped, full, atol=1e-6, rtol=1e-5)
+    w = torch.randn(cropped.shape, generator=g)
+    for a, c in zip(torch.autograd.grad((cropped * w).sum(), (q, keys, values, spans)), torch.autograd.grad((full * w).sum(), (q, keys, values, spans))):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+# -- the module ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["learned", "dynamic", "fixed"])
+def test_module_equals_dense_reference(mode):
+    attn = build(mode=mode)
+    if mode == "learned":
+        set_spans(attn, [0.0, 3.5, 10.0, 24.0])
+    x = torch.randn(2, 41, D)
+    pad = torch.ones(2, 41, dtype=torch.bool)
+    pad[0, -7:] = False
+    pad[1, :5] = False
+    for pad_mask in (None, pad):
+        out = attn(x, pad_mask=pad_mask).out
+        ref = module_reference(attn, x, pad_mask=pad_mask)
+        rows = pad if pad_mask is not None else torch.ones_like(pad)
+        torch.testing.assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["learned", "dynamic"])
+def test_segments_with_cache_equal_one_pass(mode):
+    """The cache makes segment-by-segment processing equal one pass over the whole stream (XL-style)."""
+    attn = build(mode=mode, max_span=20)
+    if mode == "learned":
+        set_spans(attn, [1.0, 7.5, 14.0, 20.0])
+    x = torch.randn(2, 45, D)
+    whole = attn(x).out
+    state, pieces = attn.init_state(2), []
+    for piece in x.split([13, 1, 20, 11], dim=1):
+        result = attn(piece, state=state)
+        state = result.state
+        pieces.append(result.out)
+        assert state.length <= attn.options.cache_size
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, atol=1e-5, rtol=1e-4)
+    assert state.length == attn.options.cache_size == 20 + 4 - 1
+
+
+def test_cache_and_segment_padding_against_reference():
+    attn = build(max_span=12)
+    set_spans(attn, [2.0, 5.0, 8.0, 12.0])
+    first, second = torch.randn(2, 10, D), torch.randn(2, 9, D)
+    pad1 = torch.ones(2, 10, dtype=torch.bool)
+    pad1[1, :3] = False
+    pad2 = torch.ones(2, 9, dtype=torch.bool)
+    pad2[0, -2:] = False
+    state = attn(first, pad_mask=pad1, state=attn.init_state(2)).state
+    out = attn(second, pad_mask=pad2, state=state).out
+    ref = module_reference(attn, second, past=first, pad_mask=pad2, past_pad=pad1)
+    torch.testing.assert_close(out[pad2], ref[pad2], atol=1e-5, rtol=1e-4)
+
+
+def test_keys_are_cropped_so_compute_falls():
+    """Only the last reach = ceil(max z + R) - 1 cached inputs are projected and attended."""
+    attn = build(max_span=64, ramp=4)
+    seen = []
+    attn.to_k.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    state = attn(torch.randn(1, 80, D), state=attn.init_state(1)).state
+    assert state.length == 64 + 4 - 1
+    for spans, reach in (([0.0, 0.0, 0.0, 0.0], 3), ([1.0, 5.0, 2.0, 0.0], 8), ([0.0, 0.0, 40.0, 0.0], 43), ([64.0] * 4, 67)):
+        set_spans(attn, spans)
+        result = attn(torch.randn(1, 10, D), state=state)
+        assert seen[-1] == reach + 10, f"spans {spans}: projected {seen[-1]} keys, expected {reach + 10}"
+        assert int(result.stats["span_reach"]) == reach
+
+
+def test_dynamic_span_formula_and_bias_init():
+    attn = build(mode="dynamic", max_span=24)
+    assert torch.all(attn.span_proj.bias == -4.0)
+    x = torch.randn(2, 5, D)
+    expected = 24 * torch.sigmoid(x @ attn.span_proj.weight.T + attn.span_proj.bias)  # [b, t, h]
+    torch.testing.assert_close(attn.spans(x), expected.permute(0, 2, 1))
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "fixed"])
+def test_other_modes_are_causal(mode):
+    attn = build(mode=mode, block_size=5)
+    x = torch.randn(2, 23, D, requires_grad=True)
+    out = attn(x).out
+    for i in (0, 9, 21):
+        (grad,) = torch.autograd.grad(out[:, i].sum(), x, retain_graph=True)
+        assert grad[:, i + 1 :].abs().max() == 0 and grad[:, : i + 1].abs().max() > 0
+
+
+def test_span_penalty_stats_and_clamp():
+    attn = build(max_span=24, l1=1e-3)
+    set_spans(attn, [0.0, 6.0, 12.0, 18.0])
+    result = attn.train()(torch.randn(2, 9, D))
+    torch.testing.assert_close(result.aux["span_l1"], torch.tensor(1e-3 * 9.0))  # lambda * mean_h z_h
+    torch.testing.assert_close(result.stats["span"], torch.tensor([0.0, 6.0, 12.0, 18.0]))
+    assert float(result.stats["span_mean"]) == 9.0 and float(result.stats["span_max"]) == 18.0
+    # the penalty alone shrinks every positive span; the hook keeps z in [0, S]
+    opt = torch.optim.SGD(attn.parameters(), lr=10.0)
+    result.aux["span_l1"].backward()
+    opt.step()
+    assert float(attn.span_param.detach().min()) < 0
+    after_optimizer_step(attn)
+    assert float(attn.spans(torch.randn(1, 1, D)).detach()[0]) == 0.0 and float(attn.span_param.detach().min()) == 0.0
+    with torch.no_grad():
+        attn.span_param.fill_(1.7)
+    after_optimizer_step(attn)
+    assert torch.all(attn.span_param == 1.0)
+    fixed = build(mode="fixed")(torch.randn(1, 5, D))
+    assert fixed.aux == {} and float(fixed.stats["span_mean"]) == 24.0
+
+
+def test_model_reports_spans_per_layer_and_carries_the_cache():
+    model = zoo.create_model("adaptive_span_lm", **zoo.models.get_preset("adaptive_span_lm").tiny)
+    tokens = torch.randint(0, 32, (2, 12))
+    out = model(tokens, tokens, state=model.init_state(2))
+    assert {"layer0/span", "layer1/span_mean", "layer1/span_max"} <= set(out.stats)
+    assert out.stats["layer0/span"].shape == (4,)
+    assert set(out.aux_losses) == {"span_l1"}
+    assert out.state.layers[0].attention.length == 12
+    out = model(tokens, tokens, state=out.state)
+    assert out.state.layers[0].attention.length == 16 + 4 - 1  # bounded by the cache
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+def test_bad_configs_and_states_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"max_span=64 is larger than the cache \(cache_size=32\)"):
+        build(max_span=64, cache_size=32)
+    with pytest.raises(ValueError, match="mode must be one of learned, dynamic, fixed"):
+        build(mode="static")
+    with pytest.raises(ValueError, match="span_init must lie in"):
+        build(span_init=100.0)
+    with pytest.raises(ValueError, match="causal-only"):
+        zoo.create_attention("adaptive_span", d_model=D, n_heads=H, causal=False)
+    attn = build()
+    with pytest.raises(ValueError, match="SpanCache"):
+        attn(torch.randn(1, 4, D), state={"x": 1})
+    state = attn(torch.randn(2, 4, D), state=attn.init_state(2)).state
+    with pytest.raises(ValueError, match="cache holds"):
+        attn(torch.randn(3, 4, D), state=state)
+    assert isinstance(state, SpanCache)
+
+
+# -- learning --------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_span_grows_when_the_task_needs_a_longer_context():
+    """Copy the token 6 back: it sits on the ramp of a span-0 head (R = 8), so z must grow."""
+    torch.manual_seed(0)
+    model = zoo.create_model("adaptive_span_lm", vocab_size=16, d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.0, attention={"max_span": 32, "ramp": 8, "l1": 0.0})
+    opt = adam(model, lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        tokens = torch.randint(0, 16, (8, 40), generator=g)
+        targets = torch.full_like(tokens, -100)
+        targets[:, 6:] = tokens[:, :-6]
+        loss = total_loss(model(tokens, targets))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        after_optimizer_step(model)
+    spans = model.stack.blocks[0].attention.spans(torch.zeros(1, 1, 32))
+    assert float(spans.max()) > 1.0, f"spans stayed at {spans.tolist()}"

@@ -1,0 +1,33 @@
+"""Adaptive-span language model (Sukhbaatar et al. 2019, arXiv:1905.07799), the paper's small model.
+
+12 layers, d_model 512, FFN 2048, 8 heads, dropout 0.3, post-norm blocks as in the authors' code;
+every head learns its span up to S = 8192 with ramp R = 32 and L1 coefficient 0.5e-6 (the paper's
+value at S = 8192; 2e-6 at smaller S). Train it on consecutive segments (512 tokens in the paper)
+carrying ``out.state`` so the span cache holds the previous segments. Positions: sinusoidal with
+the stream offset (the paper learns relative key embeddings instead; see the attention's notes).
+``attention={"mode": "dynamic"}`` gives the dynamic-span variant, ``{"mode": "fixed"}`` the
+fixed-span baseline of the same maximum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zoo.models import register_preset
+
+
+@register_preset(
+    "adaptive_span_lm",
+    "Causal LM with learned per-head attention spans (Sukhbaatar et al. 2019), small model, S = 8192",
+    tiny={"attention": {"max_span": 16, "ramp": 4, "block_size": 8}, "dropout": 0.0},
+)
+def _adaptive_span_lm() -> dict[str, Any]:
+    return dict(
+        kind="lm",
+        n_layers=12,
+        d_model=512,
+        d_ff=2048,
+        n_heads=8,
+        dropout=0.3,
+        attention={"name": "adaptive_span", "max_span": 8192, "ramp": 32, "l1": 0.5e-6, "mode": "learned"},
+    )

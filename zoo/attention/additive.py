@@ -39,10 +39,7 @@ class AdditiveAttention(Attention):
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         h, k = self.n_heads, self.head_dim
-        self.to_q = nn.Linear(d_model, d_model)
-        self.to_k = nn.Linear(d_model, d_model)
-        self.to_v = nn.Linear(d_model, d_model)
-        self.to_out = nn.Linear(d_model, d_model)
+        self.add_projections()
         self.attn_dropout = nn.Dropout(self.dropout)
         if self.options.score == "general":
             self.w_a = nn.Parameter(torch.randn(h, k, k) * k**-0.5)  # per-head bilinear form

@@ -111,6 +111,16 @@ class Attention(nn.Module):
         if state is not None and not self.supports_memory:
             raise ValueError(f"{name} keeps no state (supports_memory=False) but was given one")
 
+    # -- projections -------------------------------------------------------------------------
+    def add_projections(self, bias: bool = True) -> None:
+        """The standard separate q/k/v/output projections (d -> d), shared by every mechanism
+        that does not tie them (LSH ties q and k and builds its own)."""
+        d = self.d_model
+        self.to_q = nn.Linear(d, d, bias=bias)
+        self.to_k = nn.Linear(d, d, bias=bias)
+        self.to_v = nn.Linear(d, d, bias=bias)
+        self.to_out = nn.Linear(d, d, bias=bias)
+
     # -- head reshapes -----------------------------------------------------------------------
     def split_heads(self, x: Tensor) -> Tensor:
         """[b, t, h*k] -> [b, h, t, k]"""

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor, nn
+from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, guard_empty_rows
 
@@ -38,11 +38,7 @@ class PatternAttention(Attention):
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
-        bias = self.options.bias
-        self.to_q = nn.Linear(d_model, d_model, bias=bias)
-        self.to_k = nn.Linear(d_model, d_model, bias=bias)
-        self.to_v = nn.Linear(d_model, d_model, bias=bias)
-        self.to_out = nn.Linear(d_model, d_model, bias=bias)
+        self.add_projections(bias=self.options.bias)
 
     def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
 from zoo.config import require
@@ -63,11 +63,7 @@ class VanillaAttention(Attention):
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
-        bias = self.options.bias
-        self.to_q = nn.Linear(d_model, d_model, bias=bias)
-        self.to_k = nn.Linear(d_model, d_model, bias=bias)
-        self.to_v = nn.Linear(d_model, d_model, bias=bias)
-        self.to_out = nn.Linear(d_model, d_model, bias=bias)
+        self.add_projections(bias=self.options.bias)
 
     def init_state(self, batch_size: int) -> KVCache:
         return KVCache()

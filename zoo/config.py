@@ -74,6 +74,9 @@ class ModelConfig:
     residual: dict = field(default_factory=lambda: {"name": "post_norm"})
     stack: dict = field(default_factory=lambda: {"name": "sequential"})
     position: dict = field(default_factory=lambda: {"name": "sinusoidal"})
+    # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
+    # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/adaptive.py
+    adaptive: dict = field(default_factory=dict)
     # classifier head
     n_classes: int = 2
     pooling: str = "mean"

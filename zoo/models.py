@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.adaptive import adaptive_input_and_softmax
 from zoo.blocks import merge_into
 from zoo.build import attention_class, build_stack, create_position, split_part
 from zoo.config import ModelConfig, merge_config
@@ -151,13 +152,14 @@ class ZooModel(nn.Module):
 class CausalLM(ZooModel):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
-        self.embed = TokenEmbedding(config.vocab_size, config.d_model)
+        adaptive = adaptive_input_and_softmax(config) if config.adaptive else None  # zoo/adaptive.py
+        self.embed = adaptive[0] if adaptive else TokenEmbedding(config.vocab_size, config.d_model)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers)
         self.norm = self.final_norm()
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if config.tie_embeddings:
+        self.head = adaptive[1] if adaptive else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings and not adaptive:
             self.head.weight = self.embed.weight
 
     def init_state(self, batch_size: int) -> ModelState:
@@ -171,8 +173,11 @@ class CausalLM(ZooModel):
         offset = state.offset if state is not None else 0
         x = self.drop(self.position(x, offset))
         out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
-        logits = self.head(self.norm(out.x))
-        loss = token_loss(logits, targets, pad_mask, self.config.label_smoothing) if targets is not None else None
+        if self.config.adaptive:  # full log-probabilities only outside training steps ([b, t, 0] there)
+            logits, loss = self.head(self.norm(out.x), targets, pad_mask=pad_mask, full=not (self.training and targets is not None))
+        else:
+            logits = self.head(self.norm(out.x))
+            loss = token_loss(logits, targets, pad_mask, self.config.label_smoothing) if targets is not None else None
         new_state = None
         if out.state is not None or state is not None:
             new_state = ModelState(out.state, offset + tokens.shape[1], tokens.shape[0], self.signature)

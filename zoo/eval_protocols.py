@@ -130,7 +130,6 @@ def evaluate_protocol(model: nn.Module, task: Task, split: str, settings: Protoc
     seq_len = settings.seq_len or task.seq_len
     batch_size = settings.batch_size or task.batch_size
     nll, count, n_batches = 0.0, 0, 0
-    changed = 0
     if settings.protocol == "sliding":
         stride = settings.stride or max(1, seq_len // 2)
         require(stride <= seq_len, f"stride ({stride}) must be <= seq_len ({seq_len})")

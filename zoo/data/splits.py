@@ -17,22 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo.data.base import PROJECT_ROOT, SPLITS, DataFileNotFound
+from zoo.data.base import SPLITS, DataFileNotFound, path_candidates
 
 SPLIT_PATTERNS = {"train": r"train", "val": r"valid|val|dev", "test": r"test"}
 
 
-def resolve_directory(path: str | Path, key: str = "data.path") -> Path | None:
+def resolve_directory(path: str | Path) -> Path | None:
     """``path`` as a directory (as given, else relative to the project root), or None."""
     if not path:
         return None
-    candidates = [Path(path).expanduser()]
-    if not candidates[0].is_absolute():
-        candidates.append(PROJECT_ROOT / candidates[0])
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    return None
+    return next((candidate for candidate in path_candidates(path) if candidate.is_dir()), None)
 
 
 def find_split_files(directory: Path) -> dict[str, Path]:

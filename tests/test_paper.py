@@ -125,3 +125,26 @@ def test_paper_config_runs_end_to_end_at_toy_size(name, tmp_path):
     settings["batch_size"] = 2
     result = evaluate_protocol(model, task, "val", ProtocolSettings.from_dict(settings), max_batches=3)
     assert result[f"val/{task.metric}"] > 0 and result["val/scored"] > 0
+
+
+def test_evaluate_cli_takes_the_paper_protocol_from_the_checkpoint(tmp_path):
+    """experiments/evaluate.py on a paper run's checkpoint uses paper.eval (memory protocol, eval
+    memory and clamp length), with the flags overriding the paper's lengths for this toy model."""
+    import importlib.util
+
+    from zoo.app.run import run
+
+    paper = cfg_to_dict(compose(["experiment=paper/xl_enwik8_12l"]))["paper"]
+    overrides = ["experiment=paper/xl_enwik8_12l", *paper["toy"], *toy_data("enwik8", tmp_path), *CPU_SMOKE]
+    overrides = [o for o in overrides if o != "trainer.checkpoints=false"]
+    run(compose(overrides), run_dir=tmp_path / "run")
+    spec = importlib.util.spec_from_file_location("evaluate_cli", PAPER_DIR.parents[2] / "experiments" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    checkpoint = next((tmp_path / "run" / "checkpoints").glob("*.pt"))
+    with torch.no_grad():
+        result = module.main([str(checkpoint), "--split", "val", "--seq-len", "8", "--mem-len", "24", "--batches", "3", "--device", "cpu"])
+    assert result["protocol"] == "memory"
+    assert result["settings"]["seq_len"] == 8 and result["settings"]["mem_len"] == 24
+    assert result["settings"]["clamp_len"] == 820 and result["settings"]["xl_attentions_set"] == 2  # the paper's clamp
+    assert result["val/scored"] == 3 * 2 * 8

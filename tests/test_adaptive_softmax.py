@@ -138,6 +138,18 @@ def test_bad_adaptive_configs_are_refused():
         zoo.create_model("vanilla_lm", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [5, 20, 60], "div_val": 4})
     with pytest.raises(ValueError, match="no key 'cutof'"):
         zoo.create_model("vanilla_lm", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutof": [10]})
+    with pytest.raises(ValueError, match="adaptive .* is an LM option"):
+        zoo.create_model("vanilla_classifier", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [10]})
     model = zoo.create_model("vanilla_lm", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [10]})
     with pytest.raises(ValueError, match="targets must lie"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.full((1, 4), 100))
+
+
+def test_every_parameter_gets_a_gradient_even_when_a_cluster_is_empty():
+    """Data-parallel training needs every parameter in the graph: a batch with no tail-cluster
+    token still reaches the tail weights (with zero gradient)."""
+    model = zoo.create_model("vanilla_lm", vocab_size=60, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [10, 30], "div_val": 2})
+    tokens = torch.randint(0, 10, (2, 9))  # head-cluster words only
+    model(tokens[:, :-1], tokens[:, 1:]).loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing

@@ -100,9 +100,8 @@ class AdaptiveInput(nn.Module):
         flat = tokens.reshape(-1).long()
         out = torch.zeros(flat.shape[0], self.d_model, dtype=self.embeddings[0].dtype, device=tokens.device)
         for i, (lo, hi) in enumerate(self.bounds):
+            # an empty cluster still runs (on 0 rows) so every parameter is in the graph (DDP)
             rows = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
             vectors = F.embedding(flat[rows] - lo, self.embeddings[i])  # [n_i, d_i]
             if len(self.projections):
                 vectors = F.linear(vectors, self.projections[i])  # [n_i, d_model]
@@ -168,9 +167,7 @@ class AdaptiveSoftmax(nn.Module):
         rows = in_head.nonzero().squeeze(1)
         out = out.index_copy(0, rows, -head[rows, targets[rows]])
         for i, (lo, hi) in enumerate(self.bounds[1:], start=1):
-            rows = ((targets >= lo) & (targets < hi)).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
+            rows = ((targets >= lo) & (targets < hi)).nonzero().squeeze(1)  # may be empty: still in the graph
             tail = torch.log_softmax(self.cluster_logits(hidden[rows], i).float(), dim=-1)
             picked = tail.gather(1, (targets[rows] - lo)[:, None]).squeeze(1)
             out = out.index_copy(0, rows, -(head[rows, self.shortlist + i - 1] + picked))

@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(args.tokens, args.d_model, generator=g, requires_grad=True)
     targets = zipf_targets(args.tokens, VOCAB, g)
-    share = {f"cluster {i}": float(((targets >= lo) & (targets < hi)).float().mean()) for i, (lo, hi) in enumerate(zip([0, *CUTOFFS], [*CUTOFFS, VOCAB]))}
+    share = {
+        f"cluster {i}": float(((targets >= lo) & (targets < hi)).float().mean())
+        for i, (lo, hi) in enumerate(zip([0, *CUTOFFS], [*CUTOFFS, VOCAB]))
+    }
     models = variants(args.d_model)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(args.rounds + 1):  # the first round warms up and is dropped
@@ -78,8 +81,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name, (module, _) in models.items():
         ms = statistics.median(times[name][1:]) * 1e3
         params = sum(p.numel() for p in module.parameters())
-        rows.append({"variant": name, "ms_median": round(ms, 2), "speedup_vs_full": round(full_ms / ms, 2), "params": params,
-                     "tokens": args.tokens, "d_model": args.d_model, "vocab": VOCAB, "threads": args.threads})
+        rows.append(
+            {
+                "variant": name,
+                "ms_median": round(ms, 2),
+                "speedup_vs_full": round(full_ms / ms, 2),
+                "params": params,
+                "tokens": args.tokens,
+                "d_model": args.d_model,
+                "vocab": VOCAB,
+                "threads": args.threads,
+            }
+        )
     for row in rows:
         print(json.dumps(row))
     print(json.dumps({"target_share": share}))

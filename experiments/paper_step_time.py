@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs[name] = dict(resolved=resolved, model=model, info=info, opt=adam(model, 1e-4), state=None, times=[])
         model.train()
         vocab = model.config.vocab_size
-        runs[name]["batch"] = lambda v=vocab: (lambda t: {"tokens": t[:, :-1], "targets": t[:, 1:]})(torch.randint(0, v, (args.batch_size, args.seq_len + 1)))
+        runs[name]["batch"] = lambda v=vocab: (lambda t: {"tokens": t[:, :-1], "targets": t[:, 1:]})(
+            torch.randint(0, v, (args.batch_size, args.seq_len + 1))
+        )
     for round_index in range(args.rounds):
         for name, run in runs.items():
             steps = args.steps + (1 if round_index == 0 else 0)
@@ -76,12 +78,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for name, run in runs.items():
         paper = run["resolved"]["paper"]
-        rows.append({
-            "config": name, "paper_row": f"{paper['citation'].split(',')[0]}, {paper['table']}: {paper['row']}",
-            "published_params": paper.get("params"), "our_params": run["info"]["full_params"],
-            "s_per_step": round(statistics.median(run["times"]), 3), "scale": f"{args.layers} layers, batch {args.batch_size} x {args.seq_len} tokens, CPU fp32, {args.threads} thread(s)",
-            "small_model_params": run["info"]["small_params"], "load_avg_1m": round(load[0], 1),
-        })
+        rows.append(
+            {
+                "config": name,
+                "paper_row": f"{paper['citation'].split(',')[0]}, {paper['table']}: {paper['row']}",
+                "published_params": paper.get("params"),
+                "our_params": run["info"]["full_params"],
+                "s_per_step": round(statistics.median(run["times"]), 3),
+                "scale": (
+                    f"{args.layers} layers, batch {args.batch_size} x {args.seq_len} tokens, CPU fp32, "
+                    f"{args.threads} thread(s)"
+                ),
+                "small_model_params": run["info"]["small_params"],
+                "load_avg_1m": round(load[0], 1),
+            }
+        )
         print(json.dumps(rows[-1]))
     if args.out:
         out = Path(args.out)

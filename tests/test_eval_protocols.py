@@ -11,7 +11,13 @@ import torch
 
 import zoo
 from zoo.data import create_task
-from zoo.eval_protocols import ProtocolSettings, add_protocol_arguments, evaluate_protocol, protocol_settings, sliding_batches
+from zoo.eval_protocols import (
+    ProtocolSettings,
+    add_protocol_arguments,
+    evaluate_protocol,
+    protocol_settings,
+    sliding_batches,
+)
 from zoo.trainer import evaluate_model
 
 
@@ -44,8 +50,12 @@ def text_task(tmp_path, seq_len=8, batch_size=2):
 def test_sliding_stride_one_equals_recomputing_each_prefix(tmp_path):
     torch.manual_seed(0)
     task = text_task(tmp_path)
-    model = zoo.create_model("vanilla_lm", vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_ff=32, dropout=0.0).eval()
-    result = evaluate_protocol(model, task, "test", ProtocolSettings(protocol="sliding", seq_len=6, stride=1, batch_size=4))
+    model = zoo.create_model(
+        "vanilla_lm", vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_ff=32, dropout=0.0
+    ).eval()
+    result = evaluate_protocol(
+        model, task, "test", ProtocolSettings(protocol="sliding", seq_len=6, stride=1, batch_size=4)
+    )
     start, end = task.bounds["test"]
     stream = torch.from_numpy(np.asarray(task.data[start:end], dtype=np.int64))
     nll = 0.0
@@ -60,7 +70,16 @@ def test_sliding_stride_one_equals_recomputing_each_prefix(tmp_path):
 def test_memory_protocol_sets_and_restores_the_evaluation_memory(tmp_path):
     torch.manual_seed(1)
     task = text_task(tmp_path)
-    model = zoo.create_model("transformer_xl", vocab_size=256, d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=0.0, attention={"mem_len": 8, "block_size": 4})
+    model = zoo.create_model(
+        "transformer_xl",
+        vocab_size=256,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        attention={"mem_len": 8, "block_size": 4},
+    )
     plain = evaluate_model(model, task, "val", 0)
     same = evaluate_protocol(model, task, "val", ProtocolSettings(protocol="memory"))
     assert same["val/loss"] == pytest.approx(plain["val/loss"], rel=1e-6)  # the trainer's evaluation carries memory too

@@ -17,9 +17,18 @@ from zoo.paper import describe, params_within
 PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
 PAPERS = sorted(p.stem for p in PAPER_DIR.glob("*.yaml"))
 REQUIRED = {
-    "xl_enwik8_12l": 41e6, "xl_enwik8_24l": 277e6, "xl_text8": 277e6, "xl_wt103_base": 151e6, "xl_wt103_large": 257e6,
-    "adaptive_span_enwik8_small": 39e6, "adaptive_span_enwik8_large": None, "adaptive_span_text8_small": 38e6,
-    "sparse_enwik8": 95e6, "al_rfou_t12_enwik8": 44e6, "al_rfou_t64_enwik8": 235e6, "reformer_enwik8": None,
+    "xl_enwik8_12l": 41e6,
+    "xl_enwik8_24l": 277e6,
+    "xl_text8": 277e6,
+    "xl_wt103_base": 151e6,
+    "xl_wt103_large": 257e6,
+    "adaptive_span_enwik8_small": 39e6,
+    "adaptive_span_enwik8_large": None,
+    "adaptive_span_text8_small": 38e6,
+    "sparse_enwik8": 95e6,
+    "al_rfou_t12_enwik8": 44e6,
+    "al_rfou_t64_enwik8": 235e6,
+    "reformer_enwik8": None,
 }
 
 
@@ -53,7 +62,13 @@ def test_describe_counts_exactly_what_train_builds():
     """describe's meta-device count equals the parameters of the model the app builds for real."""
     from zoo.app.run import build
 
-    overrides = ["experiment=paper/xl_enwik8_12l", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.d_ff=128"]
+    overrides = [
+        "experiment=paper/xl_enwik8_12l",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.d_ff=128",
+    ]
     info = describe(overrides)
     path = Path(__file__).parent / "_tiny_enwik8.bin"
     path.write_bytes(bytes(range(256)) * 40)
@@ -101,8 +116,17 @@ def toy_data(dataset: str, tmp_path: Path) -> list[str]:
     return [f"data.path={directory}"]
 
 
-CPU_SMOKE = ["trainer.device=cpu", "trainer.precision=fp32", "logger=none", "trainer.max_steps=2", "trainer.eval_every=0",
-             "trainer.eval_batches=2", "trainer.progress=false", "trainer.checkpoints=false", "trainer.threads=1"]
+CPU_SMOKE = [
+    "trainer.device=cpu",
+    "trainer.precision=fp32",
+    "logger=none",
+    "trainer.max_steps=2",
+    "trainer.eval_every=0",
+    "trainer.eval_batches=2",
+    "trainer.progress=false",
+    "trainer.checkpoints=false",
+    "trainer.threads=1",
+]
 
 
 @pytest.mark.parametrize("name", PAPERS)
@@ -143,7 +167,21 @@ def test_evaluate_cli_takes_the_paper_protocol_from_the_checkpoint(tmp_path):
     spec.loader.exec_module(module)
     checkpoint = next((tmp_path / "run" / "checkpoints").glob("*.pt"))
     with torch.no_grad():
-        result = module.main([str(checkpoint), "--split", "val", "--seq-len", "8", "--mem-len", "24", "--batches", "3", "--device", "cpu"])
+        result = module.main(
+            [
+                str(checkpoint),
+                "--split",
+                "val",
+                "--seq-len",
+                "8",
+                "--mem-len",
+                "24",
+                "--batches",
+                "3",
+                "--device",
+                "cpu",
+            ]
+        )
     assert result["protocol"] == "memory"
     assert result["settings"]["seq_len"] == 8 and result["settings"]["mem_len"] == 24
     assert result["settings"]["clamp_len"] == 820 and result["settings"]["xl_attentions_set"] == 2  # the paper's clamp

@@ -38,7 +38,9 @@ def test_vocabulary_from_train_with_eos_and_unk(tmp_path):
     start, end = task.bounds["train"]
     words = [task.itos[i] for i in task.data[start:end]]
     # four lines, each ending in <eos> (an empty line is just <eos>)
-    assert words == "the cat sat on the mat".split() + [EOS, EOS, "=", "heading", "="] + [EOS] + "the dog sat <unk>".split() + [EOS]
+    assert words == "the cat sat on the mat".split() + [EOS, EOS, "=", "heading", "="] + [
+        EOS
+    ] + "the dog sat <unk>".split() + [EOS]
     start, end = task.bounds["val"]
     assert [task.itos[i] for i in task.data[start:end]] == ["the", "cat", UNK, "the", UNK, EOS]
     assert task.metric == "ppl"
@@ -86,9 +88,23 @@ def test_word_task_trains_through_the_app(tmp_path):
     words = [f"w{i % 50}" for i in range(3000)]
     text = "\n".join(" ".join(words[i : i + 12]) for i in range(0, 3000, 12)) + "\n"
     path = write_wikitext(tmp_path / "wt", train=text, valid=text, test=text)
-    cfg = compose(["experiment=tiny", "data=wikitext103", f"data.path={path}", "model=transformer_xl", "trainer.max_steps=60",
-                   "trainer.eval_every=0", "trainer.eval_batches=0", "trainer.seq_len=16", "trainer.batch_size=4", "logger=none",
-                   "trainer.progress=false", "trainer.checkpoints=false", "trainer.device=cpu"])
+    cfg = compose(
+        [
+            "experiment=tiny",
+            "data=wikitext103",
+            f"data.path={path}",
+            "model=transformer_xl",
+            "trainer.max_steps=60",
+            "trainer.eval_every=0",
+            "trainer.eval_batches=0",
+            "trainer.seq_len=16",
+            "trainer.batch_size=4",
+            "logger=none",
+            "trainer.progress=false",
+            "trainer.checkpoints=false",
+            "trainer.device=cpu",
+        ]
+    )
     value = run(cfg, run_dir=tmp_path / "run")
     assert np.isfinite(value) and 1.0 < value < 52  # perplexity of the whole validation split, below uniform (52 words)
 

@@ -49,11 +49,21 @@ class AdaptiveOptions:
         cutoffs = list(self.cutoffs)
         require(len(cutoffs) >= 1, f"model.adaptive.cutoffs must list at least one boundary, got {cutoffs}")
         require(all(isinstance(c, int) for c in cutoffs), f"model.adaptive.cutoffs must be ints, got {cutoffs}")
-        require(all(a < b for a, b in zip(cutoffs, cutoffs[1:])), f"model.adaptive.cutoffs must increase, got {cutoffs}")
-        require(0 < cutoffs[0] and cutoffs[-1] < vocab_size, f"model.adaptive.cutoffs must lie inside (0, vocab_size={vocab_size}), got {cutoffs}")
-        require(isinstance(self.div_val, int) and self.div_val >= 1, f"model.adaptive.div_val must be an int >= 1, got {self.div_val!r}")
+        require(
+            all(a < b for a, b in zip(cutoffs, cutoffs[1:])), f"model.adaptive.cutoffs must increase, got {cutoffs}"
+        )
+        require(
+            0 < cutoffs[0] and cutoffs[-1] < vocab_size,
+            f"model.adaptive.cutoffs must lie inside (0, vocab_size={vocab_size}), got {cutoffs}",
+        )
+        require(
+            isinstance(self.div_val, int) and self.div_val >= 1,
+            f"model.adaptive.div_val must be an int >= 1, got {self.div_val!r}",
+        )
         narrowest = d_model // self.div_val ** len(cutoffs)
-        require(narrowest >= 1, f"model.adaptive.div_val={self.div_val} leaves the last cluster 0 wide at d_model={d_model}")
+        require(
+            narrowest >= 1, f"model.adaptive.div_val={self.div_val} leaves the last cluster 0 wide at d_model={d_model}"
+        )
 
     def bounds(self, vocab_size: int) -> list[tuple[int, int]]:
         edges = [0, *self.cutoffs, vocab_size]
@@ -88,15 +98,24 @@ class AdaptiveInput(nn.Module):
         self.bounds = options.bounds(vocab_size)
         widths = options.widths(d_model)
         # each cluster's output has unit variance per coordinate after the sqrt(d_model) scale
-        self.embeddings = nn.ParameterList(nn.Parameter(torch.randn(hi - lo, w) * w**-0.5) for (lo, hi), w in zip(self.bounds, widths))
-        projections = [nn.Parameter(torch.randn(d_model, w) * d_model**-0.5) for w in widths] if needs_projection(options) else []
+        self.embeddings = nn.ParameterList(
+            nn.Parameter(torch.randn(hi - lo, w) * w**-0.5) for (lo, hi), w in zip(self.bounds, widths)
+        )
+        projections = (
+            [nn.Parameter(torch.randn(d_model, w) * d_model**-0.5) for w in widths] if needs_projection(options) else []
+        )
         self.projections = nn.ParameterList(projections)
 
     def forward(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
-            raise ValueError(f"tokens must be an integer tensor [b, t]; got {getattr(tokens, 'shape', type(tokens).__name__)}")
+            raise ValueError(
+                f"tokens must be an integer tensor [b, t]; got {getattr(tokens, 'shape', type(tokens).__name__)}"
+            )
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"tokens: ids must lie in [0, vocab_size={self.vocab_size}); got min {int(tokens.min())}, max {int(tokens.max())}")
+            raise ValueError(
+                f"tokens: ids must lie in [0, vocab_size={self.vocab_size}); got min {int(tokens.min())}, max "
+                f"{int(tokens.max())}"
+            )
         flat = tokens.reshape(-1).long()
         out = torch.zeros(flat.shape[0], self.d_model, dtype=self.embeddings[0].dtype, device=tokens.device)
         for i, (lo, hi) in enumerate(self.bounds):
@@ -129,12 +148,16 @@ class AdaptiveSoftmax(nn.Module):
         if tied is not None:
             self.weights = tied.embeddings  # the same Parameter objects: one copy, counted once
         else:
-            self.weights = nn.ParameterList(nn.Parameter(torch.randn(hi - lo, w) * w**-0.5) for (lo, hi), w in zip(self.bounds, widths))
+            self.weights = nn.ParameterList(
+                nn.Parameter(torch.randn(hi - lo, w) * w**-0.5) for (lo, hi), w in zip(self.bounds, widths)
+            )
         projections = []
         if needs_projection(options):
             for i, w in enumerate(widths):
                 share = tied is not None and options.tie_projections and i > 0
-                projections.append(tied.projections[i] if share else nn.Parameter(torch.randn(d_model, w) * d_model**-0.5))
+                projections.append(
+                    tied.projections[i] if share else nn.Parameter(torch.randn(d_model, w) * d_model**-0.5)
+                )
         self.projections = nn.ParameterList(projections)
 
     def cluster_logits(self, hidden: Tensor, i: int) -> Tensor:
@@ -173,7 +196,9 @@ class AdaptiveSoftmax(nn.Module):
             out = out.index_copy(0, rows, -(head[rows, self.shortlist + i - 1] + picked))
         return out
 
-    def forward(self, hidden: Tensor, targets: Tensor | None, *, pad_mask: Tensor | None = None, full: bool = True) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, hidden: Tensor, targets: Tensor | None, *, pad_mask: Tensor | None = None, full: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         """hidden [b, t, d] -> (log-probabilities [b, t, V], or [b, t, 0] when ``full`` is False;
         mean NLL over scored targets or None). Targets -100 or padded are not scored."""
         b, t, d = hidden.shape
@@ -190,7 +215,9 @@ class AdaptiveSoftmax(nn.Module):
             scored = flat_targets != IGNORE_INDEX
             bad = scored & ((flat_targets < 0) | (flat_targets >= self.vocab_size))
             if bool(bad.any()):
-                raise ValueError(f"targets must lie in [0, vocab_size={self.vocab_size}) or be -100; got {int(flat_targets[bad][0])}")
+                raise ValueError(
+                    f"targets must lie in [0, vocab_size={self.vocab_size}) or be -100; got {int(flat_targets[bad][0])}"
+                )
             loss = self.nll(flat, flat_targets).sum() / scored.sum().clamp_min(1)
         return logits, loss
 
@@ -199,7 +226,11 @@ def adaptive_input_and_softmax(config) -> tuple[AdaptiveInput, AdaptiveSoftmax]:
     """The embedding and head of a causal LM whose ``config.adaptive`` is set (weights tied when
     ``config.tie_embeddings``)."""
     require(config.kind == "lm", f"model.adaptive is an LM head option; model kind is {config.kind!r}")
-    require(config.label_smoothing == 0.0, f"model.adaptive does not support label_smoothing (got {config.label_smoothing})")
+    require(
+        config.label_smoothing == 0.0, f"model.adaptive does not support label_smoothing (got {config.label_smoothing})"
+    )
     options = adaptive_options(config.adaptive, config.vocab_size, config.d_model)
     embed = AdaptiveInput(config.vocab_size, config.d_model, options)
-    return embed, AdaptiveSoftmax(config.vocab_size, config.d_model, options, tied=embed if config.tie_embeddings else None)
+    return embed, AdaptiveSoftmax(
+        config.vocab_size, config.d_model, options, tied=embed if config.tie_embeddings else None
+    )

@@ -48,7 +48,10 @@ class ProtocolSettings:
     def __post_init__(self) -> None:
         require(self.protocol in PROTOCOLS, f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
         for key in ("seq_len", "batch_size", "mem_len", "clamp_len", "stride"):
-            require(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, f"{key} must be an int >= 0, got {getattr(self, key)!r}")
+            require(
+                isinstance(getattr(self, key), int) and getattr(self, key) >= 0,
+                f"{key} must be an int >= 0, got {getattr(self, key)!r}",
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ProtocolSettings:
@@ -82,7 +85,10 @@ def evaluation_memory(model: nn.Module, mem_len: int, clamp_len: int) -> Iterato
 
 def split_stream(task: Task, split: str) -> np.ndarray:
     """The split's tokens as one contiguous array (text tasks: char_lm, enwik8, text8, word level)."""
-    require(hasattr(task, "bounds") and hasattr(task, "data"), f"protocol sliding needs a contiguous text task; data {task.registry_name!r} is not one")
+    require(
+        hasattr(task, "bounds") and hasattr(task, "data"),
+        f"protocol sliding needs a contiguous text task; data {task.registry_name!r} is not one",
+    )
     start, end = task.bounds[split]
     return np.asarray(task.data[start:end], dtype=np.int64)
 
@@ -107,7 +113,10 @@ def sliding_batches(stream: np.ndarray, seq_len: int, stride: int, batch_size: i
         rows_tokens.append(tokens)
         rows_targets.append(targets)
         if len(rows_tokens) == batch_size:
-            yield {"tokens": torch.from_numpy(np.stack(rows_tokens)), "targets": torch.from_numpy(np.stack(rows_targets))}
+            yield {
+                "tokens": torch.from_numpy(np.stack(rows_tokens)),
+                "targets": torch.from_numpy(np.stack(rows_targets)),
+            }
             rows_tokens, rows_targets = [], []
     if rows_tokens:
         yield {"tokens": torch.from_numpy(np.stack(rows_tokens)), "targets": torch.from_numpy(np.stack(rows_targets))}
@@ -115,15 +124,30 @@ def sliding_batches(stream: np.ndarray, seq_len: int, stride: int, batch_size: i
 
 def batch_nll(model: nn.Module, batch: dict[str, Tensor], state: Any) -> tuple[float, int, Any]:
     """(summed NLL in nats, tokens scored, new state) of one batch."""
-    out = model(batch["tokens"], batch["targets"], state=state) if state is not None else model(batch["tokens"], batch["targets"])
+    out = (
+        model(batch["tokens"], batch["targets"], state=state)
+        if state is not None
+        else model(batch["tokens"], batch["targets"])
+    )
     scored = int((batch["targets"] != IGNORE_INDEX).sum())
     return float(out.loss) * scored, scored, out.state
 
 
 @torch.no_grad()
-def evaluate_protocol(model: nn.Module, task: Task, split: str, settings: ProtocolSettings, *, max_batches: int = 0, device: torch.device | None = None) -> dict[str, Any]:
+def evaluate_protocol(
+    model: nn.Module,
+    task: Task,
+    split: str,
+    settings: ProtocolSettings,
+    *,
+    max_batches: int = 0,
+    device: torch.device | None = None,
+) -> dict[str, Any]:
     """Score ``split`` of a contiguous LM task with one of :data:`PROTOCOLS`."""
-    require(task.kind == "lm" and task.contiguous, f"evaluation protocols score contiguous LM text; data {task.registry_name!r} is not")
+    require(
+        task.kind == "lm" and task.contiguous,
+        f"evaluation protocols score contiguous LM text; data {task.registry_name!r} is not",
+    )
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -157,26 +181,67 @@ def evaluate_protocol(model: nn.Module, task: Task, split: str, settings: Protoc
         f"{split}/{task.metric}": metric_value(task.metric, nll, 0.0, count),
         f"{split}/scored": count,
         "protocol": settings.protocol,
-        "settings": {"seq_len": seq_len, "batch_size": batch_size, "mem_len": settings.mem_len, "clamp_len": settings.clamp_len, "stride": stride, "xl_attentions_set": changed},
+        "settings": {
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "mem_len": settings.mem_len,
+            "clamp_len": settings.clamp_len,
+            "stride": stride,
+            "xl_attentions_set": changed,
+        },
         "batches": n_batches,
     }
 
 
 def add_protocol_arguments(parser) -> None:
     """evaluate.py's protocol flags (0 / empty = the paper's setting, else the task's)."""
-    parser.add_argument("--protocol", default="", choices=["", *PROTOCOLS], help="segment | memory | sliding (default: the run's paper.eval, else the plain evaluation)")
-    parser.add_argument("--seq-len", type=int, default=0, help="evaluation segment / window length (0 = paper's, else as trained)")
-    parser.add_argument("--eval-batch-size", type=int, default=0, help="rows per evaluation batch for the protocol (0 = paper's, else as trained)")
-    parser.add_argument("--mem-len", type=int, default=0, help="memory protocol: Transformer-XL evaluation memory (0 = paper's, else the model's)")
-    parser.add_argument("--clamp-len", type=int, default=0, help="memory protocol: Transformer-XL clamp length (0 = paper's, else the model's)")
-    parser.add_argument("--stride", type=int, default=0, help="sliding protocol: tokens per window move (0 = paper's, else seq_len // 2)")
+    parser.add_argument(
+        "--protocol",
+        default="",
+        choices=["", *PROTOCOLS],
+        help="segment | memory | sliding (default: the run's paper.eval, else the plain evaluation)",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=0, help="evaluation segment / window length (0 = paper's, else as trained)"
+    )
+    parser.add_argument(
+        "--eval-batch-size",
+        type=int,
+        default=0,
+        help="rows per evaluation batch for the protocol (0 = paper's, else as trained)",
+    )
+    parser.add_argument(
+        "--mem-len",
+        type=int,
+        default=0,
+        help="memory protocol: Transformer-XL evaluation memory (0 = paper's, else the model's)",
+    )
+    parser.add_argument(
+        "--clamp-len",
+        type=int,
+        default=0,
+        help="memory protocol: Transformer-XL clamp length (0 = paper's, else the model's)",
+    )
+    parser.add_argument(
+        "--stride",
+        type=int,
+        default=0,
+        help="sliding protocol: tokens per window move (0 = paper's, else seq_len // 2)",
+    )
 
 
 def protocol_settings(args, run_config: dict[str, Any]) -> ProtocolSettings | None:
     """The settings from the run's ``paper.eval`` with the command-line flags on top; None when
     neither names a protocol (evaluate.py then runs its plain evaluation)."""
     paper_eval = dict(((run_config or {}).get("paper") or {}).get("eval") or {})
-    flags = {"protocol": args.protocol, "seq_len": args.seq_len, "batch_size": args.eval_batch_size, "mem_len": args.mem_len, "clamp_len": args.clamp_len, "stride": args.stride}
+    flags = {
+        "protocol": args.protocol,
+        "seq_len": args.seq_len,
+        "batch_size": args.eval_batch_size,
+        "mem_len": args.mem_len,
+        "clamp_len": args.clamp_len,
+        "stride": args.stride,
+    }
     merged = {**paper_eval, **{k: v for k, v in flags.items() if v}}
     if not merged.get("protocol"):
         return None

@@ -174,7 +174,8 @@ class CausalLM(ZooModel):
         x = self.drop(self.position(x, offset))
         out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
         if self.config.adaptive:  # full log-probabilities only outside training steps ([b, t, 0] there)
-            logits, loss = self.head(self.norm(out.x), targets, pad_mask=pad_mask, full=not (self.training and targets is not None))
+            full = not (self.training and targets is not None)
+            logits, loss = self.head(self.norm(out.x), targets, pad_mask=pad_mask, full=full)
         else:
             logits = self.head(self.norm(out.x))
             loss = token_loss(logits, targets, pad_mask, self.config.label_smoothing) if targets is not None else None

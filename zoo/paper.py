@@ -46,7 +46,8 @@ def check_paper_data(resolved: dict[str, Any]) -> None:
     data = resolved["data"]["name"]
     if data != paper["dataset"] and not paper.get("allow_other_data"):
         raise ValueError(
-            f"experiment={resolved.get('experiment')} reproduces {paper.get('citation', 'a paper')} on data={paper['dataset']}, "
+            f"experiment={resolved.get('experiment')} reproduces {paper.get('citation', 'a paper')} on "
+            f"data={paper['dataset']}, "
             f"but data={data} was asked for: the paper's figures do not apply. Use data={paper['dataset']}, "
             f"or add paper.allow_other_data=true to run its configuration on {data} anyway"
         )
@@ -128,7 +129,9 @@ def keys_per_query(attention: dict[str, Any], t: int) -> tuple[float, str]:
     if name == "local_1d":
         return attention.get("block", 128) / 2 + attention.get("memory", 128), "query block + memory block"
     if name == "lsh":
-        return attention.get("n_hashes", 4) * attention.get("chunk_size", 64), "hashes x chunk (causal window within buckets)"
+        return attention.get("n_hashes", 4) * attention.get(
+            "chunk_size", 64
+        ), "hashes x chunk (causal window within buckets)"
     return (t + 1) / 2, "dense causal"
 
 
@@ -160,7 +163,8 @@ def estimate_costs(config, seq_len: int) -> dict[str, Any]:
         "activation_bytes_per_token": act_per_token,
         "activation_mib_per_sequence": act_per_token * seq_len / 2**20,
         "activation_rule": "Korthikanti et al. 2022, bf16, fused attention: (18 d + 4 d_ff) B/token/layer"
-        + ("; reversible: one layer kept" if kept_layers == 1 else "") + ("; + memory K/V" if mem else ""),
+        + ("; reversible: one layer kept" if kept_layers == 1 else "")
+        + ("; + memory K/V" if mem else ""),
     }
 
 
@@ -177,12 +181,18 @@ def describe(overrides: list[str]) -> dict[str, Any]:
         "experiment": resolved.get("experiment"),
         "preset": preset,
         "kind": config.kind,
-        "size": {k: getattr(config, k) for k in ("n_layers", "d_model", "n_heads", "d_ff", "dropout", "attention_dropout", "vocab_size", "max_len")},
+        "size": {
+            k: getattr(config, k)
+            for k in ("n_layers", "d_model", "n_heads", "d_ff", "dropout", "attention_dropout", "vocab_size", "max_len")
+        },
         "vocab_source": vocab_source,
         "axes": {axis: dict(getattr(config, axis)) for axis in ("attention", "residual", "stack", "position")},
         "adaptive": dict(config.adaptive),
         "data": resolved["data"],
-        "trainer": {k: resolved["trainer"].get(k) for k in ("seq_len", "batch_size", "max_steps", "precision", "clip", "accumulate")},
+        "trainer": {
+            k: resolved["trainer"].get(k)
+            for k in ("seq_len", "batch_size", "max_steps", "precision", "clip", "accumulate")
+        },
         "optim": resolved["optim"],
         **counts,
         **costs,
@@ -196,42 +206,72 @@ def describe(overrides: list[str]) -> dict[str, Any]:
     return out
 
 
-def params_within(paper: dict[str, Any], ours: int, tolerance: float = 0.05, explained_tolerance: float = 0.2) -> tuple[bool, str]:
+def params_within(
+    paper: dict[str, Any], ours: int, tolerance: float = 0.05, explained_tolerance: float = 0.2
+) -> tuple[bool, str]:
     """Whether ``ours`` matches the published count: within ``tolerance``, or within
     ``explained_tolerance`` when the file explains the difference (``paper.params_note``)."""
     published = paper.get("params")
     if not published:
-        return bool(paper.get("params_note")), "no published count" + ("" if paper.get("params_note") else " and no note saying so")
+        return bool(paper.get("params_note")), "no published count" + (
+            "" if paper.get("params_note") else " and no note saying so"
+        )
     diff = ours / published - 1.0
     note = (paper.get("params_note") or "").strip()
     limit = explained_tolerance if note else tolerance
-    return abs(diff) <= limit, f"ours {ours:,} vs published {published:,} ({diff:+.1%}; limit {limit:.0%}{', explained' if note else ''})"
+    return (
+        abs(diff) <= limit,
+        f"ours {ours:,} vs published {published:,} ({diff:+.1%}; limit {limit:.0%}{', explained' if note else ''})",
+    )
 
 
 def format_report(info: dict[str, Any]) -> str:
     """The human-readable table describe.py prints."""
     lines = [f"experiment: {info['experiment'] or '-'}    preset: {info['preset']} ({info['kind']})"]
     size = info["size"]
-    lines.append("size: " + ", ".join(f"{k} {v}" for k, v in size.items()) + f"    (vocabulary: {info['vocab_source']})")
+    lines.append(
+        "size: " + ", ".join(f"{k} {v}" for k, v in size.items()) + f"    (vocabulary: {info['vocab_source']})"
+    )
     for axis, part in info["axes"].items():
         options = ", ".join(f"{k}={v}" for k, v in part.items() if k != "name")
         lines.append(f"{axis:>9}: {part['name']}" + (f" ({options})" if options else ""))
     if info["adaptive"]:
         lines.append(f" adaptive: {info['adaptive']}")
     t = info["trainer"]
-    lines.append(f"  trainer: seq_len {t['seq_len']}, batch {t['batch_size']}, steps {t['max_steps']}, precision {t['precision']}, clip {t['clip']}")
+    lines.append(
+        f"  trainer: seq_len {t['seq_len']}, batch {t['batch_size']}, steps {t['max_steps']}, precision "
+        f"{t['precision']}, clip {t['clip']}"
+    )
     o = info["optim"]
-    lines.append(f"    optim: {o['name']} lr {o['lr']} betas {o['betas']} eps {o['eps']} schedule {o['schedule']} warm-up {o['warmup']}")
-    lines.append(f"   params: {info['params']:,} (blocks {info['params_blocks']:,}; embeddings/head/positions {info['params_embedding_and_head']:,})")
-    lines.append(f"    FLOPs: {info['train_flops_per_token'] / 1e9:.3f} GFLOP per training token (estimate; keys/query {info['keys_per_query']:.0f}: {info['keys_rule']}; {info['head_rule']})")
-    lines.append(f"   memory: {info['activation_bytes_per_token'] / 1024:.1f} KiB activations per token, {info['activation_mib_per_sequence']:.0f} MiB per sequence (estimate: {info['activation_rule']})")
+    lines.append(
+        f"    optim: {o['name']} lr {o['lr']} betas {o['betas']} eps {o['eps']} schedule {o['schedule']} warm-up "
+        f"{o['warmup']}"
+    )
+    lines.append(
+        f"   params: {info['params']:,} (blocks {info['params_blocks']:,}; embeddings/head/positions "
+        f"{info['params_embedding_and_head']:,})"
+    )
+    lines.append(
+        f"    FLOPs: {info['train_flops_per_token'] / 1e9:.3f} GFLOP per training token (estimate; keys/query "
+        f"{info['keys_per_query']:.0f}: {info['keys_rule']}; {info['head_rule']})"
+    )
+    lines.append(
+        f"   memory: {info['activation_bytes_per_token'] / 1024:.1f} KiB activations per token, "
+        f"{info['activation_mib_per_sequence']:.0f} MiB per sequence (estimate: {info['activation_rule']})"
+    )
     paper = info.get("paper")
     if paper:
         lines.append("")
         lines.append(f"paper: {paper.get('citation')}, {paper.get('table')}, row {paper.get('row')}")
-        lines.append(f"  published: {paper.get('metric')} {paper.get('value')} on {paper.get('dataset')}; params {paper.get('params') or 'not published'}")
+        lines.append(
+            f"  published: {paper.get('metric')} {paper.get('value')} on {paper.get('dataset')}; params "
+            f"{paper.get('params') or 'not published'}"
+        )
         diff = paper.get("params_diff")
-        lines.append(f"  ours:      params {paper['params_ours']:,}" + (f" ({diff:+.1%} vs published)" if diff is not None else ""))
+        lines.append(
+            f"  ours:      params {paper['params_ours']:,}"
+            + (f" ({diff:+.1%} vs published)" if diff is not None else "")
+        )
         if paper.get("params_note"):
             lines.append(f"  note: {paper['params_note']}")
         if paper.get("eval"):

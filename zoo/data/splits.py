@@ -40,9 +40,14 @@ def find_split_files(directory: Path) -> dict[str, Path]:
         listing = ", ".join(p.name for p in files) or "nothing"
         if not matches:
             words = SPLIT_PATTERNS[split].replace("|", " / ")
-            raise DataFileNotFound(f"data.path={directory} has no {split} file (a name containing {words}); it holds: {listing}")
+            raise DataFileNotFound(
+                f"data.path={directory} has no {split} file (a name containing {words}); it holds: {listing}"
+            )
         if len(matches) > 1:
-            raise ValueError(f"data.path={directory} has several {split} files ({', '.join(p.name for p in matches)}); keep one per split")
+            raise ValueError(
+                f"data.path={directory} has several {split} files ({', '.join(p.name for p in matches)}); keep one "
+                f"per split"
+            )
         out[split] = matches[0]
     return out
 
@@ -54,12 +59,16 @@ def named_split_files(directory: Path, names: dict[str, str]) -> dict[str, Path]
         path = directory / names[split]
         if not path.is_file():
             present = ", ".join(sorted(p.name for p in directory.iterdir())) or "nothing"
-            raise DataFileNotFound(f"data.path={directory} is missing the {split} file {names[split]} (it holds: {present})")
+            raise DataFileNotFound(
+                f"data.path={directory} is missing the {split} file {names[split]} (it holds: {present})"
+            )
         out[split] = path
     return out
 
 
-def read_char_splits(files: dict[str, Path], vocab: str) -> tuple[np.ndarray, dict[str, tuple[int, int]], list[str] | None]:
+def read_char_splits(
+    files: dict[str, Path], vocab: str
+) -> tuple[np.ndarray, dict[str, tuple[int, int]], list[str] | None]:
     """(all tokens, {split: (start, end)}, characters or None for bytes). With ``vocab=chars`` the
     alphabet is the training file's; a character first seen in validation or test is refused."""
     if vocab == "bytes":
@@ -71,7 +80,10 @@ def read_char_splits(files: dict[str, Path], vocab: str) -> tuple[np.ndarray, di
         for split in ("val", "test"):
             unseen = sorted(set(texts[split]) - set(itos))
             if unseen:
-                raise ValueError(f"{files[split]} has characters not in the training file {files['train'].name}: {unseen[:20]}; use data.vocab=bytes")
+                raise ValueError(
+                    f"{files[split]} has characters not in the training file {files['train'].name}: {unseen[:20]}; "
+                    f"use data.vocab=bytes"
+                )
         lookup = np.zeros(max(map(ord, itos)) + 1, dtype=np.int32)
         lookup[[ord(c) for c in itos]] = np.arange(len(itos))
         parts = [lookup[np.frombuffer(texts[s].encode("utf-32-le"), dtype=np.uint32)] for s in SPLITS]

@@ -52,7 +52,7 @@ class TextLMTask(Task):
 
     @dataclass
     class Options:
-        path: str = ""  # the text file, or a directory of train/valid/test files (relative: to the cwd, then the project)
+        path: str = ""  # a text file, or a directory of train/valid/test files (relative: cwd, then project)
         vocab: str = "bytes"  # bytes | chars
         split: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])  # fractions or token counts
 

@@ -84,7 +84,10 @@ class WordLMTask(TextLMTask):
         directory = resolve_directory(self.options.path)
         if directory is None:
             expected = ", ".join(self.FILES.values())
-            raise DataFileNotFound(f"data.path={self.options.path!r} is not a directory; data={self.registry_name} reads a directory holding {expected}")
+            raise DataFileNotFound(
+                f"data.path={self.options.path!r} is not a directory; data={self.registry_name} reads a directory "
+                f"holding {expected}"
+            )
         self.path = directory
         files = named_split_files(directory, self.FILES)
         self.itos = build_vocab(files["train"])
@@ -95,7 +98,11 @@ class WordLMTask(TextLMTask):
             ids, self.oov[split] = encode(files[split], self.stoi)
             parts.append(ids)
             if self.oov[split]:
-                warnings.warn(f"data {self.registry_name}: {self.oov[split]:,} words of {files[split].name} are not in the training vocabulary; read as {UNK}", stacklevel=2)
+                warnings.warn(
+                    f"data {self.registry_name}: {self.oov[split]:,} words of {files[split].name} are not in the "
+                    f"training vocabulary; read as {UNK}",
+                    stacklevel=2,
+                )
         self.split_tokens = {split: len(p) for split, p in zip(SPLITS, parts)}
         self.data = np.concatenate(parts)
         self.bounds, start = {}, 0
@@ -110,7 +117,11 @@ class WordLMTask(TextLMTask):
         start, end = self.bounds[split]
         rows = self.batch_size * world_size
         lane = (end - start - 1) // rows
-        require(lane >= 1, f"the {split} split of {self.path} ({end - start:,} tokens) is too small for {rows} rows; lower the batch size")
+        require(
+            lane >= 1,
+            f"the {split} split of {self.path} ({end - start:,} tokens) is too small for {rows} rows; lower the "
+            f"batch size",
+        )
         return start, lane, -(-lane // self.seq_len)
 
     def num_batches(self, split: str, world_size: int = 1) -> int:

@@ -11,6 +11,11 @@ import zoo
 from zoo.adaptive import AdaptiveInput, AdaptiveOptions, AdaptiveSoftmax
 
 
+def small_lm(**overrides):
+    """A one-layer LM, d 32, 4 heads (the size every test here uses), with ``overrides``."""
+    return zoo.create_model("vanilla_lm", **{"d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 64, **overrides})
+
+
 def test_single_word_tails_equal_the_full_softmax():
     """Every tail cluster holds one word, so its log-probability is its head logit: with the
     cluster rows set to those words' output rows, the adaptive softmax is the full softmax."""
@@ -77,15 +82,7 @@ def test_log_probs_normalise_and_nll_agrees():
 
 
 def test_lm_with_adaptive_head_ties_weights_and_projections():
-    model = zoo.create_model(
-        "vanilla_lm",
-        vocab_size=100,
-        d_model=32,
-        n_layers=1,
-        n_heads=4,
-        d_ff=64,
-        adaptive={"cutoffs": [20, 50], "div_val": 2},
-    )
+    model = small_lm(vocab_size=100, adaptive={"cutoffs": [20, 50], "div_val": 2})
     embed, head = model.embed, model.head
     assert isinstance(embed, AdaptiveInput) and isinstance(head, AdaptiveSoftmax)
     assert all(a is b for a, b in zip(embed.embeddings, head.weights))
@@ -123,16 +120,7 @@ def test_lm_adaptive_equals_full_softmax_lm_with_same_weights():
 
 def test_training_step_skips_full_log_probs_and_learns():
     torch.manual_seed(4)
-    model = zoo.create_model(
-        "vanilla_lm",
-        vocab_size=60,
-        d_model=32,
-        n_layers=1,
-        n_heads=4,
-        d_ff=64,
-        dropout=0.0,
-        adaptive={"cutoffs": [10, 30], "div_val": 2},
-    )
+    model = small_lm(vocab_size=60, dropout=0.0, adaptive={"cutoffs": [10, 30], "div_val": 2})
     tokens = torch.randint(0, 60, (4, 16))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
@@ -150,29 +138,16 @@ def test_training_step_skips_full_log_probs_and_learns():
 
 def test_bad_adaptive_configs_are_refused():
     with pytest.raises(ValueError, match="cutoffs must increase"):
-        zoo.create_model(
-            "vanilla_lm", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [50, 20]}
-        )
+        small_lm(vocab_size=100, adaptive={"cutoffs": [50, 20]})
     with pytest.raises(ValueError, match="inside"):
-        zoo.create_model("vanilla_lm", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [100]})
+        small_lm(vocab_size=100, adaptive={"cutoffs": [100]})
     with pytest.raises(ValueError, match="0 wide"):
-        zoo.create_model(
-            "vanilla_lm",
-            vocab_size=100,
-            d_model=32,
-            n_layers=1,
-            n_heads=4,
-            adaptive={"cutoffs": [5, 20, 60], "div_val": 4},
-        )
+        small_lm(vocab_size=100, adaptive={"cutoffs": [5, 20, 60], "div_val": 4})
     with pytest.raises(ValueError, match="no key 'cutof'"):
-        zoo.create_model("vanilla_lm", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutof": [10]})
+        small_lm(vocab_size=100, adaptive={"cutof": [10]})
     with pytest.raises(ValueError, match="adaptive .* is an LM option"):
-        zoo.create_model(
-            "vanilla_classifier", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [10]}
-        )
-    model = zoo.create_model(
-        "vanilla_lm", vocab_size=100, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [10]}
-    )
+        zoo.create_model("vanilla_classifier", vocab_size=100, d_model=32, n_heads=4, adaptive={"cutoffs": [10]})
+    model = small_lm(vocab_size=100, adaptive={"cutoffs": [10]})
     with pytest.raises(ValueError, match="targets must lie"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.full((1, 4), 100))
 
@@ -180,9 +155,7 @@ def test_bad_adaptive_configs_are_refused():
 def test_every_parameter_gets_a_gradient_even_when_a_cluster_is_empty():
     """Data-parallel training needs every parameter in the graph: a batch with no tail-cluster
     token still reaches the tail weights (with zero gradient)."""
-    model = zoo.create_model(
-        "vanilla_lm", vocab_size=60, d_model=32, n_layers=1, n_heads=4, adaptive={"cutoffs": [10, 30], "div_val": 2}
-    )
+    model = small_lm(vocab_size=60, adaptive={"cutoffs": [10, 30], "div_val": 2})
     tokens = torch.randint(0, 10, (2, 9))  # head-cluster words only
     model(tokens[:, :-1], tokens[:, 1:]).loss.backward()
     missing = [name for name, p in model.named_parameters() if p.grad is None]

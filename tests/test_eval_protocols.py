@@ -70,16 +70,8 @@ def test_sliding_stride_one_equals_recomputing_each_prefix(tmp_path):
 def test_memory_protocol_sets_and_restores_the_evaluation_memory(tmp_path):
     torch.manual_seed(1)
     task = text_task(tmp_path)
-    model = zoo.create_model(
-        "transformer_xl",
-        vocab_size=256,
-        d_model=16,
-        n_layers=2,
-        n_heads=2,
-        d_ff=32,
-        dropout=0.0,
-        attention={"mem_len": 8, "block_size": 4},
-    )
+    xl = {"attention": {"mem_len": 8, "block_size": 4}, "dropout": 0.0}
+    model = zoo.create_model("transformer_xl", vocab_size=256, d_model=16, n_layers=2, n_heads=2, d_ff=32, **xl)
     plain = evaluate_model(model, task, "val", 0)
     same = evaluate_protocol(model, task, "val", ProtocolSettings(protocol="memory"))
     assert same["val/loss"] == pytest.approx(plain["val/loss"], rel=1e-6)  # the trainer's evaluation carries memory too

@@ -112,12 +112,12 @@ class UniversalStack(Stack):
 
     def signal(self, t: int, offset: int, step: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """P^step for positions offset .. offset + t - 1: [t, d] (zeros when both signals are off)."""
-        out = torch.zeros(t, self.d_model, device=device)
+        out = torch.zeros(t, self.d_model, device=device, dtype=dtype)
         if self.options.position_signal:
-            out = out + sinusoid_table(torch.arange(offset, offset + t, device=device), self.d_model)
+            out = out + sinusoid_table(torch.arange(offset, offset + t, device=device), self.d_model, dtype=dtype)
         if self.options.timestep_signal:
-            out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model)
-        return out.to(dtype)
+            out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model, dtype=dtype)
+        return out
 
     def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None, context: Tensor | None = None, context_pad_mask: Tensor | None = None, offset: int = 0) -> StackOutput:
         self.check_state(state)

@@ -200,7 +200,7 @@ class XLRelativeAttention(Attention):
     def _project_r(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
         if self.options.clamp_len:
             distances = distances.clamp(-self.options.clamp_len, self.options.clamp_len)
-        r = sinusoid_table(distances, self.d_model).to(dtype)  # [width, d]
+        r = sinusoid_table(distances, self.d_model, dtype=dtype)  # [width, d], computed in float64
         return rearrange(self.to_r(r), "w (h k) -> h w k", h=self.n_heads)
 
     # -- forward -----------------------------------------------------------------------------

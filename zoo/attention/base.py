@@ -149,6 +149,22 @@ def guard_empty_rows(allowed: Tensor) -> Tensor:
     return allowed | ~allowed.any(dim=-1, keepdim=True)
 
 
+def join_key_padding(cached: Tensor | None, cached_length: int, new: Tensor | None, x: Tensor) -> Tensor | None:
+    """The key-padding mask of [cache ; segment] -> bool [b, cached_length + t] (True = real key),
+    or None when neither part has padding (so the fused no-mask kernels stay available).
+
+    ``cached``: [b, cached_length] or None (every cached key real); ``new``: [b, t] or None;
+    ``x``: the segment [b, t, ...] (batch size, length and device)."""
+    if cached is None and new is None:
+        return None
+    b, t = x.shape[:2]
+    if cached is None:
+        cached = torch.ones(b, cached_length, dtype=torch.bool, device=x.device)
+    if new is None:
+        new = torch.ones(b, t, dtype=torch.bool, device=x.device)
+    return torch.cat([cached, new], dim=1)
+
+
 def causal_allowed(t: int, s: int, device: torch.device | None = None) -> Tensor:
     """bool [t, s]: query i (at absolute position s - t + i) may see key j iff j <= s - t + i."""
     offset = s - t

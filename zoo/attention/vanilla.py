@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows, join_key_padding
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -39,13 +39,6 @@ class KVCache:
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
-
-    def reorder(self, index: Tensor) -> KVCache:
-        """Select batch rows (beam search keeps the surviving hypotheses)."""
-        def pick(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.index_select(0, index)
-
-        return KVCache(pick(self.k), pick(self.v), pick(self.pad_mask), self.static)
 
 
 @ATTENTION.register("vanilla")
@@ -90,11 +83,7 @@ class VanillaAttention(Attention):
         if state.k is not None:
             if state.k.shape[0] != x.shape[0]:
                 raise ValueError(f"vanilla: KV cache holds batch size {state.k.shape[0]}, input has {x.shape[0]}")
-            if state.pad_mask is not None or pad_mask is not None:
-                b, device = x.shape[0], x.device
-                old = state.pad_mask if state.pad_mask is not None else torch.ones(b, state.length, dtype=torch.bool, device=device)
-                new = pad_mask if pad_mask is not None else torch.ones(b, x.shape[1], dtype=torch.bool, device=device)
-                pad_mask = torch.cat([old, new], dim=1)
+            pad_mask = join_key_padding(state.pad_mask, state.length, pad_mask, x)
             k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
         keep = self.options.max_cache
         cache = KVCache(k.detach(), v.detach(), None if pad_mask is None else pad_mask)

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows, join_key_padding
 from zoo.config import require
 from zoo.positional import sinusoid_table
 from zoo.registry import ATTENTION
@@ -211,11 +211,7 @@ class XLRelativeAttention(Attention):
         self._check_memory(memory, x)
         m = memory.length
         keys_in = x if m == 0 else torch.cat([memory.states, x], dim=1)  # [b, s, d]
-        key_pad = None
-        if pad_mask is not None or memory.pad_mask is not None:
-            old = memory.pad_mask if memory.pad_mask is not None else x.new_ones(b, m, dtype=torch.bool)
-            new = pad_mask if pad_mask is not None else x.new_ones(b, t, dtype=torch.bool)
-            key_pad = torch.cat([old, new], dim=1)  # [b, s]
+        key_pad = join_key_padding(memory.pad_mask, m, pad_mask, x)  # [b, s] or None
         s = m + t
 
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, join_key_padding
+from zoo.attention.base import Attention, AttnOutput, StateContract, join_key_padding
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -211,6 +211,11 @@ class AdaptiveSpanAttention(Attention):
         # spans short enough that cropping is active at every contract length, and blocks that do
         # not divide them
         return {"max_span": 16, "ramp": 4, "span_init": 3.0, "block_size": 5}
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        # the cache keeps every key the window can reach, so segments stay exact past the bound
+        return StateContract(bound=16, exact_for=60)
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows, join_key_padding
+from zoo.attention.base import Attention, AttnOutput, StateContract, causal_allowed, guard_empty_rows, join_key_padding
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -53,6 +53,14 @@ class VanillaAttention(Attention):
 
         def __post_init__(self) -> None:
             require(self.max_cache >= 0, f"max_cache must be >= 0 (0 = unbounded), got {self.max_cache}")
+
+    @classmethod
+    def contract_options(cls) -> dict:
+        return {"max_cache": 40}  # a bounded cache, so the contract sees it stop growing
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=40, exact_for=40)  # exact while the cache still holds every token
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)

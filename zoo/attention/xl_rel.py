@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows, join_key_padding
+from zoo.attention.base import Attention, AttnOutput, StateContract, causal_allowed, guard_empty_rows, join_key_padding
 from zoo.config import require
 from zoo.positional import sinusoid_table
 from zoo.registry import ATTENTION
@@ -119,7 +119,12 @@ class XLRelativeAttention(Attention):
 
     @classmethod
     def contract_options(cls) -> dict:
-        return {"mem_len": 8, "block_size": 8}  # blocks smaller than the test lengths
+        return {"mem_len": 40, "block_size": 8}  # blocks smaller than the test lengths
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        # exact while every earlier token is still in the memory when a segment starts
+        return StateContract(bound=40, exact_for=40)
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)

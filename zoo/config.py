@@ -37,10 +37,6 @@ def build_options(options_cls: type, options: dict[str, Any], what: str) -> Any:
     return options_cls(**options)
 
 
-def options_dict(options: Any) -> dict[str, Any]:
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}
-
-
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``: the one-line form of a config check."""
     if not condition:
@@ -140,6 +136,5 @@ __all__ = [
     "build_options",
     "did_you_mean",
     "merge_config",
-    "options_dict",
     "require",
 ]

@@ -224,7 +224,8 @@ def test_keys_are_cropped_so_compute_falls():
     state = attn(torch.randn(1, 80, D), state=attn.init_state(1)).state
     assert state.length == 64  # the window: S keys before the query
     # reach = min(S, ceil(max z + R) - 1): the ramp is cut at S
-    for spans, reach in (([0.0, 0.0, 0.0, 0.0], 3), ([1.0, 5.0, 2.0, 0.0], 8), ([0.0, 0.0, 40.0, 0.0], 43), ([64.0] * 4, 64)):
+    cases = (([0.0, 0.0, 0.0, 0.0], 3), ([1.0, 5.0, 2.0, 0.0], 8), ([0.0, 0.0, 40.0, 0.0], 43), ([64.0] * 4, 64))
+    for spans, reach in cases:
         set_spans(attn, spans)
         result = attn(torch.randn(1, 10, D), state=state)
         assert seen[-1] == reach + 10, f"spans {spans}: projected {seen[-1]} keys, expected {reach + 10}"

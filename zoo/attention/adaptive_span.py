@@ -134,7 +134,8 @@ def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ra
     qb = rearrange(F.pad(q, (0, 0, 0, right)), "b h (n a) k -> b h n a k", a=a)
     kb, vb = blocks(k), blocks(v)
     # distance from query (row) to key (column) inside any block: the same for every block
-    distance = (torch.arange(a, device=q.device)[:, None] + reach - torch.arange(width, device=q.device)[None, :]).to(q.dtype)
+    rows, columns = torch.arange(a, device=q.device), torch.arange(width, device=q.device)
+    distance = (rows[:, None] + reach - columns[None, :]).to(q.dtype)
     in_window = (distance >= 1) & (distance <= reach)  # [a, w]: the paper's keys t - S ... t - 1, cropped
     itself = distance == 0  # [a, w]: the query's own key, a stand-in for rows with nothing to see
     if spans.dim() == 1:  # one span per head: a [h, a, w] template
@@ -151,7 +152,9 @@ def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ra
         empty = ~allowed.any(-1, keepdim=True)  # [..., a, 1]
         allowed = allowed | (empty & itself)
         bias = torch.where(allowed, mask.clamp_min(tiny).log(), neg_inf)  # log m(0) = 0 on the stand-in key
-        out = F.scaled_dot_product_attention(qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout)
+        out = F.scaled_dot_product_attention(
+            qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout
+        )
         return out.masked_fill(empty, 0.0)
 
     # Allowed keys: in the window, a non-zero mask, and real (keys left of the cache do not exist,
@@ -164,7 +167,8 @@ def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ra
         head = min(n, -(-left // a))
         parts = []
         if head:
-            exists = F.pad(torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device), (left, right), value=False).unfold(1, width, a)[:, :head]
+            exists = torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device)
+            exists = F.pad(exists, (left, right), value=False).unfold(1, width, a)[:, :head]  # [1, head, w]
             parts.append(attend(slice(0, head), allowed & exists[:, None, :, None, :]))
         if head < n:
             parts.append(attend(slice(head, n), allowed))
@@ -204,7 +208,12 @@ class AdaptiveSpanAttention(Attention):
             require(self.cache_size >= 0, f"cache_size must be >= 0 (0 = max_span), got {self.cache_size}")
             if self.cache_size == 0:
                 self.cache_size = self.max_span
-            require(self.cache_size >= self.max_span, f"max_span={self.max_span} is larger than the cache (cache_size={self.cache_size}): a head could learn a span whose keys are never kept; raise cache_size to >= max_span (or 0 = max_span) or lower max_span")
+            require(
+                self.cache_size >= self.max_span,
+                f"max_span={self.max_span} is larger than the cache (cache_size={self.cache_size}): a head could "
+                "learn a span whose keys are never kept; raise cache_size to >= max_span (or 0 = max_span) or lower "
+                "max_span",
+            )
 
     @classmethod
     def contract_options(cls) -> dict:
@@ -269,8 +278,9 @@ class AdaptiveSpanAttention(Attention):
         past = state.x if state is not None and state.x is not None else None
         kept = 0 if past is None else min(past.shape[1], reach)
         inputs = x if kept == 0 else torch.cat([past[:, past.shape[1] - kept:], x], dim=1)
-        past_pad = state.pad_mask if state is not None else None
-        key_valid = join_key_padding(None if past_pad is None else past_pad[:, past_pad.shape[1] - kept:], kept, pad_mask, x)
+        cached_pad = state.pad_mask if state is not None else None
+        kept_pad = None if cached_pad is None else cached_pad[:, cached_pad.shape[1] - kept:]
+        key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
         out = blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=self.dropout if self.training else 0.0)

@@ -1,7 +1,9 @@
 """Adaptive attention span (Sukhbaatar et al. 2019): mask, cropping, reference maths, cache, penalty.
 
-The dense reference here is the paper's eq. (4) written out over the full [t, s] matrix,
-a_ij = m_z(i - j) exp(s_ij) / sum_l m_z(i - l) exp(s_il), and is used by the tests only.
+Two references, used by the tests only: the paper's eq. (4) token by token (``paper_reference``:
+query t sees keys r = t - S ... t - 1 with weights m_z(t - r) exp(s_tr) / sum), and the same maths
+as one dense masked [t, s] matrix (``dense_soft_attention``) for the blocked kernel's gradients.
+The cache's exactness and bound are the state contract's (tests/test_attention.py).
 """
 
 from __future__ import annotations

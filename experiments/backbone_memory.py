@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
@@ -40,7 +40,9 @@ class Regressor(nn.Module):
 
     def __init__(self, preset: str, features: int, args):
         super().__init__()
-        overrides = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_ff=2 * args.d_model, dropout=0.0, head="none")
+        overrides = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_ff=2 * args.d_model)
+        overrides["dropout"] = 0.0
+        overrides["head"] = "none"  # a backbone: hidden states out, our own read-out
         if zoo.preset_config(preset).attention["name"] == "xl_rel":
             overrides["attention"] = {"mem_len": args.mem_len, "block_size": args.segment}
         self.backbone = zoo.create_model(preset, **overrides)
@@ -48,12 +50,12 @@ class Regressor(nn.Module):
         self.read_in = nn.Linear(features, args.d_model)
         self.read_out = nn.Linear(args.d_model, features)
 
-    def forward(self, x: torch.Tensor, state):
+    def forward(self, x: Tensor, state):
         out = self.backbone(embeds=self.read_in(x), state=state if self.carries_state else None)
         return self.read_out(out.hidden), out.state
 
 
-def stream(batch: int, length: int, features: int, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def stream(batch: int, length: int, features: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """x [b, length, f] ~ N(0, 1) and y[t] = x[t - k] (zero, and not scored, for t < k)."""
     x = torch.randn(batch, length, features, generator=generator)
     y = torch.zeros_like(x)
@@ -61,7 +63,7 @@ def stream(batch: int, length: int, features: int, k: int, generator: torch.Gene
     return x, y
 
 
-def run_stream(model: Regressor, x: torch.Tensor, y: torch.Tensor, k: int, segment: int, optimizer=None) -> dict[str, float]:
+def run_stream(model: Regressor, x: Tensor, y: Tensor, k: int, segment: int, optimizer=None) -> dict[str, float]:
     """Feed the stream segment by segment, carrying the state; train if given an optimizer.
 
     Returns summed squared errors and counts for positions whose source is in the current
@@ -142,7 +144,8 @@ def write_outputs(rows: list[dict], out: Path, args) -> None:
     styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
     for (marker, line), preset in zip(styles * 4, dict.fromkeys(r["preset"] for r in rows)):
         mine = [r for r in rows if r["preset"] == preset]
-        ax.plot([int(r["k"]) for r in mine], [float(r["mse"]) for r in mine], marker=marker, linestyle=line, label=preset)
+        ks, errors = [int(r["k"]) for r in mine], [float(r["mse"]) for r in mine]
+        ax.plot(ks, errors, marker=marker, linestyle=line, label=preset)
     ax.axvline(args.segment, color="grey", linestyle="--", linewidth=1)
     ax.text(args.segment, 1.02, f" segment = {args.segment}", color="grey", fontsize=8, va="bottom")
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
@@ -158,7 +161,7 @@ def write_outputs(rows: list[dict], out: Path, args) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
-    parser.add_argument("--ks", type=int, nargs="+", default=[4, 12, 24, 40], help="delays to train and test, one model each")
+    parser.add_argument("--ks", type=int, nargs="+", default=[4, 12, 24, 40], help="delays, one model each")
     parser.add_argument("--segment", type=int, default=16, help="steps per call")
     parser.add_argument("--segments", type=int, default=6, help="segments per stream")
     parser.add_argument("--mem-len", type=int, default=48, help="XL memory per layer; must be >= the largest k")
@@ -173,14 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("results/backbone_memory"))
-    parser.add_argument("--replot", action="store_true", help="redraw the table and plot from --out/results.csv, train nothing")
+    parser.add_argument("--replot", action="store_true", help="redraw table and plot from --out/results.csv")
     args = parser.parse_args(argv)
     if args.replot:
         with open(args.out / "results.csv", newline="") as f:
             write_outputs(list(csv.DictReader(f)), args.out, args)
         return 0
     if max(args.ks) > args.mem_len:
-        parser.error(f"--mem-len ({args.mem_len}) must be >= the largest delay in --ks ({max(args.ks)}) for the memory models to hold the source")
+        parser.error(f"--mem-len ({args.mem_len}) must be >= the largest delay in --ks ({max(args.ks)})")
     if min(args.ks) < 1:
         parser.error(f"--ks must be >= 1, got {min(args.ks)}")
     torch.set_num_threads(args.threads)

@@ -79,7 +79,9 @@ def test_head_none_returns_hidden_only_and_refuses_targets(name):
     with_head = tiny(name)
     backbone = tiny(name, head="none")
     assert backbone.head is None and not any(n.startswith("head.") for n, _ in backbone.named_parameters())
-    assert backbone.num_parameters == with_head.num_parameters - (0 if with_head.config.tie_embeddings and with_head.config.kind != "classifier" else with_head.head.weight.numel() + (with_head.head.bias.numel() if with_head.head.bias is not None else 0))
+    tied = with_head.config.tie_embeddings and with_head.config.kind != "classifier"  # the head is the token table
+    head_size = 0 if tied else sum(p.numel() for p in with_head.head.parameters())
+    assert backbone.num_parameters == with_head.num_parameters - head_size
     missing, unexpected = backbone.load_state_dict(with_head.state_dict(), strict=False)
     assert not missing
     ids = token_ids(with_head, name)
@@ -162,7 +164,10 @@ def test_segments_of_vectors_with_state_equal_one_call(name):
     assert state.offset == sum(splits)
 
 
-@pytest.mark.parametrize("name", [n for n in MODELS if attention_class(zoo.preset_config(n).attention).supports_padding])
+PADDING = [n for n in MODELS if attention_class(zoo.preset_config(n).attention).supports_padding]
+
+
+@pytest.mark.parametrize("name", PADDING)
 def test_padding_on_the_vector_path(name):
     """Changing padded vectors never changes the hidden states of real positions."""
     torch.manual_seed(0)
@@ -211,3 +216,28 @@ def test_bad_vector_inputs_are_refused_clearly():
     classifier = tiny("vanilla_classifier")
     with pytest.raises(ValueError, match=r"classifier targets must be \[b\] = \(2,\)"):
         classifier(embeds=x, targets=torch.zeros(3, dtype=torch.long))
+
+
+def test_backbone_memory_example_runs_and_writes_its_outputs(tmp_path):
+    """experiments/backbone_memory.py at a few steps: table, CSV and plot written; bad delays refused."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "backbone_memory.py"
+    spec = importlib.util.spec_from_file_location("zoo_backbone_memory_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    common = ["--segment", "4", "--segments", "3", "--mem-len", "8", "--d-model", "16", "--streams", "2", "--eval-batch", "4"]
+    common += ["--threads", str(torch.get_num_threads())]  # leave the test session's setting as it is
+    assert script.main(["--presets", "gtrxl", "vanilla_lm", "--ks", "2", "6", *common, "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["preset"], r["k"], r["delay"]) for r in rows] == [
+        ("gtrxl", "2", "within segment"), ("gtrxl", "6", "beyond segment"),
+        ("vanilla_lm", "2", "within segment"), ("vanilla_lm", "6", "beyond segment"),
+    ]
+    assert rows[1]["share_source_earlier"] == "1.00" and rows[0]["mse_source_in_segment"]
+    assert (tmp_path / "mse_vs_delay.png").stat().st_size > 0 and (tmp_path / "results.md").exists()
+    with pytest.raises(SystemExit):
+        script.main(["--ks", "9", *common, "--out", str(tmp_path)])  # delay longer than the memory

@@ -90,12 +90,14 @@ def test_universal_stack_option_builds_the_transition():
     model = sepconv_model("universal_transformer", kernel_size=5)
     ffn = model.stack.block.feed_forward
     assert isinstance(ffn, SeparableConvTransition) and ffn.conv1.kernel_size == 5 and ffn.conv1.causal
-    assert (ffn.conv1.pointwise.out_features, ffn.conv2.pointwise.out_features) == (model.config.d_ff, model.config.d_model)
+    widths = (ffn.conv1.pointwise.out_features, ffn.conv2.pointwise.out_features)
+    assert widths == (model.config.d_ff, model.config.d_model)
     seq2seq = sepconv_model("universal_seq2seq_act")
     assert not seq2seq.encoder.block.feed_forward.conv1.causal, "the encoder is bidirectional"
     assert seq2seq.decoder.block.feed_forward.conv1.causal
     assert seq2seq.encoder.block.feed_forward.conv1.kernel_size == 3  # the default
-    assert isinstance(zoo.create_model("universal_transformer", **get_preset("universal_transformer").tiny).stack.block.feed_forward, FeedForward)
+    plain = zoo.create_model("universal_transformer", **get_preset("universal_transformer").tiny)
+    assert isinstance(plain.stack.block.feed_forward, FeedForward)
     with pytest.raises(ValueError, match="transition must be one of ffn, sepconv"):
         zoo.create_model("universal_transformer", stack={"transition": "conv"})
     with pytest.raises(ValueError, match="kernel_size=5 applies only to transition='sepconv'"):
@@ -150,7 +152,8 @@ def test_hydra_reaches_transition_and_head():
     from zoo.app.run import build
 
     base = ["experiment=tiny", "model=universal_transformer", "trainer.seq_len=16", "trainer.batch_size=2"]
-    _, _, model = build(compose(base + ["+model.stack.transition=sepconv", "+model.stack.kernel_size=5", "model.head=none"]))
+    overrides = ["+model.stack.transition=sepconv", "+model.stack.kernel_size=5", "model.head=none"]
+    _, _, model = build(compose(base + overrides))
     assert model.config.stack == {"name": "universal", "transition": "sepconv", "kernel_size": 5}
     assert model.stack.block.feed_forward.conv1.kernel_size == 5 and model.head is None
     _, _, model = build(compose(base))

@@ -87,7 +87,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require(self.kind in ("lm", "classifier", "seq2seq"), f"kind must be lm, classifier or seq2seq, got {self.kind!r}")
-        require(self.head in ("linear", "none"), f"head must be linear (output projection) or none (hidden states only), got {self.head!r}")
+        require(
+            self.head in ("linear", "none"),
+            f"head must be linear (output projection) or none (hidden states only), got {self.head!r}",
+        )
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
             require(isinstance(getattr(self, key), int) and getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
         require(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

@@ -135,23 +135,32 @@ class ZooModel(nn.Module):
         name, _ = split_part(self.config.residual)
         return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
 
-    def input_vectors(self, embedding: TokenEmbedding, tokens: Tensor | None, embeds: Tensor | None, names: tuple[str, str] = ("tokens", "embeds")) -> Tensor:
+    def input_vectors(
+        self, embedding: TokenEmbedding, tokens: Tensor | None, embeds: Tensor | None,
+        names: tuple[str, str] = ("tokens", "embeds"),
+    ) -> Tensor:
         """[b, t, d_model] vectors entering the stack: token ids through ``embedding`` (scaled by
         sqrt(d)), or the caller's own vectors as they are (a backbone fed observations/features)."""
         tokens_name, embeds_name = names
         d = self.config.d_model
         if (tokens is None) == (embeds is None):
             given = "both" if tokens is not None else "neither"
-            raise ValueError(f"pass exactly one of {tokens_name} (token ids [b, t]) or {embeds_name} (vectors [b, t, d_model={d}]); got {given}")
+            raise ValueError(
+                f"pass exactly one of {tokens_name} (token ids [b, t]) or {embeds_name} "
+                f"(vectors [b, t, d_model={d}]); got {given}"
+            )
         if tokens is not None:
             return embedding(tokens)
         if not isinstance(embeds, Tensor) or not embeds.is_floating_point() or embeds.dim() != 3:
-            got = f"shape {tuple(embeds.shape)} dtype {embeds.dtype}" if isinstance(embeds, Tensor) else type(embeds).__name__
+            is_tensor = isinstance(embeds, Tensor)
+            got = f"shape {tuple(embeds.shape)} dtype {embeds.dtype}" if is_tensor else type(embeds).__name__
             raise ValueError(f"{embeds_name} must be a float tensor [b, t, d_model={d}]; got {got}")
         if embeds.shape[-1] != d:
-            raise ValueError(f"{embeds_name} has width {embeds.shape[-1]} but the model's d_model is {d}: project your vectors to {d} first")
+            width = embeds.shape[-1]
+            raise ValueError(f"{embeds_name} has width {width} but the model's d_model is {d}: project to {d} first")
         if embeds.dtype != embedding.weight.dtype:
-            raise ValueError(f"{embeds_name} dtype {embeds.dtype} differs from the model's {embedding.weight.dtype}; cast one to the other")
+            dtype = embedding.weight.dtype
+            raise ValueError(f"{embeds_name} dtype {embeds.dtype} differs from the model's {dtype}; cast one")
         return embeds
 
     def output_head(self, logits_in: Tensor) -> Tensor | None:
@@ -160,7 +169,10 @@ class ZooModel(nn.Module):
 
     def require_head(self, why: str) -> None:
         if self.head is None:
-            raise ValueError(f"{why}, but this model was built with head='none' (no output projection, logits=None): compute your loss from out.hidden [b, t, d_model={self.config.d_model}], or build with head='linear'")
+            raise ValueError(
+                f"{why}, but this model was built with head='none' (no output projection, logits=None): compute your "
+                f"loss from out.hidden [b, t, d_model={self.config.d_model}], or build with head='linear'"
+            )
 
     def refuse_without_head(self, targets: Tensor | None) -> None:
         if targets is not None:
@@ -204,7 +216,10 @@ class CausalLM(ZooModel):
         """An empty state that turns on caching (KV cache) for incremental decoding."""
         return ModelState(self.stack.init_state(batch_size), 0, batch_size, self.signature)
 
-    def forward(self, tokens: Tensor | None = None, targets: Tensor | None = None, *, embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: ModelState | None = None) -> ModelOutput:
+    def forward(
+        self, tokens: Tensor | None = None, targets: Tensor | None = None, *,
+        embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: ModelState | None = None,
+    ) -> ModelOutput:
         """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one)."""
         self.refuse_without_head(targets)
         x = self.input_vectors(self.embed, tokens, embeds)
@@ -269,7 +284,10 @@ class SequenceClassifier(ZooModel):
         self.norm = self.final_norm()
         self.head = nn.Linear(config.d_model, config.n_classes) if config.head == "linear" else None
 
-    def forward(self, tokens: Tensor | None = None, targets: Tensor | None = None, *, embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: Any = None) -> ModelOutput:
+    def forward(
+        self, tokens: Tensor | None = None, targets: Tensor | None = None, *,
+        embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: Any = None,
+    ) -> ModelOutput:
         """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one); targets [b] classes."""
         if state is not None:
             raise ValueError("the classifier reads a whole sequence per call and takes no state")
@@ -328,23 +346,34 @@ class EncoderDecoder(ZooModel):
         if config.tie_embeddings and self.head is not None:
             self.head.weight = self.tgt_embed.weight
 
-    def encode(self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None) -> Tensor:
+    def encode(
+        self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None
+    ) -> Tensor:
         """Encoder output [b, s, d_model] for source ids ``src`` [b, s] or vectors ``src_embeds``."""
         return self._encode(src, src_pad_mask, src_embeds)[0]
 
-    def _encode(self, src: Tensor | None, src_pad_mask: Tensor | None, src_embeds: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    def _encode(
+        self, src: Tensor | None, src_pad_mask: Tensor | None, src_embeds: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """Encoder output plus its aux losses and stats (an ACT encoder's ponder cost)."""
         x = self.input_vectors(self.src_embed, src, src_embeds, ("src", "src_embeds"))
         check_pad_mask(src_pad_mask, x[..., 0], "src_pad_mask")
         out = self.encoder(self.drop(self.position(x)), pad_mask=src_pad_mask)
         return self.encoder_norm(out.x), out.aux, out.stats
 
-    def init_state(self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None) -> Seq2SeqState:
+    def init_state(
+        self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None
+    ) -> Seq2SeqState:
         """Encode the source (ids or vectors) once and start empty decoder caches."""
         memory = self.encode(src, src_pad_mask, src_embeds=src_embeds)
-        return Seq2SeqState(memory, src_pad_mask, self.decoder.init_state(memory.shape[0]), 0, memory.shape[0], self.signature)
+        b = memory.shape[0]
+        return Seq2SeqState(memory, src_pad_mask, self.decoder.init_state(b), 0, b, self.signature)
 
-    def forward(self, src: Tensor | None = None, tgt: Tensor | None = None, targets: Tensor | None = None, *, src_embeds: Tensor | None = None, tgt_embeds: Tensor | None = None, src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None) -> ModelOutput:
+    def forward(
+        self, src: Tensor | None = None, tgt: Tensor | None = None, targets: Tensor | None = None, *,
+        src_embeds: Tensor | None = None, tgt_embeds: Tensor | None = None,
+        src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None,
+    ) -> ModelOutput:
         """Source as ids ``src`` or vectors ``src_embeds`` (not read when ``state`` holds the encoded
         source), target as ids ``tgt`` or vectors ``tgt_embeds``; each side chooses on its own."""
         self.refuse_without_head(targets)

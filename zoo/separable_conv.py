@@ -47,9 +47,14 @@ DEFAULT_KERNEL_SIZE = 3
 
 def check_transition_options(transition: str, kernel_size: int | None) -> None:
     """Validate the universal stack's ``transition`` / ``kernel_size`` options."""
-    require(transition in TRANSITIONS, f"transition must be one of {', '.join(TRANSITIONS)} (position-wise network or separable convolution), got {transition!r}")
-    require(kernel_size is None or (isinstance(kernel_size, int) and kernel_size >= 1), f"kernel_size must be an int >= 1 (or None = {DEFAULT_KERNEL_SIZE}), got {kernel_size!r}")
-    require(kernel_size is None or transition == "sepconv", f"kernel_size={kernel_size} applies only to transition='sepconv'; this stack's transition is {transition!r}")
+    choices = ", ".join(TRANSITIONS)
+    require(transition in TRANSITIONS, f"transition must be one of {choices}, got {transition!r}")
+    valid_size = kernel_size is None or (isinstance(kernel_size, int) and kernel_size >= 1)
+    require(valid_size, f"kernel_size must be an int >= 1 (or None = {DEFAULT_KERNEL_SIZE}), got {kernel_size!r}")
+    require(
+        kernel_size is None or transition == "sepconv",
+        f"kernel_size={kernel_size} applies only to transition='sepconv'; this stack's transition is {transition!r}",
+    )
 
 
 class SeparableConv1d(nn.Module):
@@ -80,7 +85,10 @@ class SeparableConvTransition(nn.Module):
 
     Called like the position-wise network it replaces, plus the padding mask: ``(x, pad_mask=None)``."""
 
-    def __init__(self, d_model: int, d_ff: int, kernel_size: int = DEFAULT_KERNEL_SIZE, *, causal: bool, activation=F.relu, dropout: float = 0.0):
+    def __init__(
+        self, d_model: int, d_ff: int, kernel_size: int = DEFAULT_KERNEL_SIZE, *,
+        causal: bool, activation=F.relu, dropout: float = 0.0,
+    ):
         super().__init__()
         self.conv1 = SeparableConv1d(d_model, d_ff, kernel_size, causal=causal)
         self.conv2 = SeparableConv1d(d_ff, d_model, kernel_size, causal=causal)
@@ -90,7 +98,11 @@ class SeparableConvTransition(nn.Module):
     @classmethod
     def replacing(cls, feed_forward: FeedForward, kernel_size: int | None, *, causal: bool) -> SeparableConvTransition:
         """The separable-convolution counterpart of ``feed_forward``: same widths, activation, dropout."""
-        return cls(feed_forward.w1.in_features, feed_forward.w1.out_features, kernel_size or DEFAULT_KERNEL_SIZE, causal=causal, activation=feed_forward.activation, dropout=feed_forward.drop.p)
+        d_model, d_ff = feed_forward.w1.in_features, feed_forward.w1.out_features
+        return cls(
+            d_model, d_ff, kernel_size or DEFAULT_KERNEL_SIZE,
+            causal=causal, activation=feed_forward.activation, dropout=feed_forward.drop.p,
+        )
 
     def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         return self.conv2(self.drop(self.activation(self.conv1(x, pad_mask))), pad_mask)

@@ -99,7 +99,9 @@ class UniversalStack(Stack):
         # by depth see depth 0 at every step)
         self.block = make_block(0)
         if self.options.transition == "sepconv":  # the paper's other transition function
-            self.block.feed_forward = SeparableConvTransition.replacing(self.block.feed_forward, self.options.kernel_size, causal=self.block.attention.causal)
+            block = self.block
+            kernel_size, causal = self.options.kernel_size, block.attention.causal
+            block.feed_forward = SeparableConvTransition.replacing(block.feed_forward, kernel_size, causal=causal)
         self.steps = self.options.max_steps if (self.options.act and self.options.max_steps) else n_layers
         if self.options.act:
             self.halting = nn.Linear(d_model, 1)

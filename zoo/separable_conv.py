@@ -1,6 +1,6 @@
 """The Universal Transformer's other transition function: a depthwise-separable convolution.
 
-Paper: "Universal Transformers", Dehghani et al. 2019, arXiv:1807.03819, Section 2.1: the
+Paper: "Universal Transformers", Dehghani et al. 2019, arXiv:1807.03819, Section 2: the
 transition function is either a position-wise fully connected network (two affine maps with a ReLU
 between, our :class:`zoo.blocks.FeedForward`) or a separable convolution (Chollet 2017, "Xception:
 Deep Learning with Depthwise Separable Convolutions", arXiv:1610.02357). Selected with

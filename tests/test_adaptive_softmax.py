@@ -147,6 +147,8 @@ def test_bad_adaptive_configs_are_refused():
         small_lm(vocab_size=100, adaptive={"cutof": [10]})
     with pytest.raises(ValueError, match="adaptive .* is an LM option"):
         zoo.create_model("vanilla_classifier", vocab_size=100, d_model=32, n_heads=4, adaptive={"cutoffs": [10]})
+    with pytest.raises(ValueError, match="cannot be combined with head='none'"):
+        small_lm(vocab_size=100, head="none", adaptive={"cutoffs": [10]})
     model = small_lm(vocab_size=100, adaptive={"cutoffs": [10]})
     with pytest.raises(ValueError, match="targets must lie"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.full((1, 4), 100))

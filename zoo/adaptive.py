@@ -106,6 +106,11 @@ class AdaptiveInput(nn.Module):
         )
         self.projections = nn.ParameterList(projections)
 
+    @property
+    def weight(self) -> Tensor:
+        """The head cluster's table: what callers read the embedding's dtype and device from."""
+        return self.embeddings[0]
+
     def forward(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
             raise ValueError(
@@ -226,6 +231,7 @@ def adaptive_input_and_softmax(config) -> tuple[AdaptiveInput, AdaptiveSoftmax]:
     """The embedding and head of a causal LM whose ``config.adaptive`` is set (weights tied when
     ``config.tie_embeddings``)."""
     require(config.kind == "lm", f"model.adaptive is an LM head option; model kind is {config.kind!r}")
+    require(config.head == "linear", "model.adaptive builds its own output (adaptive softmax); it cannot be combined with head='none'")
     require(
         config.label_smoothing == 0.0, f"model.adaptive does not support label_smoothing (got {config.label_smoothing})"
     )

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from zoo.app.run import load_run  # noqa: E402
-from zoo.trainer import evaluate_model, pick_device  # noqa: E402
+from zoo.metrics import evaluate_model  # noqa: E402
+from zoo.trainer import pick_device  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -5,6 +5,7 @@ Each test here failed on the code before this change (see the docstrings for wha
 
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import importlib.util
@@ -90,7 +91,8 @@ class RunsCode:
 def plant(path, marker):
     """A checkpoint-shaped file whose unpickling writes ``marker`` (with a matching checksum)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": "transformer-zoo/checkpoint/v2", "step": 1, "model": RunsCode(marker), "model_config": {}}, path)
+    payload = {"format": "transformer-zoo/checkpoint/v2", "step": 1, "model": RunsCode(marker), "model_config": {}}
+    torch.save(payload, path)
     sha256_sidecar(path)
     return path
 
@@ -100,8 +102,8 @@ def test_crafted_checkpoint_runs_nothing_from_any_loader(tmp_path):
     marker = tmp_path / "marker.txt"
     crafted = plant(tmp_path / "crafted.pt", marker)
     loaders = {
-        "zoo.load_checkpoint": lambda: zoo.load_checkpoint(crafted),
         "zoo.trainer.load_checkpoint": lambda: load_checkpoint(crafted),
+        "zoo.load_checkpoint": lambda: zoo.load_checkpoint(crafted),
         "evaluate.py": lambda: script("evaluate").main([str(crafted), "--split", "val", "--batches", "1"]),
         "sample.py": lambda: script("sample").main([str(crafted), "--tokens", "2"]),
         "trainer.resume=PATH": lambda: train(tmp_path / "resume_path", f"trainer.resume={crafted}"),
@@ -111,8 +113,8 @@ def test_crafted_checkpoint_runs_nothing_from_any_loader(tmp_path):
     for name, load in loaders.items():
         with pytest.raises(CheckpointError, match=r"crafted.pt|last.pt") as info:
             load()
-        assert "other than tensors and plain data" in str(info.value), name
         assert not marker.exists(), f"{name} ran code from the checkpoint"
+        assert "other than tensors and plain data" in str(info.value), name
 
 
 def test_checkpoint_holds_only_tensors_and_plain_types(tmp_path, text_file):
@@ -154,7 +156,8 @@ def test_flipped_bytes_are_refused_naming_the_file_and_the_sound_one(tmp_path):
     data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
     last.write_bytes(bytes(data))
     os.utime(best, (1, 1))  # older than anything: still named, as the only sound one
-    with pytest.raises(CheckpointError, match=rf"refusing checkpoint {last}: its SHA-256.*sound checkpoint beside it is {best}"):
+    expected = rf"refusing checkpoint {last}: its SHA-256.*sound checkpoint beside it is {best}"
+    with pytest.raises(CheckpointError, match=expected):
         load_checkpoint(last)
     with pytest.raises(CheckpointError, match="SHA-256"):
         train(tmp_path / "again", f"trainer.resume={last}")
@@ -172,10 +175,11 @@ def test_divergence_names_a_checkpoint_that_evaluates_finite(tmp_path):
               "trainer.eval_every=1", "trainer.max_steps=20")
     message = str(info.value)
     last = tmp_path / "checkpoints" / "last.pt"
-    assert f"newest sound checkpoint: {last}" in message, message
+    assert str(last) in message, message
     result = script("evaluate").main([str(last), "--split", "val", "--batches", "1"])
     assert math.isfinite(result["val/loss"]) and math.isfinite(result["val/accuracy"])
     assert all(torch.isfinite(t).all() for t in load_checkpoint(last)["model"].values())
+    assert f"newest sound checkpoint: {last}" in message, message
 
 
 # -- 3. resume is exact for every preset ----------------------------------------------------------------
@@ -230,7 +234,8 @@ def library_metric(model, task, batches):
             batch = task.batch("val", index)
             out = model(batch["tokens"], state=state)
             state = out.state
-            nll += float(torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["targets"].flatten(), reduction="sum"))
+            targets = batch["targets"].flatten()
+            nll += float(torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), targets, reduction="sum"))
             count += batch["targets"].numel()
     return nll / count / math.log(2)
 
@@ -244,7 +249,8 @@ def test_state_is_carried_through_train_evaluate_and_sample(tmp_path, text_file,
     def carried(trainer, step):
         seen.append(trainer.state)
 
-    train(tmp_path, f"model={preset}", "data=char_lm", f"data.path={text_file}", "trainer.eval_every=0", callbacks=(carried,))
+    data = ["data=char_lm", f"data.path={text_file}"]
+    train(tmp_path, f"model={preset}", *data, "trainer.eval_every=0", callbacks=(carried,))
     assert all(s is not None and s.offset == 16 * (i + 1) for i, s in enumerate(seen))
     ckpt = tmp_path / "checkpoints" / "last.pt"
     from zoo.app.run import load_run
@@ -283,9 +289,12 @@ def test_resume_applies_rate_and_decay_and_refuses_what_breaks_the_state(tmp_pat
 def test_adam_with_weight_decay_is_adam(tmp_path):
     """Before: optim.name=adam with weight decay silently built AdamW."""
     seen = []
-    train(tmp_path / "adam", "optim.weight_decay=0.1", "trainer.max_steps=1", callbacks=(lambda t, s: seen.append(type(t.optimizer)),))
-    train(tmp_path / "adamw", "optim.name=adamw", "optim.weight_decay=0.1", "trainer.max_steps=1",
-          callbacks=(lambda t, s: seen.append(type(t.optimizer)),))
+
+    def record(trainer, step):
+        seen.append(type(trainer.optimizer))
+
+    train(tmp_path / "adam", "optim.weight_decay=0.1", "trainer.max_steps=1", callbacks=(record,))
+    train(tmp_path / "adamw", "optim.name=adamw", "optim.weight_decay=0.1", "trainer.max_steps=1", callbacks=(record,))
     assert seen == [torch.optim.Adam, torch.optim.AdamW]
     assert json.loads((tmp_path / "adam" / "result.json").read_text())["optimizer"] == "Adam (L2 weight decay 0.1)"
 
@@ -311,7 +320,8 @@ def test_sigterm_saves_and_prints_the_resume_command(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     last = tmp_path / "checkpoints" / "last.pt"
     assert proc.returncode == 143, proc.stderr[-2000:]
-    assert f"terminated (SIGTERM) at step 2; checkpoint saved to {last}; resume with trainer.resume={last}" in proc.stdout
+    assert f"terminated (SIGTERM) at step 2; checkpoint saved to {last}; resume with trainer.resume={last}" \
+        in proc.stdout
     assert load_checkpoint(last)["step"] == 2
 
 
@@ -434,7 +444,7 @@ def test_trainer_step_is_the_library_step(tmp_path):
 
     cfg = compose(TINY + ["trainer.max_steps=1", "trainer.eval_every=0", "optim.schedule=constant", "optim.warmup=0"])
     _, task, model = build(cfg)
-    reference = __import__("copy").deepcopy(model)
+    reference = copy.deepcopy(model)
     train(tmp_path, "trainer.max_steps=1", "trainer.eval_every=0", "optim.schedule=constant", "optim.warmup=0")
     optimizer = training.adam(reference, lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
     training.train_step(reference, task.batch("train", 0), optimizer, clip=1.0)

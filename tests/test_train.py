@@ -22,8 +22,8 @@ pytest.importorskip("hydra")
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
-from zoo.data import DataFileNotFound  # noqa: E402
 from zoo.checkpoint import write_checksum  # noqa: E402
+from zoo.data import DataFileNotFound  # noqa: E402
 from zoo.trainer import CheckpointError, TrainingDiverged, load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

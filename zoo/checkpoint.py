@@ -249,8 +249,9 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
         problem = verify_checksum(path)
         if problem:
             sound = newest_sound_checkpoint(path.parent, exclude=path)
-            where = f"the newest sound checkpoint beside it is {sound}" if sound else f"no sound checkpoint in {path.parent}"
-            raise CheckpointError(f"refusing checkpoint {path}: {problem} (corrupt or not written by this trainer); {where}")
+            where = f"the newest sound checkpoint beside it is {sound}" if sound else f"no sound one in {path.parent}"
+            raise CheckpointError(f"refusing checkpoint {path}: {problem} (corrupt or not written by this trainer); "
+                                  f"{where}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - pickled code, truncated file, not a torch file
@@ -263,7 +264,8 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
                               "(corrupt or not a torch file)") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise CheckpointError(f"{path} is not a transformer-zoo checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r})")
+        raise CheckpointError(f"{path} is not a transformer-zoo checkpoint (format {found!r}, "
+                              f"expected {CHECKPOINT_FORMAT!r})")
     missing = [k for k in ("model", "model_config", "step") if k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")

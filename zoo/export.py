@@ -55,7 +55,8 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> nn.Mod
         raise ValueError(f"{config_file} is not valid JSON: {exc}") from None
     if not isinstance(info, dict) or info.get("format") != EXPORT_FORMAT or not isinstance(info.get("config"), dict):
         found = info.get("format") if isinstance(info, dict) else type(info).__name__
-        raise ValueError(f"{config_file} is not a transformer-zoo model config (format {found!r}, expected {EXPORT_FORMAT!r})")
+        raise ValueError(f"{config_file} is not a transformer-zoo model config (format {found!r}, "
+                         f"expected {EXPORT_FORMAT!r})")
     model = create_model(**info["config"])
     missing, unexpected = load_model(model, str(weights), strict=False, device=str(device))
     if missing or unexpected:

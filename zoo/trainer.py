@@ -120,7 +120,8 @@ class OptimOptions:
         require(self.schedule in ("noam", "cosine", "constant"),
                 f"optim.schedule must be noam, cosine or constant, got {self.schedule!r}")
         require(self.lr > 0 and self.warmup >= 0 and len(self.betas) == 2,
-                f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; got {self.lr}, {self.warmup}, {list(self.betas)}")
+                f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; "
+                f"got {self.lr}, {self.warmup}, {list(self.betas)}")
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
 
     def describe(self) -> str:
@@ -311,7 +312,8 @@ class Trainer:
         sched._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         for key in OPTIM_APPLIED_KEYS:
             if key in saved and saved[key] != getattr(o, key):
-                log.warning("resume: optim.%s=%r applied (the checkpoint was trained with %r)", key, getattr(o, key), saved[key])
+                log.warning("resume: optim.%s=%r applied (the checkpoint was trained with %r)",
+                            key, getattr(o, key), saved[key])
 
     # -- one optimiser step --------------------------------------------------------------------
     def autocast(self):
@@ -367,8 +369,8 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
         tok_s = tokens * self.dist.world_size / max(elapsed, 1e-9)
-        metrics = {"train/loss": loss_sum, "train/lr": self.scheduler.get_last_lr()[0], "train/grad_norm": float(grad_norm),
-                   "train/tokens_per_s": tok_s}
+        metrics = {"train/loss": loss_sum, "train/lr": self.scheduler.get_last_lr()[0],
+                   "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s}
         metrics.update({f"train/aux/{k}": v for k, v in aux_sum.items()})
         metrics.update(scalar_stats(stats, "train/stats/"))
         return metrics
@@ -410,14 +412,16 @@ class Trainer:
             resume = str(self.ckpt_dir / "last.pt") if (self.ckpt_dir / "last.pt").is_file() else ""
         if resume:
             self.resume(resume)
-        log.info("optimiser: %s, lr %s, schedule %s", self.optim_opts.describe(), self.optim_opts.lr, self.optim_opts.schedule)
+        o = self.optim_opts
+        log.info("optimiser: %s, lr %s, schedule %s", o.describe(), o.lr, o.schedule)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         metric_key = f"{opts.eval_split}/{self.task.metric}"
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=opts.max_steps, initial=self.step, disable=None if (opts.progress and self.dist.is_main) else True,
-                   dynamic_ncols=True, mininterval=0.5, desc=self.model.config.name)
+        show = opts.progress and self.dist.is_main
+        bar = tqdm(total=opts.max_steps, initial=self.step, disable=None if show else True, dynamic_ncols=True,
+                   mininterval=0.5, desc=self.model.config.name)
         start, last_eval, stopped_early, status = time.perf_counter(), None, False, "finished"
         previous_handlers = self._defer_stop_signals()
         try:
@@ -425,18 +429,20 @@ class Trainer:
                 metrics = self.train_step()
                 self.tokens_per_s.append(metrics["train/tokens_per_s"])
                 bar.update(1)
-                bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
+                loss_text = f"{metrics['train/loss']:.3f}"
+                bar.set_postfix(loss=loss_text, tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
                 if self.step % opts.log_every == 0 or self.step == 1:
                     self.log({**metrics, **self.peak_memory_mb()})
                 for callback in self.callbacks:
                     callback(self, self.step)
-                if distributed.broadcast_flag(self._stop_signal is not None, self.device):  # every rank stops after the same step
+                # every rank stops after the same step
+                if distributed.broadcast_flag(self._stop_signal is not None, self.device):
                     raise KeyboardInterrupt
                 over_time = bool(opts.max_time_s) and time.perf_counter() - start > opts.max_time_s
                 over_time = distributed.broadcast_flag(over_time, self.device)
                 if (opts.eval_every and self.step % opts.eval_every == 0) or self.step == opts.max_steps or over_time:
                     last_eval = self._evaluate_and_save(metric_key)
-                    bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", **{metric_key: f"{last_eval[metric_key]:.4f}"}, refresh=False)
+                    bar.set_postfix(loss=loss_text, **{metric_key: f"{last_eval[metric_key]:.4f}"}, refresh=False)
                 elif opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
                     self.save()
                 if over_time:
@@ -451,7 +457,8 @@ class Trainer:
             why = "terminated (SIGTERM)" if self._stop_signal == "SIGTERM" else "interrupted"
             path = self.save()
             bar.close()
-            resume_with = f"resume with trainer.resume={path}" if path else "checkpoints are off (trainer.checkpoints=false)"
+            off = "checkpoints are off (trainer.checkpoints=false)"
+            resume_with = f"resume with trainer.resume={path}" if path else off
             print(f"\n{why} at step {self.step}; checkpoint saved to {path}; {resume_with}", flush=True)
             raise
         finally:

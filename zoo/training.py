@@ -131,7 +131,8 @@ def forward_backward(model: nn.Module, batch: dict[str, Tensor], *, state: Any =
     return out, loss.detach()
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None, clip: float = 1.0) -> Tensor:
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
+                   clip: float = 1.0) -> Tensor:
     """Clip the gradient norm to ``clip`` (0 = no clipping), step the optimiser and the schedule,
     run the post-step hooks. Returns the gradient norm before clipping."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))

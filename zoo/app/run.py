@@ -139,15 +139,18 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
     if trainer_opts.resume and trainer_opts.resume != "auto":
         trainer_opts = dataclasses.replace(trainer_opts, resume=str(Path(trainer_opts.resume).expanduser()))
     loggers = make_loggers(resolved, run_dir, name, group)
-    trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir, seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)
+    trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir,
+                      seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)
     if trainer.dist.is_main:
-        info = {"run": name, "config": resolved, "model_config": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters())}
+        info = {"run": name, "config": resolved, "model_config": model.config.to_dict(),
+                "params": sum(p.numel() for p in model.parameters())}
         write_text(run_dir, run_dir / "config.json", json.dumps(info, indent=2, default=str))
     summary = trainer.fit()
     return float(summary["final_metric"])
 
 
-def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None, batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
+def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None,
+             batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
     """(app config, task, model with the checkpoint's weights, checkpoint) for evaluate/sample.
 
     ``data`` overrides data options (e.g. ``{"path": ...}`` when the file moved)."""
@@ -157,7 +160,8 @@ def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None, batc
     cfg = ckpt.get("config") or {}
     task_info = ckpt["task"]
     options = {**task_info["options"], **(data or {})}
-    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"], seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
+    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"],
+                       seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt

@@ -3,7 +3,8 @@
 What it does around :mod:`zoo.training`'s step (``forward_backward`` per micro-batch, then
 ``optimizer_step``: aux losses, clipping, schedules, post-step hooks):
 
-- device auto-detection (CUDA, else CPU), bf16 autocast on CUDA, gradient accumulation;
+- options and what they build (:mod:`zoo.train_options`): device, optimiser; bf16 autocast on
+  CUDA, gradient accumulation;
 - state carried from step to step on contiguous tasks for every model that keeps segment memory
   (XL memory, the adaptive-span cache), started with ``init_state`` where the streams start over;
 - evaluation every N steps with the task metric (:mod:`zoo.metrics`), logged to :mod:`zoo.loggers`;
@@ -33,7 +34,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,110 +57,25 @@ from zoo.checkpoint import (  # noqa: F401  (re-exported: zoo.trainer's public n
     state_to_data,
     sweep_temp_files,
 )
-from zoo.config import require
 from zoo.data.base import SPLITS, Task
 from zoo.loggers import MetricsFile  # noqa: F401  (re-exported)
 from zoo.meter import ActivationMeter
 from zoo.metrics import evaluate_model, scalar_stats, score_batch  # noqa: F401  (re-exported)
 from zoo.rundir import claim, write_text
-from zoo.training import TrainingDiverged, adam, forward_backward, initial_state, optimizer_step, schedule
+from zoo.train_options import (  # noqa: F401  (re-exported)
+    OPTIM_APPLIED_KEYS,
+    OPTIM_STATE_KEYS,
+    OptimOptions,
+    TrainerOptions,
+    make_optimizer,
+    pick_device,
+)
+from zoo.training import TrainingDiverged, forward_backward, initial_state, optimizer_step, schedule
 
 log = logging.getLogger(__name__)
 
-@dataclass
-class TrainerOptions:
-    """``trainer.*`` keys of the app."""
-
-    max_steps: int = 1000
-    batch_size: int = 16  # per process (rank)
-    seq_len: int = 256
-    accumulate: int = 1  # micro-batches per optimiser step
-    clip: float = 1.0  # max gradient norm (0 = off)
-    eval_every: int = 200  # steps between evaluations (0 = only at the end)
-    eval_batches: int = 20  # batches per evaluation (0 = the whole split)
-    eval_split: str = "val"
-    log_every: int = 10
-    checkpoint_every: int = 0  # steps between last.pt saves besides each evaluation (0 = at evaluations)
-    checkpoints: bool = True  # write last.pt / best.pt
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "fp32"  # fp32 | bf16 (autocast; CUDA)
-    carry_state: bool = True  # carry segment memory across steps on contiguous data
-    max_time_s: float = 0.0  # stop (and evaluate) after this many seconds of training (0 = no limit)
-    resume: str = ""  # a checkpoint path, or "auto" = last.pt of this run directory if present
-    progress: bool = True  # tqdm bar
-    threads: int = 0  # torch.set_num_threads (0 = leave as is)
-
-    def __post_init__(self) -> None:
-        for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):
-            value = getattr(self, key)
-            require(isinstance(value, int) and value > 0, f"trainer.{key} must be a positive int, got {value!r}")
-        for key in ("eval_every", "eval_batches", "checkpoint_every", "threads"):
-            require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)!r}")
-        require(self.precision in ("fp32", "bf16"), f"trainer.precision must be fp32 or bf16, got {self.precision!r}")
-        require(self.eval_split in ("val", "test"), f"trainer.eval_split must be val or test, got {self.eval_split!r}")
-        require(self.clip >= 0 and self.max_time_s >= 0, "trainer.clip and trainer.max_time_s must be >= 0")
-
-
-@dataclass
-class OptimOptions:
-    """``optim.*`` keys: the optimiser and the learning-rate schedule.
-
-    ``name=adam`` is Adam, its ``weight_decay`` an L2 penalty added to the gradient;
-    ``name=adamw`` is AdamW, its ``weight_decay`` decoupled from the gradient."""
-
-    name: str = "adam"  # adam | adamw
-    lr: float = 1e-3  # peak rate (a multiplier of the paper's rate for schedule=noam: use 1.0)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    schedule: str = "cosine"  # noam | cosine | constant
-    warmup: int = 100
-
-    def __post_init__(self) -> None:
-        require(self.name in ("adam", "adamw"), f"optim.name must be adam or adamw, got {self.name!r}")
-        require(self.schedule in ("noam", "cosine", "constant"),
-                f"optim.schedule must be noam, cosine or constant, got {self.schedule!r}")
-        require(self.lr > 0 and self.warmup >= 0 and len(self.betas) == 2,
-                f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; "
-                f"got {self.lr}, {self.warmup}, {list(self.betas)}")
-        require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-
-    def describe(self) -> str:
-        """What runs, in words (logged at the start and stored in result.json)."""
-        if self.name == "adamw":
-            return f"AdamW (decoupled weight decay {self.weight_decay})"
-        return f"Adam (L2 weight decay {self.weight_decay})" if self.weight_decay else "Adam"
-
-
-# optimiser settings its saved state (moment estimates) depends on: a change is refused on resume
-OPTIM_STATE_KEYS = ("name", "betas")
-# settings applied on resume (the schedule is rebuilt from the current options at every start)
-OPTIM_APPLIED_KEYS = ("lr", "schedule", "warmup", "weight_decay", "eps")
-
-
 class ImmediateInterrupt(KeyboardInterrupt):
     """A second Ctrl-C / SIGTERM: stop now, possibly mid-step, so no checkpoint is written."""
-
-
-def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """``trainer.device``: auto (CUDA when present, else CPU), cpu, cuda, cuda:N, or any torch device."""
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"trainer.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"trainer.device={name!r} but CUDA is not available here; use trainer.device=auto or cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"trainer.device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
-def make_optimizer(model: nn.Module, options: OptimOptions) -> torch.optim.Optimizer:
-    return adam(model, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay,
-                decoupled=options.name == "adamw")
 
 
 def check_splits(task: Task, world_size: int = 1) -> None:
@@ -515,9 +431,11 @@ class Trainer:
     def _evaluate_and_save(self, metric_key: str) -> dict[str, float]:
         result = self.evaluate()
         value = result[metric_key]
-        if not (math.isfinite(value) and math.isfinite(result[f"{self.opts.eval_split}/loss"])):
-            raise TrainingDiverged(f"evaluation at step {self.step} gave {metric_key}={value}; stopping without "
-                                   f"overwriting any checkpoint. {self.sound_checkpoint_note()}")
+        bad = {k: v for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            found = ", ".join(f"{k}={v}" for k, v in bad.items())
+            raise TrainingDiverged(f"evaluation at step {self.step} gave {found}; stopping without overwriting any "
+                                   f"checkpoint. {self.sound_checkpoint_note()}")
         improved = self.is_better(value)
         if improved:
             self.best = value

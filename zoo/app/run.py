@@ -16,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.app.schema import LoggerOptions, options_defaults, to_options
 from zoo.checkpoint import load_checkpoint, seed_everything
 from zoo.data import TASK, Task, create_task
+from zoo.distributed import from_env
 from zoo.loggers import MetricsFile, WandbLogger
 from zoo.registry import ATTENTION
-from zoo.rundir import run_id, write_text
+from zoo.rundir import claim, run_id, write_text
 from zoo.trainer import OptimOptions, Trainer, TrainerOptions, build_model_for_task
 
 # conf/config.yaml ends hydra.run.dir and hydra.sweep.dir with ${zoo_run_id:}: two runs started in the
@@ -118,8 +119,6 @@ def hydra_context() -> tuple[Path, str, str]:
 
 
 def make_loggers(resolved: dict[str, Any], run_dir: Path, name: str, group: str) -> list[Any]:
-    from zoo.distributed import from_env
-
     options = LoggerOptions(**resolved["logger"])
     if not from_env().is_main or options.name == "none":
         return []
@@ -138,6 +137,8 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
     trainer_opts = trainer_options(resolved)
     if trainer_opts.resume and trainer_opts.resume != "auto":
         trainer_opts = dataclasses.replace(trainer_opts, resume=str(Path(trainer_opts.resume).expanduser()))
+    if from_env().is_main:  # before any logger touches the directory (the trainer checks again)
+        claim(run_dir, resuming=bool(trainer_opts.resume))
     loggers = make_loggers(resolved, run_dir, name, group)
     trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir,
                       seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)

@@ -14,7 +14,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -29,23 +28,6 @@ from zoo.trainer import CheckpointError, TrainingDiverged, load_checkpoint  # no
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["experiment=tiny", "logger=csv", "trainer.max_steps=4", "trainer.eval_every=2", "trainer.eval_batches=1", "trainer.batch_size=2",
         "trainer.seq_len=16", "trainer.progress=false", "model.d_model=32", "model.d_ff=64", "model.n_heads=2", "trainer.device=cpu"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and far faster than two on a shared, loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "corpus.txt"
-    rng = np.random.default_rng(0)
-    path.write_bytes(bytes(rng.integers(97, 123, 20_000).astype(np.uint8)))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--variants", default="reformer,peer:reformer-pytorch", help="comma-separated presets and peer:<name>")
+    parser.add_argument("--variants", default="reformer,peer:reformer-pytorch",
+                        help="comma-separated presets and peer:<name>")
     parser.add_argument("--out", default="results/reformer_memory/speed")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

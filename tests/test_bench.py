@@ -17,9 +17,17 @@ from zoo.registry import PEER
 def test_one_override_syntax_dotted_key_value():
     """--set and --variant take the app's dotted key=value items, parsed into merge_config's dicts;
     the old name(key=value,...) form is gone and refused with the new form named."""
-    assert bench.parse_set(["attention.n_hashes=8", "residual=pre_norm", "dropout=0.1"]) == {"attention": {"n_hashes": 8}, "residual": "pre_norm", "dropout": 0.1}
+    assert bench.parse_set(["attention.n_hashes=8", "residual=pre_norm", "dropout=0.1"]) == {
+        "attention": {"n_hashes": 8},
+        "residual": "pre_norm",
+        "dropout": 0.1,
+    }
     named = {"attention": {"name": "lsh", "n_hashes": 4}}
-    assert bench.parse_set(["attention=lsh", "attention.n_hashes=4"]) == named == bench.parse_set(["attention.n_hashes=4", "attention=lsh"])
+    assert (
+        bench.parse_set(["attention=lsh", "attention.n_hashes=4"])
+        == named
+        == bench.parse_set(["attention.n_hashes=4", "attention=lsh"])
+    )
     with pytest.raises(ValueError, match="key=value"):
         bench.parse_set(["oops"])
     assert not hasattr(bench, "parse_spec")
@@ -34,14 +42,35 @@ def _args(argv):
 
 
 def test_variant_and_set_values_reach_the_built_model():
-    variants = bench.variants_from_args(_args(["--attention", "vanilla", "--variant", "attention=adaptive_span", "attention.max_span=64", "attention.mode=fixed",
-                                               "--variant", "model=reformer", "stack=sequential"]))
-    assert [v.label for v in variants] == ["vanilla", "attention=adaptive_span attention.max_span=64 attention.mode=fixed", "model=reformer stack=sequential"]
+    variants = bench.variants_from_args(
+        _args(
+            [
+                "--attention",
+                "vanilla",
+                "--variant",
+                "attention=adaptive_span",
+                "attention.max_span=64",
+                "attention.mode=fixed",
+                "--variant",
+                "model=reformer",
+                "stack=sequential",
+            ]
+        )
+    )
+    assert [v.label for v in variants] == [
+        "vanilla",
+        "attention=adaptive_span attention.max_span=64 attention.mode=fixed",
+        "model=reformer stack=sequential",
+    ]
     shape = dict(d_model=16, heads=2, layers=1, vocab=32, batch=1, d_ff=32)
     model, _ = bench.build(variants[1], 32, shape, {})
     assert model.config.attention == {"name": "adaptive_span", "max_span": 64, "mode": "fixed"}
     model, _ = bench.build(variants[2], 32, shape, {})
-    assert (model.config.name, model.config.stack["name"], model.config.attention["name"]) == ("reformer", "sequential", "lsh")
+    assert (model.config.name, model.config.stack["name"], model.config.attention["name"]) == (
+        "reformer",
+        "sequential",
+        "lsh",
+    )
     # --set goes on top of every variant: the mechanism's options reach it, the preset's own are kept
     lsh = bench.variants_from_args(_args(["--attention", "lsh"]))[0]
     model, _ = bench.build(lsh, 32, shape, bench.parse_set(["attention.n_hashes=2", "attention.chunk_size=8"]))
@@ -87,7 +116,25 @@ def test_crossover_and_summary():
 
 def test_end_to_end_writes_table_and_plot(tmp_path):
     out = tmp_path / "bench"
-    code = bench.main(["--attention", "vanilla", "--lengths", "32,64", "--d-model", "32", "--heads", "2", "--repeats", "1", "--warmup", "0", "--no-rss", "--out", str(out)])
+    code = bench.main(
+        [
+            "--attention",
+            "vanilla",
+            "--lengths",
+            "32,64",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--no-rss",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = list(csv.DictReader(open(out / "bench.csv")))
     assert [r["length"] for r in rows] == ["32", "64"] and all(r["status"] == "ok" for r in rows)
@@ -98,5 +145,12 @@ def test_end_to_end_writes_table_and_plot(tmp_path):
 
 
 def test_failures_are_recorded_not_raised():
-    rows = bench.run([bench.Variant("nope", "zoo", "vanilla_lm", {"attention": "no_such_mechanism"})], [16], d_model=16, heads=2, rss=False, progress=lambda s: None)
+    rows = bench.run(
+        [bench.Variant("nope", "zoo", "vanilla_lm", {"attention": "no_such_mechanism"})],
+        [16],
+        d_model=16,
+        heads=2,
+        rss=False,
+        progress=lambda s: None,
+    )
     assert rows[0]["status"].startswith("error: UnknownNameError")

@@ -24,7 +24,8 @@ from zoo.app.schema import named_schema, options_defaults, schema_type  # noqa: 
 from zoo.config import merge_config  # noqa: E402
 from zoo.data import list_tasks  # noqa: E402
 
-GROUPS = ["model", "attention", "residual", "stack", "position", "data", "optim", "trainer", "logger", "experiment", "sweep"]
+GROUPS = ["model", "attention", "residual", "stack", "position", "data", "optim", "trainer", "logger", "experiment",
+          "sweep"]
 
 
 def options(group: str) -> list[str]:
@@ -83,7 +84,8 @@ def test_sync_is_idempotent_and_repairs(tmp_path):
     assert any("stale" in p and "vanilla.yaml" in p for p in problems)
     assert any("missing" in p and "vanilla_lm.yaml" in p for p in problems)
     assert any("gone.yaml" in p for p in problems)
-    assert any("stale" in p and "gru_gate.yaml" in p for p in problems) and any("missing" in p and "universal.yaml" in p for p in problems)
+    assert any("stale" in p and "gru_gate.yaml" in p for p in problems)
+    assert any("missing" in p and "universal.yaml" in p for p in problems)
     changes, left = sync.sync(conf)
     assert len(changes) == 6 and left == []
     assert "gate_bias: null" in (conf / "residual" / "gru_gate.yaml").read_text()  # null = unset: the preset's value

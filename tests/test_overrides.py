@@ -80,22 +80,38 @@ def test_every_option_of_every_part_reaches_the_model(composer, monkeypatch):
         for name, options in part_options(axis):
             settable = [(o, d) for o, d in options if d is not None]  # a null on the command line is "unset"
             tuned = {o: marker(d) for o, d in options}
-            monkeypatch.setattr(preset, "build_config", lambda axis=axis, name=name, tuned=tuned: {axis: {"name": name, **tuned}})
-            cfg = composer(["model=vanilla_lm", f"{axis}={name}", *(f"{axis}.{o}={as_override(d)}" for o, d in settable)])
-            assert getattr(final_config(cfg), axis) == {"name": name, **tuned, **dict(settable)}, "every option set reaches the model"
-            assert getattr(final_config(only(cfg, axis, set())), axis) == {"name": name, **tuned}, "unset keeps the preset's"
+            monkeypatch.setattr(
+                preset, "build_config", lambda axis=axis, name=name, tuned=tuned: {axis: {"name": name, **tuned}}
+            )
+            cfg = composer(
+                ["model=vanilla_lm", f"{axis}={name}", *(f"{axis}.{o}={as_override(d)}" for o, d in settable)]
+            )
+            assert getattr(final_config(cfg), axis) == {"name": name, **tuned, **dict(settable)}, (
+                "every option set reaches the model"
+            )
+            assert getattr(final_config(only(cfg, axis, set())), axis) == {"name": name, **tuned}, (
+                "unset keeps the preset's"
+            )
             for option, default in settable:
                 got = getattr(final_config(only(cfg, axis, {option})), axis)
-                assert got == {"name": name, **tuned, option: default}, f"{axis}={name} {axis}.{option}={default!r} gave {got}"
+                assert got == {"name": name, **tuned, option: default}, (
+                    f"{axis}={name} {axis}.{option}={default!r} gave {got}"
+                )
                 checked += 1
     assert checked >= 40
 
 
 def test_every_model_key_reaches_the_model(composer, monkeypatch):
     """model.<key>=<ModelConfig default> on a preset that sets every scalar key otherwise."""
-    scalar = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING and f.name != "name"}
+    scalar = {
+        f.name: f.default
+        for f in dataclasses.fields(ModelConfig)
+        if f.default is not dataclasses.MISSING and f.name != "name"
+    }
     # a preset's own values for every key, all different from ModelConfig's and valid together
-    tuned = {k: marker(v) for k, v in scalar.items()} | dict(kind="seq2seq", d_model=96, n_heads=4, activation="gelu", pooling="first")
+    tuned = {k: marker(v) for k, v in scalar.items()} | dict(
+        kind="seq2seq", d_model=96, n_heads=4, activation="gelu", pooling="first"
+    )
     monkeypatch.setattr(get_preset("vanilla_lm"), "build_config", lambda: dict(tuned))
     cfg = composer(["model=vanilla_lm", *(f"model.{k}={as_override(v)}" for k, v in scalar.items())])
     assert all(getattr(final_config(cfg), k) == v for k, v in scalar.items())
@@ -107,12 +123,28 @@ def test_every_model_key_reaches_the_model(composer, monkeypatch):
 
 def test_issue_examples_build_what_was_asked():
     """The reported cases, built for real: values equal to the mechanism's default used to be dropped."""
-    _, _, model = build(compose(["experiment=tiny", "model=adaptive_span_lm", "attention=adaptive_span", "attention.max_span=1024", *SMALL]))
+    _, _, model = build(
+        compose(
+            ["experiment=tiny", "model=adaptive_span_lm", "attention=adaptive_span", "attention.max_span=1024", *SMALL]
+        )
+    )
     assert model.config.attention["max_span"] == 1024
     assert model.stack.blocks[0].attention.options.max_span == 1024
-    _, _, model = build(compose(["model=adaptive_span_lm", "attention=adaptive_span", "attention.max_span=1024", *SMALL]))
+    _, _, model = build(
+        compose(["model=adaptive_span_lm", "attention=adaptive_span", "attention.max_span=1024", *SMALL])
+    )
     assert model.config.attention["max_span"] == 1024
-    _, _, model = build(compose(["model=sparse_transformer", "attention=sparse_fixed", "attention.c=8", "attention.combine=interleaved", *SMALL]))
+    _, _, model = build(
+        compose(
+            [
+                "model=sparse_transformer",
+                "attention=sparse_fixed",
+                "attention.c=8",
+                "attention.combine=interleaved",
+                *SMALL,
+            ]
+        )
+    )
     options = model.stack.blocks[0].attention.options
     assert (options.c, options.combine, options.stride) == (8, "interleaved", 128)  # stride: the preset's, unset
 
@@ -120,11 +152,38 @@ def test_issue_examples_build_what_was_asked():
 def test_tiny_never_beats_the_command_line(composer):
     """Every value experiment=tiny brings (its own keys and each preset's tiny variant), set on the
     command line to something else, is what runs."""
-    cfg = composer(["experiment=tiny", "trainer.max_steps=7", "trainer.batch_size=3", "trainer.seq_len=40", "trainer.eval_every=0",
-                    "trainer.eval_batches=2", "optim.lr=0.02", "optim.warmup=5"])
-    assert [cfg["trainer"][k] for k in ("max_steps", "batch_size", "seq_len", "eval_every", "eval_batches")] == [7, 3, 40, 0, 2]
+    cfg = composer(
+        [
+            "experiment=tiny",
+            "trainer.max_steps=7",
+            "trainer.batch_size=3",
+            "trainer.seq_len=40",
+            "trainer.eval_every=0",
+            "trainer.eval_batches=2",
+            "optim.lr=0.02",
+            "optim.warmup=5",
+        ]
+    )
+    assert [cfg["trainer"][k] for k in ("max_steps", "batch_size", "seq_len", "eval_every", "eval_batches")] == [
+        7,
+        3,
+        40,
+        0,
+        2,
+    ]
     assert (cfg["optim"]["lr"], cfg["optim"]["warmup"]) == (0.02, 5)
-    got = final_config(composer(["experiment=tiny", "model.d_model=48", "model.n_layers=3", "model.n_heads=2", "model.d_ff=96", "model.dropout=0.25"]))
+    got = final_config(
+        composer(
+            [
+                "experiment=tiny",
+                "model.d_model=48",
+                "model.n_layers=3",
+                "model.n_heads=2",
+                "model.d_ff=96",
+                "model.dropout=0.25",
+            ]
+        )
+    )
     assert (got.d_model, got.n_layers, got.n_heads, got.d_ff, got.dropout) == (48, 3, 2, 96, 0.25)
     seen = []
     for preset in zoo.list_models():
@@ -155,22 +214,43 @@ def test_tiny_never_beats_the_command_line(composer):
 def test_experiment_values_do_not_leak_into_another_choice(composer):
     """experiment=tiny optim=noam used to run Noam with multiplier 0.003 and warm-up 30: a group the
     user picks gets its own file's values (the experiments pick trainer=tiny/demo, optim=adam_tiny)."""
-    checks = [("tiny", group, choice) for group, choices in (("optim", ["adam", "adamw", "noam"]), ("trainer", ["default", "debug", "gpu"]))
-              for choice in choices] + [("demo", "optim", "noam"), ("demo", "trainer", "debug")]
+    checks = [
+        ("tiny", group, choice)
+        for group, choices in (("optim", ["adam", "adamw", "noam"]), ("trainer", ["default", "debug", "gpu"]))
+        for choice in choices
+    ] + [("demo", "optim", "noam"), ("demo", "trainer", "debug")]
     alone = {}
     for experiment, group, choice in checks:
         alone.setdefault((group, choice), composer([f"{group}={choice}"])[group])
-        assert composer([f"experiment={experiment}", f"{group}={choice}"])[group] == alone[group, choice], (experiment, group, choice)
+        assert composer([f"experiment={experiment}", f"{group}={choice}"])[group] == alone[group, choice], (
+            experiment,
+            group,
+            choice,
+        )
     assert alone["optim", "noam"]["lr"] == 1.0 and alone["optim", "noam"]["warmup"] == 4000
 
 
 def test_part_groups_set_their_options_and_refuse_typos():
-    _, _, model = build(compose(["experiment=tiny", "model=gtrxl", "residual=gru_gate", "residual.gate_bias=0", *SMALL]))
+    _, _, model = build(
+        compose(["experiment=tiny", "model=gtrxl", "residual=gru_gate", "residual.gate_bias=0", *SMALL])
+    )
     assert model.config.residual == {"name": "gru_gate", "gate_bias": 0.0}
     gates = [m for m in model.modules() if getattr(type(m), "registry_name", None) == "gru_gate"]
     assert gates and all(float(g.gate_bias.detach().abs().max()) == 0.0 for g in gates)
-    _, _, model = build(compose(["experiment=tiny", "model=vanilla_lm", "residual=rezero", "stack=universal", "stack.act=true",
-                                 "stack.max_steps=3", "position=learned", *SMALL]))
+    _, _, model = build(
+        compose(
+            [
+                "experiment=tiny",
+                "model=vanilla_lm",
+                "residual=rezero",
+                "stack=universal",
+                "stack.act=true",
+                "stack.max_steps=3",
+                "position=learned",
+                *SMALL,
+            ]
+        )
+    )
     assert (model.config.residual, model.config.position) == ({"name": "rezero"}, {"name": "learned"})
     assert model.config.stack == {"name": "universal", "act": True, "max_steps": 3} and model.stack.steps == 3
     message = precheck(["residual=gru_gate", "residual.gate_bais=0"])
@@ -189,4 +269,9 @@ def test_null_part_keeps_the_presets_choice_and_options(composer):
     for preset in ("gtrxl", "reformer", "sparse_transformer", "universal_transformer_act"):
         got = final_config(composer([f"model={preset}"]))
         own = preset_config(preset)
-        assert (got.attention, got.residual, got.stack, got.position) == (own.attention, own.residual, own.stack, own.position)
+        assert (got.attention, got.residual, got.stack, got.position) == (
+            own.attention,
+            own.residual,
+            own.stack,
+            own.position,
+        )

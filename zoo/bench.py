@@ -20,7 +20,8 @@ merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:
 ``--set key=value`` goes on top of every zoo variant. Examples::
 
     python -m zoo.bench --attention vanilla --lengths 256,512,1024
-    python -m zoo.bench --attention vanilla --variant attention=lsh attention.n_hashes=4 --lengths 1024,4096 --peers reformer-pytorch
+    python -m zoo.bench --attention vanilla --variant attention=lsh attention.n_hashes=4 --lengths 1024,4096 \
+        --peers reformer-pytorch
     python -m zoo.bench --model reformer,vanilla_lm --layers 2,4,8,12 --lengths 1024 --set residual=pre_norm
     python -m zoo.bench --model reformer --variant model=reformer stack=sequential --layers 2,4,8 --lengths 1024
 """
@@ -454,12 +455,13 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any], b
 
 def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
     """--attention, --model, --variant, --peers: what to measure (shared with the paired-timing scripts)."""
-    parser.add_argument("--attention", help="comma-separated mechanisms, each in the --model skeleton (default vanilla_lm)")
-    parser.add_argument("--model", help="comma-separated presets as registered; with --attention, a single preset is the skeleton")
+    parser.add_argument("--attention", help="comma-separated mechanisms, each in the --model skeleton (vanilla_lm)")
+    parser.add_argument("--model", help="comma-separated presets; with --attention, a single preset is the skeleton")
     parser.add_argument("--variant", action="append", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="one variant as dotted config overrides, e.g. --variant attention=lsh attention.n_hashes=8; "
+                        help="one variant as dotted config overrides, e.g. "
+                             "--variant attention=lsh attention.n_hashes=8; "
                              "model=<preset> picks the preset (default: the skeleton); repeat for more variants")
-    parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(PEER.list())} (- or _)")
+    parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(PEER.list())}")
 
 
 def variants_from_args(args: argparse.Namespace) -> list[Variant]:
@@ -491,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d-ff", type=int, default=0, help="feed-forward width (default 4 * d_model)")
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override on top of every zoo variant, e.g. residual=pre_norm or attention.n_hashes=4 (the --variant syntax)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override on top of every zoo variant, "
+                             "e.g. residual=pre_norm or attention.n_hashes=4")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (0: activation memory and RSS only, no timing)")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -73,7 +72,8 @@ def explain_unknown_key(exc: BaseException, overrides: list[str], conf_dir: str 
         if parent and "." not in parent and group_dir.is_dir() and OmegaConf.select(cfg, parent) is None:
             choices = sorted(p.stem for p in group_dir.glob("*.yaml"))
             example = choices[0] if choices else "<name>"
-            return f"cannot set {full_key!r}: '{parent}' is null; pick one first, e.g. {parent}={example} {full_key}=...; choices: {', '.join(choices)}"
+            return (f"cannot set {full_key!r}: '{parent}' is null; pick one first, "
+                    f"e.g. {parent}={example} {full_key}=...; choices: {', '.join(choices)}")
         return None
     where = f"'{parent}'" if parent else "the top level"
     return f"unknown config key {full_key!r}: {where} has no key {key!r}; valid: {', '.join(keys)}.{did_you_mean(key, keys)}"
@@ -98,7 +98,8 @@ def unset_part_message(full_key: str, axis: str, key: str, cfg: DictConfig) -> s
         return (f"cannot set {full_key!r}: no {axis} has an option {key!r}; options: {', '.join(options) or '(none)'}."
                 f"{did_you_mean(key, options)} Pick the part with {axis}=<name> ({choices}), then {axis}.<option>=...")
     example = own if own in having else having[0]
-    where = f"'{axis}' is null (the preset's own choice)" if full_key.startswith(axis) else f"'{axis}' is a config group of its own"
+    own_group = full_key.startswith(axis)
+    where = f"'{axis}' is null (the preset's own choice)" if own_group else f"'{axis}' is a config group of its own"
     return (f"cannot set {full_key!r}: {where}; pick the part first: {axis}={example} {axis}.{key}=... "
             f"({key!r} is an option of: {', '.join(having)}; {axis} choices: {choices})")
 
@@ -130,7 +131,3 @@ def precheck(argv: list[str], conf_dir: str | Path = CONF_DIR) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any composition problem: explain what we can, let Hydra report the rest
         return explain_unknown_key(exc, overrides, conf_dir)
     return None
-
-
-def cfg_to_dict(cfg: Any) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)

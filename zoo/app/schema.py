@@ -38,7 +38,9 @@ SIMPLE = (int, float, bool, str)
 
 # the part axes that are config groups of their own: attention=lsh, residual=gru_gate, ... (the
 # decoder's cross_attention stays a model key: model.cross_attention={name: ..., ...})
-PART_GROUPS: dict[str, Registry[Any]] = {"attention": ATTENTION, "residual": RESIDUAL, "stack": STACK, "position": POSITION}
+PART_GROUPS: dict[str, Registry[Any]] = {
+    "attention": ATTENTION, "residual": RESIDUAL, "stack": STACK, "position": POSITION,
+}
 
 
 def schema_type(tp: Any) -> Any:
@@ -208,7 +210,8 @@ def register_schemas() -> None:
     cs.store(group="schema", name="logger", node=simple_schema(LoggerOptions, "LoggerSchema"))
     for axis, registry in PART_GROUPS.items():
         for name in registry.list():
-            cs.store(group=f"schema/{axis}", name=name, node=named_schema(axis, name, registry.get(name).Options, unset=True))
+            schema = named_schema(axis, name, registry.get(name).Options, unset=True)
+            cs.store(group=f"schema/{axis}", name=name, node=schema)
     for name in TASK.list():
         cs.store(group="schema/data", name=name, node=named_schema("data", name, TASK.get(name).Options))
 

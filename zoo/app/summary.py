@@ -48,7 +48,9 @@ def of_multirun(result_path: Path, multirun_id: str) -> bool:
     the result is not older than the marker (a job of this multirun that died before writing its
     result, in a directory reused from an earlier sweep, leaves that sweep's result behind)."""
     marker = job_marker(result_path.parent)
-    return marker.is_file() and marker.read_text().strip() == multirun_id and result_path.stat().st_mtime >= marker.stat().st_mtime
+    if not marker.is_file() or marker.read_text().strip() != multirun_id:
+        return False
+    return result_path.stat().st_mtime >= marker.stat().st_mtime
 
 
 def job_overrides(job_dir: Path) -> dict[str, str]:
@@ -79,7 +81,8 @@ def gather(sweep_dir: str | Path, multirun_id: str | None = None) -> list[dict[s
         config_path = result_path.with_name("config.json")
         run = json.loads(config_path.read_text()).get("run", result_path.parent.name) if config_path.is_file() else result_path.parent.name
         row = {key: result.get(key) for key in COLUMNS}
-        row.update(run=run, peak_mem_mb=_peak(result), dir=str(result_path.parent), overrides=job_overrides(result_path.parent))
+        row.update(run=run, peak_mem_mb=_peak(result), dir=str(result_path.parent))
+        row["overrides"] = job_overrides(result_path.parent)
         rows.append(row)
     return rows
 

@@ -98,7 +98,8 @@ def plan(conf_dir: str | Path) -> tuple[dict[Path, str], list[Path], list[str]]:
                 if path.read_text().startswith(GENERATED):
                     removes.append(path)
                 else:
-                    problems.append(f"{path}: no {axis} {path.stem!r} is registered (hand-written file; remove or rename it)")
+                    problems.append(f"{path}: no {axis} {path.stem!r} is registered "
+                                    "(hand-written file; remove or rename it)")
     for preset in MODEL.list():
         path = model_dir / f"{preset}.yaml"
         if not path.is_file():

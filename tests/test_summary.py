@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("hydra")
 
@@ -28,14 +27,6 @@ TINY = [
     "trainer.device=cpu",
     "trainer.checkpoints=false",
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def train_multirun(argv: list[str], monkeypatch) -> None:

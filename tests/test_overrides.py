@@ -108,10 +108,18 @@ def test_every_model_key_reaches_the_model(composer, monkeypatch):
         for f in dataclasses.fields(ModelConfig)
         if f.default is not dataclasses.MISSING and f.name != "name"
     }
-    # a preset's own values for every key, all different from ModelConfig's and valid together
+    # a preset's own values for every key, all different from ModelConfig's and valid together;
+    # a key added later whose marker is not a valid value keeps its default in the preset (and is
+    # still set back on the command line below)
     tuned = {k: marker(v) for k, v in scalar.items()} | dict(
-        kind="seq2seq", d_model=96, n_heads=4, activation="gelu", pooling="first"
+        kind="seq2seq", head="none", d_model=96, n_heads=4, activation="gelu", pooling="first"
     )
+    for key in list(tuned):
+        try:
+            ModelConfig(**{key: tuned[key]})
+        except ValueError:
+            tuned.pop(key)
+    assert {"kind", "d_model", "n_layers", "dropout", "tie_embeddings", "activation"} <= set(tuned)
     monkeypatch.setattr(get_preset("vanilla_lm"), "build_config", lambda: dict(tuned))
     cfg = composer(["model=vanilla_lm", *(f"model.{k}={as_override(v)}" for k, v in scalar.items())])
     assert all(getattr(final_config(cfg), k) == v for k, v in scalar.items())

@@ -13,13 +13,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.app.schema import LoggerOptions, options_defaults, to_options
+from zoo.app.schema import PART_GROUPS, LoggerOptions, to_options
 from zoo.checkpoint import load_checkpoint, seed_everything
 from zoo.data import TASK, Task, create_task
 from zoo.distributed import from_env
 from zoo.loggers import MetricsFile, WandbLogger
 from zoo.paper import check_paper_data
-from zoo.registry import ATTENTION
 from zoo.rundir import claim, run_id, write_text
 from zoo.trainer import OptimOptions, Trainer, TrainerOptions, build_model_for_task
 
@@ -27,35 +26,32 @@ from zoo.trainer import OptimOptions, Trainer, TrainerOptions, build_model_for_t
 # same second get two directories (one token per process, shared with its torchrun ranks and jobs)
 OmegaConf.register_new_resolver("zoo_run_id", run_id, replace=True)
 
-GROUP_NODES = ("model", "attention", "data", "optim", "trainer", "logger")
-
 
 def as_dict(cfg: DictConfig | dict) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
-def attention_override(attention: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The ``attention`` group node -> a model override.
+def part_override(axis: str, node: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A part group's node -> a model override: its ``name`` and the options that were set.
 
-    Only options that differ from the mechanism's ``Options`` defaults are passed, so picking the
-    mechanism a preset already uses keeps the preset's tuned values (``attention=lsh
-    attention.n_hashes=8`` on ``reformer`` changes n_hashes only), while picking another mechanism
-    swaps it in with its defaults plus what the user set."""
-    if not attention:
+    Options are null unless set (the generated ``conf/<axis>/*.yaml`` leave them null), so every
+    option that is not null was asked for and is passed on, even one equal to the ``Options``
+    default; a null one keeps the preset's value when the preset uses that part (``attention=lsh
+    attention.n_hashes=8`` on ``reformer`` changes n_hashes only) and the part's default otherwise."""
+    if not node:
         return None
-    attention = dict(attention)
-    name = attention.pop("name")
-    cls = ATTENTION.get(name)
-    defaults = options_defaults(cls.Options)
-    changed = {k: v for k, v in attention.items() if k not in defaults or defaults[k] != v}
-    return {"name": name, **to_options(cls.Options, changed)}
+    options = dict(node)
+    name = options.pop("name")
+    cls = PART_GROUPS[axis].get(name)
+    return {"name": name, **to_options(cls.Options, {k: v for k, v in options.items() if v is not None})}
 
 
 def model_overrides(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(preset, overrides) from the ``model`` and ``attention`` nodes; null = the preset's value.
+    """(preset, overrides) from the ``model`` node and the part groups; null = the preset's value.
 
     ``model.tiny=true`` starts from the preset's registered tiny variant (its vocabulary excepted:
-    the task sets it); the user's ``model.*`` keys and the ``attention`` group go on top."""
+    the task sets it); the user's ``model.*`` keys and then the part groups (``attention``,
+    ``residual``, ``stack``, ``position``) go on top, so a key the user set always wins."""
     from zoo.config import merge_config
     from zoo.models import get_preset, preset_config
 
@@ -66,12 +62,14 @@ def model_overrides(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if tiny:
         base = {k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"}
         overrides = merge_config(base, overrides)
-    attention = attention_override(cfg.get("attention"))
-    if attention is not None:
-        current = overrides.get("attention")
-        if isinstance(current, dict) and "name" not in current:  # tweaks of the preset's own mechanism
-            overrides["attention"] = {"name": preset_config(preset).attention["name"], **current}
-        overrides = merge_config(overrides, {"attention": attention})
+    for axis in PART_GROUPS:
+        part = part_override(axis, cfg.get(axis))
+        if part is None:
+            continue
+        current = overrides.get(axis)
+        if isinstance(current, dict) and "name" not in current:  # tweaks of the preset's own part
+            overrides[axis] = {"name": getattr(preset_config(preset), axis)["name"], **current}
+        overrides = merge_config(overrides, {axis: part})
     return preset, overrides
 
 

@@ -25,7 +25,10 @@ can carry weight. The queries are cut into blocks of ``a`` positions; block n at
 ``a + reach`` keys that end at its last query, gathered with ``unfold`` from the (cache + segment)
 keys, and the soft mask enters as log m_z added to the scores (softmax(s + log m) is exactly
 eq. (4)), so the fused SDPA kernel does the work. Time and memory are O(t (a + reach)), falling as
-the spans shrink; no t x s matrix exists (a dense masked version lives in the tests only).
+the spans shrink; no t x s matrix exists (a dense masked version lives in the tests only). The
+span gradient keeps SDPA off its fused backward (the mask is a float tensor with a gradient), so
+the layer keeps only q, k, v and the spans and recomputes the band in backward
+(``recompute.py``): saved activations are no larger than fused dense attention's.
 
 State: like Transformer-XL and the paper's code, a cache of the last ``cache_size`` *inputs* of
 this layer (detached) carries context across segments; keys and values of the cropped cache are
@@ -61,6 +64,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from zoo.attention.base import Attention, AttnOutput, StateContract, join_key_padding
+from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -283,7 +287,13 @@ class AdaptiveSpanAttention(Attention):
         key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
-        out = blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, spans: Tensor, key_valid: Tensor | None) -> Tensor:
+            return blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=dropout)
+
+        # the band's weights (and its blocked key copies) are recomputed in backward, not kept
+        out = recompute_in_backward(attend, q, k, v, spans, key_valid, stochastic=dropout > 0)
         out = self.to_out(self.merge_heads(out))
 
         aux, stats = {}, {}

@@ -244,12 +244,17 @@ class AdaptiveSpanAttention(Attention):
     # -- spans ---------------------------------------------------------------------------------
     def spans(self, x: Tensor) -> Tensor:
         """Spans in tokens: [h] (learned, fixed) or [b, h, t] (dynamic)."""
+        return self.span_fractions(x) * self.options.max_span
+
+    def span_fractions(self, x: Tensor) -> Tensor:
+        """z / S in [0, 1]: [h] (learned, fixed) or [b, h, t] (dynamic, a view of the sigmoid's
+        output, which autograd keeps anyway: the attention's recomputation keeps the same storage)."""
         o = self.options
         if o.mode == "learned":
-            return self.span_param.clamp(0.0, 1.0) * o.max_span
+            return self.span_param.clamp(0.0, 1.0)
         if o.mode == "fixed":
-            return torch.full((self.n_heads,), float(o.max_span), device=x.device, dtype=x.dtype)
-        return rearrange(torch.sigmoid(self.span_proj(x)) * o.max_span, "b t h -> b h t")
+            return torch.ones(self.n_heads, device=x.device, dtype=x.dtype)
+        return rearrange(torch.sigmoid(self.span_proj(x)), "b t h -> b h t")
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -270,12 +275,13 @@ class AdaptiveSpanAttention(Attention):
                 raise ValueError(f"adaptive_span: state must be a SpanCache (from init_state or a previous call), got {type(state).__name__}")
             if state.x is not None and (state.x.shape[0] != b or state.x.shape[2] != self.d_model):
                 raise ValueError(f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is [b={b}, t, d={self.d_model}]")
-        spans = self.spans(x)
+        fractions = self.span_fractions(x)
+        spans = fractions * o.max_span
         real = pad_mask
         if spans.dim() == 3 and real is not None:  # padded tokens' spans neither crop nor pay
-            spans_real = spans.masked_fill(~real[:, None, :], 0.0)
+            spans_real = spans.detach().masked_fill(~real[:, None, :], 0.0)
         else:
-            spans_real = spans
+            spans_real = spans.detach()
         reach = min(span_reach(float(spans_real.detach().max()), o.ramp), o.max_span)  # the paper's window is S
 
         # keys: the cropped cache (only the last `reach` inputs can be seen) + this segment
@@ -289,11 +295,12 @@ class AdaptiveSpanAttention(Attention):
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
         dropout = self.dropout if self.training else 0.0
 
-        def attend(q: Tensor, k: Tensor, v: Tensor, spans: Tensor, key_valid: Tensor | None) -> Tensor:
+        def attend(q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None) -> Tensor:
+            spans = fractions * o.max_span
             return blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=dropout)
 
         # the band's weights (and its blocked key copies) are recomputed in backward, not kept
-        out = recompute_in_backward(attend, q, k, v, spans, key_valid, stochastic=dropout > 0)
+        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, stochastic=dropout > 0)
         out = self.to_out(self.merge_heads(out))
 
         aux, stats = {}, {}
@@ -302,7 +309,8 @@ class AdaptiveSpanAttention(Attention):
                 penalty = spans.mean()
             elif pad_mask is not None:
                 weight = pad_mask[:, None, :].to(spans.dtype)
-                penalty = (spans * weight).sum() / (weight.sum() * self.n_heads).clamp_min(1.0)
+                # on the fractions, whose storage autograd keeps already (spans * weight would keep spans)
+                penalty = o.max_span * (fractions * weight).sum() / (weight.sum() * self.n_heads).clamp_min(1.0)
             else:
                 penalty = spans.mean()
             aux["span_l1"] = o.l1 * penalty  # (lambda / M) sum_h z_h for this layer

@@ -253,3 +253,17 @@ def test_lead_chunk_layout_equals_look_back_copies(dropout):
     torch.testing.assert_close(lse_b, lse_a)
     for name, got, want in zip("qkv", grads_b, grads_a):
         torch.testing.assert_close(got, want, msg=lambda m, name=name: f"d/d{name}: {m}")
+
+
+def test_unit_keys_are_scaled_normalised_queries_in_the_lead_chunk_layout():
+    from zoo.attention.lsh import _UnitKeys
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    q[0, 0, 0] = 0.0  # a zero query: the clamped norm, as F.normalize
+    q.requires_grad_(True)
+    keys = _UnitKeys.apply(q, 0.3)
+    torch.testing.assert_close(keys, lead(F.normalize(q, dim=-1) * 0.3))
+    # gradients away from the clamp (finite differences at a zero query cross it)
+    smooth = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: _UnitKeys.apply(x, 0.3), (smooth,))

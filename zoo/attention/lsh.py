@@ -187,7 +187,6 @@ class LSHAttention(SharedQKProjections):
 
         q_sorted = _Gather.apply(rearrange(qk, "b h t k -> (b h t) k"), sort_rows, undo_rows, R, tp).view(B, R, n, c, k)
         v_sorted = _Gather.apply(rearrange(v, "b h t k -> (b h t) k"), sort_rows, undo_rows, R, tp).view(B, R, n, c, k)
-        k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
         bucket_sorted = rearrange(buckets, "b h r t -> (b h) r t").gather(-1, order).view(B, R, n, c)
         pos_sorted = order.view(B, R, n, c)
 
@@ -200,10 +199,12 @@ class LSHAttention(SharedQKProjections):
             # whole, so what it holds does not matter. The chunks of every round then sit in one
             # flat sequence behind one leading filler chunk, and chunk i's keys (chunk i - 1, then
             # chunk i) are a strided window of it: no look-back copy of keys, values or buckets.
-            keys, values = (_lead_chunk(rearrange(x, "B r n c k -> (B r n c) k"), c) for x in (k_sorted, v_sorted))
+            keys = _UnitKeys.apply(q_sorted, k**-0.5)  # scaled unit keys, in the lead-chunk layout
+            values = _lead_chunk(rearrange(v_sorted, "B r n c k -> (B r n c) k"), c)
             bucket_keys = _lead_chunk(bucket_sorted.reshape(-1), c).as_strided((B, R, n, 2 * c), (R * n * c, n * c, c, 1))
             masked = (bucket_keys[..., None, :] != bucket_sorted[..., :, None]) | static_masked
         else:
+            k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
             keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, w, k], w = 2c (c if n == 1)
             if across:  # keys of any bucket: causality and padding by position, per element
                 real_sorted = rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t").gather(-1, order.view(B, R * tp)).view(B, R, n, c)
@@ -213,12 +214,13 @@ class LSHAttention(SharedQKProjections):
             else:
                 # Same bucket only. Within a bucket the sorted order is the position order, so
                 # causality, the window and oneself are fixed slot patterns (static_masked; oneself
-                # is a diagonal, see _ChunkAttention); padding sits in its own bucket, so the bucket test alone keeps real
-                # queries off padded keys.
+                # is a diagonal, see _ChunkAttention); padding sits in its own bucket, so the
+                # bucket test alone keeps real queries off padded keys.
                 masked = _look_back(bucket_sorted)[..., None, :] != bucket_sorted[..., :, None]
                 if static_masked is not None:
                     masked = masked | static_masked
-        out_sorted, lse = _ChunkAttention.apply(q_sorted * k**-0.5, keys, values, masked, dropout)
+            q_sorted = q_sorted * k**-0.5  # (the lead-chunk keys carry the scale instead)
+        out_sorted, lse = _ChunkAttention.apply(q_sorted, keys, values, masked, dropout)
 
         # un-sort: position p came from sorted slot undo[p]
         out = _Gather.apply(out_sorted.reshape(B * R * tp, k), undo_rows, order_rows, 1, tp).view(B, R, tp, k)
@@ -260,6 +262,36 @@ def _lead_chunk(x: Tensor, c: int) -> Tensor:
     out[:c] = 0  # F.pad would fill the whole output first, one more pass over it
     out[c:] = x
     return out
+
+
+class _UnitKeys(torch.autograd.Function):
+    """Shared-QK keys scale * q / |q| (|q| clamped at 1e-12, as F.normalize), written straight
+    into the lead-chunk layout: one pass instead of normalise, scale the queries, then copy.
+
+    q [..., c, k] (sorted chunks, contiguous) -> [(N + 1) c, k] with N = q.numel() / (c k)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, scale: float):
+        c, k = q.shape[-2:]
+        norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)
+        inverse = scale / norm.clamp_min(1e-12)
+        keys = q.new_empty(q.numel() // k + c, k)
+        keys[:c] = 0
+        torch.mul(q.reshape(-1, k), inverse.reshape(-1, 1), out=keys[c:])
+        ctx.scale = scale
+        ctx.save_for_backward(q, norm)
+        return keys
+
+    @staticmethod
+    def backward(ctx, d_keys: Tensor):
+        q, norm = ctx.saved_tensors
+        c, k = q.shape[-2:]
+        d_keys = d_keys[c:].view(q.shape)  # the filler chunk comes from nowhere
+        # d(s q / |q|) = s / |q| (dk - q (q . dk) / |q|^2), and s / 1e-12 dk where the norm is clamped
+        clamped = norm <= 1e-12
+        inverse = ctx.scale / norm.clamp_min(1e-12)
+        along = torch.where(clamped, 0.0, inverse * (q * d_keys).sum(-1, keepdim=True) / norm.clamp_min(1e-12) ** 2)
+        return torch.addcmul(d_keys * inverse, q, along, value=-1), None
 
 
 def _windows(x: Tensor, c: int) -> Tensor:

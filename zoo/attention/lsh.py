@@ -19,7 +19,11 @@ Per head and per hash round r:
 
 Complexity: O(t * chunk) memory and time per head and round, plus the O(t log t) sort. Nothing of
 size t x t is ever built: the scores live in blocks [b*h, rounds, n_chunks, chunk, 2*chunk],
-computed with one batched matmul, not a Python loop.
+computed with one batched matmul, not a Python loop. In the causal case (the LM) the look-back
+keys and values are not copied: all rounds' sorted chunks sit in one flat sequence behind a filler
+chunk, and each chunk's key block (previous chunk, own chunk) is an overlapping strided window of
+it, read in place by the matmul (chunk 0's look-back is masked whole, so what precedes it in the
+flat sequence never counts).
 
 Deviations (each on purpose, each tested):
 

@@ -17,6 +17,7 @@ from torch.autograd.graph import saved_tensors_hooks
 import zoo
 from zoo.attention.adaptive_span import blocked_span_attention, span_reach
 from zoo.attention.recompute import recompute_in_backward
+from zoo.bench import SavedTensorMeter
 
 
 def span_case(dynamic, dtype=torch.float64, seed=0, b=2, h=3, t=13, m=5, k=4):
@@ -75,19 +76,10 @@ def test_recompute_is_plain_without_a_gradient():
 
 def saved_bytes(attn, t, d=32):
     """Exact bytes autograd keeps for backward (each storage once, parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in attn.parameters()}
-    seen = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    x = torch.randn(1, t, d, requires_grad=True)
-    with saved_tensors_hooks(pack, lambda tensor: tensor):
-        attn(x, pad_mask=None)
-    return sum(seen.values())
+    meter = SavedTensorMeter(attn)
+    with saved_tensors_hooks(meter.pack, lambda tensor: tensor):
+        attn(torch.randn(1, t, d, requires_grad=True))
+    return meter.bytes
 
 
 def layer(name, **options):

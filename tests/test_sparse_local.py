@@ -17,6 +17,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 import zoo
 from zoo.attention.base import guard_empty_rows, reference_attention
+from zoo.bench import SavedTensorMeter
 
 # -- the papers' sets, as dense [t, t] masks (i = query row, j = key column) ---------------------
 
@@ -288,19 +289,10 @@ IMAGE_PRESET_2D = dict(height=32, width=96, query_height=8, query_width=32, flan
 
 def unique_saved_bytes(attn, t):
     """Exact bytes autograd keeps for backward (each storage once, parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in attn.parameters()}
-    seen = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    x = torch.randn(1, t, 32, requires_grad=True)
-    with saved_tensors_hooks(pack, lambda tensor: tensor):
-        attn(x)
-    return sum(seen.values())
+    meter = SavedTensorMeter(attn)
+    with saved_tensors_hooks(meter.pack, lambda tensor: tensor):
+        attn(torch.randn(1, t, 32, requires_grad=True))
+    return meter.bytes
 
 
 def test_local_2d_prefix_pads_to_query_block_rows_not_the_image():

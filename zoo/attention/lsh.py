@@ -332,10 +332,10 @@ def _static_masks(n: int, c: int, causal_in_bucket: bool, device: torch.device) 
 
     Key slots: with n > 1, 0..c-1 are the previous chunk and c..2c-1 the own one; with n == 1 only
     the own, so the query's own key is at slot (w - c) + its own slot (one diagonal of the block).
-    Returns masked [n, c, w] or None. When
-    ``causal_in_bucket`` (causal, same-bucket keys only) a same-bucket key is in the query's past
-    exactly when its sorted slot is earlier, so masked = later slots | slots more than c places
-    back (the window) | the wrapped-around "previous" chunk of chunk 0 (it holds the round's end)."""
+    Returns masked [n, c, w] or None. When ``causal_in_bucket`` (causal, same-bucket keys only) a
+    same-bucket key is in the query's past exactly when its sorted slot is earlier, so masked =
+    later slots | slots more than c places back (the window) | the wrapped-around "previous" chunk
+    of chunk 0 (it holds the round's end)."""
     key = (n, c, causal_in_bucket, device)
     if key not in _MASK_CACHE:
         a = torch.arange(c, device=device)[:, None]  # query slot
@@ -354,13 +354,13 @@ def _static_masks(n: int, c: int, causal_in_bucket: bool, device: torch.device) 
 class _ChunkAttention(torch.autograd.Function):
     """softmax(q k^T + masks) v over the sorted blocks, returning the log-sum-exp normalisers too.
 
-    q [..., c, k] (already scaled); keys/values [..., w, k] or, in the lead-chunk layout,
-    [(N + 1) c, k] with N the number of query chunks, read through :func:`_windows` (w = 2c);
-    masked bool broadcastable to [..., c, w]; a query's own key (score SELF_SCORE) is the
-    diagonal at offset w - c of its block. Hand-written backward so that
-    only the probabilities are kept (not scores and probabilities, as autograd through logsumexp +
-    exp would) and one exp pass serves both outputs: lse = max(s) - log(max(p)), since
-    p_max = exp(max(s) - lse)."""
+    q [..., c, k]; keys/values [..., w, k] or, in the lead-chunk layout, [(N + 1) c, k] with N the
+    number of query chunks, read through :func:`_windows` (w = 2c); q . k is the score, so the
+    1 / sqrt(d_k) scale is already on q (look-back blocks) or on the keys (lead-chunk layout).
+    masked bool broadcastable to [..., c, w]; a query's own key (score SELF_SCORE) is the diagonal
+    at offset w - c of its block. Hand-written backward so that only the probabilities are kept
+    (not scores and probabilities, as autograd through logsumexp + exp would) and one exp pass
+    serves both outputs: lse = max(s) - log(max(p)), since p_max = exp(max(s) - lse)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, masked: Tensor, dropout: float):

@@ -25,7 +25,10 @@ can carry weight. The queries are cut into blocks of ``a`` positions; block n at
 ``a + reach`` keys that end at its last query, gathered with ``unfold`` from the (cache + segment)
 keys, and the soft mask enters as log m_z added to the scores (softmax(s + log m) is exactly
 eq. (4)), so the fused SDPA kernel does the work. Time and memory are O(t (a + reach)), falling as
-the spans shrink; no t x s matrix exists (a dense masked version lives in the tests only).
+the spans shrink; no t x s matrix exists (a dense masked version lives in the tests only). The
+span gradient keeps SDPA off its fused backward (the mask is a float tensor with a gradient), so
+the layer keeps only q, k, v and the spans and recomputes the band in backward
+(``recompute.py``): saved activations are no larger than fused dense attention's.
 
 State: like Transformer-XL and the paper's code, a cache of the last ``cache_size`` *inputs* of
 this layer (detached) carries context across segments; keys and values of the cropped cache are
@@ -61,6 +64,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from zoo.attention.base import Attention, AttnOutput, StateContract, join_key_padding
+from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -240,12 +244,17 @@ class AdaptiveSpanAttention(Attention):
     # -- spans ---------------------------------------------------------------------------------
     def spans(self, x: Tensor) -> Tensor:
         """Spans in tokens: [h] (learned, fixed) or [b, h, t] (dynamic)."""
+        return self.span_fractions(x) * self.options.max_span
+
+    def span_fractions(self, x: Tensor) -> Tensor:
+        """z / S in [0, 1]: [h] (learned, fixed) or [b, h, t] (dynamic, a view of the sigmoid's
+        output, which autograd keeps anyway: the attention's recomputation keeps the same storage)."""
         o = self.options
         if o.mode == "learned":
-            return self.span_param.clamp(0.0, 1.0) * o.max_span
+            return self.span_param.clamp(0.0, 1.0)
         if o.mode == "fixed":
-            return torch.full((self.n_heads,), float(o.max_span), device=x.device, dtype=x.dtype)
-        return rearrange(torch.sigmoid(self.span_proj(x)) * o.max_span, "b t h -> b h t")
+            return torch.ones(self.n_heads, device=x.device, dtype=x.dtype)
+        return rearrange(torch.sigmoid(self.span_proj(x)), "b t h -> b h t")
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -266,12 +275,13 @@ class AdaptiveSpanAttention(Attention):
                 raise ValueError(f"adaptive_span: state must be a SpanCache (from init_state or a previous call), got {type(state).__name__}")
             if state.x is not None and (state.x.shape[0] != b or state.x.shape[2] != self.d_model):
                 raise ValueError(f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is [b={b}, t, d={self.d_model}]")
-        spans = self.spans(x)
+        fractions = self.span_fractions(x)
+        spans = fractions * o.max_span
         real = pad_mask
         if spans.dim() == 3 and real is not None:  # padded tokens' spans neither crop nor pay
-            spans_real = spans.masked_fill(~real[:, None, :], 0.0)
+            spans_real = spans.detach().masked_fill(~real[:, None, :], 0.0)
         else:
-            spans_real = spans
+            spans_real = spans.detach()
         reach = min(span_reach(float(spans_real.detach().max()), o.ramp), o.max_span)  # the paper's window is S
 
         # keys: the cropped cache (only the last `reach` inputs can be seen) + this segment
@@ -283,7 +293,14 @@ class AdaptiveSpanAttention(Attention):
         key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
-        out = blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None) -> Tensor:
+            spans = fractions * o.max_span
+            return blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=dropout)
+
+        # the band's weights (and its blocked key copies) are recomputed in backward, not kept
+        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, stochastic=dropout > 0)
         out = self.to_out(self.merge_heads(out))
 
         aux, stats = {}, {}
@@ -292,7 +309,8 @@ class AdaptiveSpanAttention(Attention):
                 penalty = spans.mean()
             elif pad_mask is not None:
                 weight = pad_mask[:, None, :].to(spans.dtype)
-                penalty = (spans * weight).sum() / (weight.sum() * self.n_heads).clamp_min(1.0)
+                # on the fractions, whose storage autograd keeps already (spans * weight would keep spans)
+                penalty = o.max_span * (fractions * weight).sum() / (weight.sum() * self.n_heads).clamp_min(1.0)
             else:
                 penalty = spans.mean()
             aux["span_l1"] = o.l1 * penalty  # (lambda / M) sum_h z_h for this layer

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from zoo.bench import Variant, build
+from zoo.bench import build, named_variant
 
 SHAPE = dict(d_model=256, heads=4, layers=2, vocab=256, batch=1, d_ff=1024)
 
@@ -62,7 +62,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     models = {}
     for label in args.variants.split(","):
-        variant = Variant(label, "peer", label[5:]) if label.startswith("peer:") else Variant(label, "model", label)
+        variant = named_variant(label)
         module, loss_fn = build(variant, args.length, SHAPE, {})
         models[label] = (module.train(), loss_fn)
     tokens = torch.randint(0, 256, (1, args.length + 1), generator=torch.Generator().manual_seed(0))

@@ -12,12 +12,11 @@ import functools
 
 import pytest
 import torch
-from torch.autograd.graph import saved_tensors_hooks
 
 import zoo
 from zoo.attention.adaptive_span import blocked_span_attention, span_reach
 from zoo.attention.recompute import recompute_in_backward
-from zoo.bench import SavedTensorMeter
+from zoo.meter import ActivationMeter
 
 
 def span_case(dynamic, dtype=torch.float64, seed=0, b=2, h=3, t=13, m=5, k=4):
@@ -76,8 +75,7 @@ def test_recompute_is_plain_without_a_gradient():
 
 def saved_bytes(attn, t, d=32):
     """Exact bytes autograd keeps for backward (each storage once, parameters excluded)."""
-    meter = SavedTensorMeter(attn)
-    with saved_tensors_hooks(meter.pack, lambda tensor: tensor):
+    with ActivationMeter(attn) as meter:
         attn(torch.randn(1, t, d, requires_grad=True))
     return meter.bytes
 

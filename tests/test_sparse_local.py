@@ -17,7 +17,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 import zoo
 from zoo.attention.base import guard_empty_rows, reference_attention
-from zoo.bench import SavedTensorMeter
+from zoo.meter import ActivationMeter
 
 # -- the papers' sets, as dense [t, t] masks (i = query row, j = key column) ---------------------
 
@@ -289,8 +289,7 @@ IMAGE_PRESET_2D = dict(height=32, width=96, query_height=8, query_width=32, flan
 
 def unique_saved_bytes(attn, t):
     """Exact bytes autograd keeps for backward (each storage once, parameters excluded)."""
-    meter = SavedTensorMeter(attn)
-    with saved_tensors_hooks(meter.pack, lambda tensor: tensor):
+    with ActivationMeter(attn) as meter:
         attn(torch.randn(1, t, 32, requires_grad=True))
     return meter.bytes
 

@@ -113,6 +113,10 @@ class Task:
             out["n_classes"] = self.n_classes
         return out
 
+    def check_model(self, config: Any) -> None:
+        """Refuse a model config this task cannot feed (e.g. a 2D block shape that is not the
+        image's); called when the model is built for the task. Default: anything goes."""
+
     def decode(self, tokens: list[int]) -> str:
         """Token ids -> readable text (for sample.py)."""
         return " ".join(str(t) for t in tokens)
@@ -133,7 +137,7 @@ def metric_value(metric: str, nll_sum: float, correct: float, count: float) -> f
     """The task metric from summed statistics (nats, correct predictions, scored items)."""
     if count <= 0:
         return float("nan")
-    if metric == "bpc":
+    if metric in ("bpc", "bpd"):  # bits per character / per dimension (image intensities)
         return nll_sum / count / math.log(2)
     if metric == "ppl":
         return math.exp(min(nll_sum / count, 50.0))

@@ -112,6 +112,16 @@ def split_holdout(n: int, val_size: int, seed: int, name: str) -> tuple[Tensor, 
     return order[val_size:].sort().values, order[:val_size].sort().values
 
 
+def check_raster(config: Any, data: str, rows: int, width: int) -> None:
+    """Refuse a 2D attention whose block shape does not match the image raster (rows x width)."""
+    attention = dict(config.attention)
+    if attention.get("name") != "local_2d":
+        return
+    got_width, got_height = attention.get("width"), attention.get("height", 0)
+    require(got_width == width, f"attention local_2d has width={got_width} but data {data!r} is a raster {width} wide ({rows} rows); set attention.width={width}")
+    require(got_height in (0, rows), f"attention local_2d has height={got_height} but data {data!r} has {rows} raster rows; set attention.height={rows} (or 0)")
+
+
 class ImageTask(Task):
     """Shared batching over in-memory image splits: ``self.splits[split] = (rows [n, t], labels)``."""
 
@@ -119,14 +129,7 @@ class ImageTask(Task):
     raster_width: int = 32  # columns of the raster a 2D attention must see (3 x S for RGB)
 
     def check_model(self, config: Any) -> None:
-        """Refuse an attention whose 2D block shape does not match the image raster."""
-        attention = dict(config.attention)
-        if attention.get("name") != "local_2d":
-            return
-        width, height = attention.get("width"), attention.get("height", 0)
-        rows = self.seq_len // self.raster_width
-        require(width == self.raster_width, f"attention local_2d has width={width} but data {self.registry_name!r} is a raster {self.raster_width} wide ({self.image_size} x {self.image_size} pixels{' x 3 channels' if self.raster_width != self.image_size else ''}); set attention.width={self.raster_width}")
-        require(height in (0, rows), f"attention local_2d has height={height} but data {self.registry_name!r} has {rows} raster rows; set attention.height={rows} (or 0)")
+        check_raster(config, self.registry_name, self.seq_len // self.raster_width, self.raster_width)
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
         check_split(split)
@@ -235,7 +238,8 @@ def npz_shape(path: Path, key: str) -> tuple[int, ...]:
                 raise ValueError(f"{path} has no {key!r} array (found {', '.join(sorted(names)) or 'none'}); expected the downsampled-ImageNet keys 'data' and 'labels'")
             with archive.open(f"{key}.npy") as f:
                 version = np.lib.format.read_magic(f)
-                shape, _, _ = np.lib.format._read_array_header(f, version)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, _ = read_header(f)
     except zipfile.BadZipFile:
         raise ValueError(f"{path} is not an .npz archive") from None
     return tuple(shape)
@@ -316,6 +320,30 @@ class ImageNet64Task(ImageLMTask):
                 perms[k] = torch.randperm(counts[k], generator=seeded_generator(self.seed, "imagenet64-rows", epoch, k))
             out.append(self._train_file(k)[perms[k][p - starts[slot]]])
         return self.lm_batch(torch.stack(out))
+
+
+def synthetic_cifar10(directory: str | Path, per_batch: int = 1000, seed: int = 0) -> Path:
+    """Write a CIFAR-10-shaped synthetic set in the published pickle layout (``data_batch_1..5``,
+    ``test_batch``), for runs and tests where the real files are absent.
+
+    Class k is a sinusoidal grating at angle 18k degrees, with a class colour tint, random phase,
+    frequency jitter and pixel noise: learnable in grayscale, visible in a sample grid."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:32, 0:32].astype(np.float32)
+    tints = np.stack([np.roll([1.0, 0.6, 0.3], k % 3) for k in range(10)]) * np.linspace(1.0, 0.6, 10)[:, None]
+    for name in CIFAR_TRAIN + (CIFAR_TEST,):
+        labels = rng.integers(0, 10, per_batch)
+        angle = np.deg2rad(18.0 * labels)[:, None, None]
+        freq = rng.uniform(0.35, 0.5, (per_batch, 1, 1))
+        phase = rng.uniform(0, 2 * np.pi, (per_batch, 1, 1))
+        wave = 0.5 + 0.5 * np.sin(freq * (xx * np.cos(angle) + yy * np.sin(angle)) + phase)  # [n, 32, 32]
+        rgb = wave[:, None] * tints[labels][:, :, None, None] * 255 + rng.normal(0, 12, (per_batch, 3, 32, 32))
+        data = np.clip(rgb, 0, 255).astype(np.uint8).reshape(per_batch, 3072)  # channel planes, as released
+        with open(directory / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"labels": labels.tolist(), b"data": data}, f, protocol=2)
+    return directory
 
 
 def write_png(path: str | Path, pixels: np.ndarray) -> Path:

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # CPU-scale Long Range Arena runs behind results/lra/ (see README.md there): one small model
 # (2 layers, d = 64, 4 heads, d_ff = 128) per mechanism, short sequences (ListOps 256, Text 512,
-# Image 1024), 200-250 steps of batch 4-8, one thread: a 2-core machine shared by 8 jobs. Usage: results/lra/run_cpu.sh <out-dir> [task ...]   (tasks: listops text image)
+# Image 1024), 200-250 steps of batch 4-8, one thread: a 2-core machine shared by 8 jobs.
+# Usage: results/lra/run_cpu.sh <out-dir> [task ...]   (tasks: listops text image)
 set -euo pipefail
 OUT=${1:?out dir}; shift
 TASKS=${*:-listops text image}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-python}
 COMMON=(attention=vanilla,local_1d,sparse_fixed,lsh model.d_model=64 model.n_layers=2 model.n_heads=4 model.d_ff=128
-        model.dropout=0.0 optim=adam optim.lr=1e-3 optim.schedule=cosine optim.warmup=40 optim.weight_decay=0.0
+        model.dropout=0.0 model.attention_dropout=0.0 optim=adam optim.lr=1e-3 optim.schedule=cosine optim.warmup=40 optim.weight_decay=0.0
         trainer.eval_every=0 trainer.eval_split=test trainer.eval_batches=40
         trainer.threads=1 trainer.progress=false trainer.checkpoints=false trainer.device=cpu logger=csv)
 for task in $TASKS; do

@@ -18,48 +18,9 @@ import torch
 
 import zoo
 from zoo.data import DataFileNotFound, create_task
-from zoo.data.images import CIFAR_TEST, CIFAR_TRAIN, synthetic_cifar10, write_png
-from zoo.data.pathfinder import JUMP, PathfinderStyle, generate, generate_batch
-
-# -- files in the published layouts -------------------------------------------------------------
-
-
-def write_aan(directory: Path, n: int = 12, seed: int = 0) -> Path:
-    """new_aan_pairs.{train,eval,test}.tsv: label, id1, id2, text1, text2 (no header)."""
-    rng = np.random.default_rng(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "eval", "test"):
-        lines = []
-        for i in range(n):
-            label = i % 2
-            a = "cites shared words " * int(rng.integers(1, 4))
-            b = ("cites shared words " if label else "nothing in common ") * int(rng.integers(1, 4))
-            lines.append(f"{float(label)}\tdoc{i}a\tdoc{i}b\t{a}\t{b}")
-        (directory / f"new_aan_pairs.{split}.tsv").write_text("\n".join(lines) + "\n")
-    return directory
-
-
-def write_imagenet(directory: Path, size: int = 8, n: int = 6, files: int = 2) -> Path:
-    rng = np.random.default_rng(0)
-    directory.mkdir(parents=True, exist_ok=True)
-    for k in range(1, files + 1):
-        np.savez(directory / f"train_data_batch_{k}.npz", data=rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8), labels=rng.integers(1, 1001, n), mean=np.zeros(3 * size * size))
-    np.savez(directory / "val_data.npz", data=rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8), labels=rng.integers(1, 1001, n))
-    return directory
-
-
-def write_pathfinder_release(directory: Path, n: int = 20, size: int = 32) -> Path:
-    """pathfinder32/curv_contour_length_14 layout: metadata/<k>.npy text lines + imgs/<k>/*.png."""
-    style = PathfinderStyle.for_size(size, 6)
-    rng = __import__("random").Random(0)
-    (directory / "metadata").mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i in range(n):
-        label = i % 2
-        write_png(directory / "imgs" / "0" / f"sample_{i}.png", generate(rng, style, bool(label)))
-        lines.append(f"imgs/0 sample_{i}.png {i} {label} 6 1.5 2")
-    (directory / "metadata" / "0.npy").write_text("\n".join(lines) + "\n")
-    return directory
+from zoo.data.images import CIFAR_TEST, CIFAR_TRAIN, synthetic_cifar10
+from zoo.data.layouts import write_aan, write_imagenet, write_pathfinder_release
+from zoo.data.pathfinder import JUMP, PathfinderStyle, generate_batch
 
 
 @pytest.fixture(scope="module")

@@ -240,3 +240,86 @@ def test_each_format_trains_two_steps_through_the_app(tmp_path, case, cifar_dir)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["status"] == "finished" and result["steps"] == 2 and math.isfinite(value)
     assert result["metric"] == ("bpd" if case in ("cifar10", "imagenet64") else "accuracy")
+
+
+def test_sample_writes_image_grid_whose_completions_keep_the_top_half(tmp_path):
+    pytest.importorskip("hydra")
+    import importlib.util
+
+    from zoo.app.compose import compose
+    from zoo.app.run import run
+    from zoo.data.images import read_png
+
+    data = write_imagenet(tmp_path / "in8")
+    run(compose(APP + ["model=vanilla_lm", "data=imagenet64", f"data.path={data}", "data.image_size=8", "trainer.seq_len=192"]), run_dir=tmp_path / "run")
+    spec = importlib.util.spec_from_file_location("zoo_sample_script", Path(__file__).resolve().parents[1] / "experiments" / "sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    png = tmp_path / "grid.png"
+    module.main([str(tmp_path / "run" / "checkpoints" / "last.pt"), "--images", "2", "--png", str(png), "--device", "cpu"])
+    grid = read_png(png)  # grayscale of an RGB grid: 3 rows of 2 images, 8 px x scale 2, gaps of 2
+    cell = 16
+    assert grid.shape == (3 * (cell + 2) + 2, 2 * (cell + 2) + 2)
+    originals = grid[2 + (cell + 2): 2 + (cell + 2) + cell]
+    completions = grid[2 + 2 * (cell + 2): 2 + 2 * (cell + 2) + cell]
+    assert np.array_equal(originals[: cell // 2], completions[: cell // 2]), "the prompt half is kept"
+    assert not np.array_equal(originals[cell // 2:], completions[cell // 2:]), "the lower half is generated"
+
+
+def _fake_run(directory: Path, experiment: str, attention: str, accuracy: float | None, model_config: dict | None = None) -> None:
+    directory.mkdir(parents=True)
+    status = "finished" if accuracy is not None else "failed: ValueError: no"
+    (directory / "result.json").write_text(json.dumps({"status": status, "final_metric": accuracy if accuracy is not None else float("nan"), "attention": attention, "steps": 2}))
+    (directory / "config.json").write_text(json.dumps({"config": {"experiment": experiment, "trainer": {"seq_len": 64}}, "model_config": model_config or {"attention": {"name": attention}}}))
+
+
+def test_lra_tables_layout_average_and_paper_rows(tmp_path):
+    from zoo.app.lra import write_lra_tables
+
+    sweep = tmp_path / "sweep"
+    tiny = zoo.preset_config("vanilla_classifier", vocab_size=257, d_model=16, n_layers=1, n_heads=2, d_ff=32).to_dict()
+    accuracies = {"lra_listops": 0.2, "lra_text": 0.6, "lra_retrieval": 0.55, "lra_image": 0.3, "lra_pathfinder": 0.7, "lra_pathx": 0.5}
+    k = 0
+    for experiment, value in accuracies.items():
+        for attention in ("vanilla", "lsh"):
+            config = {**tiny, "attention": {"name": attention}} if experiment == "lra_text" else None
+            _fake_run(sweep / str(k), experiment, attention, None if (attention == "lsh" and experiment == "lra_image") else value, config)
+            k += 1
+    paths = write_lra_tables([sweep], tmp_path / "out", lengths=[64, 128], batch_size=1, steps=1, scale="test scale")
+    md = paths["table1_md"].read_text()
+    assert "| vanilla (ours) | 20.00 | 60.00 | 55.00 | 30.00 | 70.00 | 50.00 | 47.00 |" in md  # avg of the first five
+    assert "| Transformer (LRA paper) | 36.37 | 64.27 | 57.46 | 42.44 | 71.40 | FAIL | 54.39 |" in md
+    assert "| lsh (ours) | 20.00 | 60.00 | 55.00 | error | 70.00 | 50.00 |  |" in md and "Reformer (LRA paper)" in md
+    table2 = paths["table2_md"].read_text()
+    assert "vanilla (ours) |" in table2 and "(1.0x)" in table2 and "lsh (ours)" in table2 and "test scale" in table2
+    assert paths["table1_png"].stat().st_size > 1000 and paths["table2_png"].stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_sweep_lra_at_toy_size_writes_both_tables(tmp_path, monkeypatch):
+    pytest.importorskip("hydra")
+    import importlib.util
+    import sys
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from zoo.data.layouts import write_lra_data_dir
+
+    data_dir = write_lra_data_dir(tmp_path / "data")
+    spec = importlib.util.spec_from_file_location("zoo_train_script", Path(__file__).resolve().parents[1] / "experiments" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sweep = tmp_path / "sweep"
+    argv = ["sweep=lra", f"data_dir={data_dir}", "experiment=lra_text,lra_pathfinder", "attention=vanilla,local_1d", "trainer.eval_batches=1",
+            "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=0",
+            "trainer.progress=false", "trainer.checkpoints=false", "logger=csv", "hydra.callbacks.lra_tables.lengths=[128,256]",
+            "hydra.callbacks.lra_tables.batch_size=1", "hydra.callbacks.lra_tables.steps=1", f"hydra.sweep.dir={sweep}"]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    GlobalHydra.instance().clear()
+    try:
+        module.main()
+    finally:
+        GlobalHydra.instance().clear()
+    table1 = (sweep / "lra_table1.md").read_text()
+    assert "vanilla (ours)" in table1 and "Local Attention (LRA paper)" in table1 and "error" not in table1
+    assert "local_1d (ours)" in (sweep / "lra_table2.md").read_text() and (sweep / "lra_table2.png").is_file()

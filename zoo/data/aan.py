@@ -22,22 +22,10 @@ import torch
 from torch import Tensor
 
 from zoo.config import require
-from zoo.data.base import TASK, DataFileNotFound, Task, check_split, seeded_generator
+from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory, seeded_generator
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
 FIELDS = ("label", "id1", "id2", "text1", "text2")
-
-
-def find_directory(path: str, key: str = "data.path") -> Path:
-    """The directory ``path`` (as given, else relative to the project root), or a clear error."""
-    from zoo.data.base import PROJECT_ROOT
-
-    if not path:
-        raise DataFileNotFound(f"no data directory given: set {key}=/path/to/dir")
-    for candidate in (Path(path).expanduser(), PROJECT_ROOT / path):
-        if candidate.is_dir():
-            return candidate
-    raise DataFileNotFound(f"data directory not found: {path}; set {key}=/path/to/dir")
 
 
 def read_pairs(path: Path, max_bytes: int) -> tuple[Tensor, Tensor, Tensor]:

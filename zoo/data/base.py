@@ -51,6 +51,16 @@ def resolve_path(path: str | Path, key: str = "data.path") -> Path:
     raise DataFileNotFound(f"data file not found: {path} (looked at {tried}); set {key}=/path/to/file")
 
 
+def find_directory(path: str, key: str = "data.path") -> Path:
+    """The directory ``path`` (as given, else relative to the project root), or a clear error."""
+    if not path:
+        raise DataFileNotFound(f"no data directory given: set {key}=/path/to/dir")
+    for candidate in (Path(path).expanduser(), PROJECT_ROOT / path):
+        if candidate.is_dir():
+            return candidate
+    raise DataFileNotFound(f"data directory not found: {path}; set {key}=/path/to/dir")
+
+
 def seeded_generator(seed: int, *parts: Any) -> torch.Generator:
     """A torch generator seeded from ``(seed, *parts)`` by hashing, so (split, index, rank)
     streams never overlap and do not depend on the order batches are drawn in."""

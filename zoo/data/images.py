@@ -41,8 +41,7 @@ from einops import rearrange
 from torch import Tensor
 
 from zoo.config import require
-from zoo.data.aan import find_directory
-from zoo.data.base import TASK, DataFileNotFound, Task, check_split, seeded_generator
+from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory, seeded_generator
 
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST = "test_batch"

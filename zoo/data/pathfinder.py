@@ -38,8 +38,7 @@ import torch
 from torch import Tensor
 
 from zoo.config import require
-from zoo.data.aan import find_directory
-from zoo.data.base import TASK, DataFileNotFound, Task, check_split, seed_int
+from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory, seed_int
 from zoo.data.images import check_raster, read_png
 
 MARGIN = 2  # blank pixels (Chebyshev) kept between different contours, at least

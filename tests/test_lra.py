@@ -298,28 +298,29 @@ def test_lra_tables_layout_average_and_paper_rows(tmp_path):
 @pytest.mark.slow
 def test_sweep_lra_at_toy_size_writes_both_tables(tmp_path, monkeypatch):
     pytest.importorskip("hydra")
-    import importlib.util
-    import sys
-
-    from hydra.core.global_hydra import GlobalHydra
+    from test_train import _train_main
 
     from zoo.data.layouts import write_lra_data_dir
 
     data_dir = write_lra_data_dir(tmp_path / "data")
-    spec = importlib.util.spec_from_file_location("zoo_train_script", Path(__file__).resolve().parents[1] / "experiments" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     sweep = tmp_path / "sweep"
     argv = ["sweep=lra", f"data_dir={data_dir}", "experiment=lra_text,lra_pathfinder", "attention=vanilla,local_1d", "trainer.eval_batches=1",
             "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=0",
             "trainer.progress=false", "trainer.checkpoints=false", "logger=csv", "hydra.callbacks.lra_tables.lengths=[128,256]",
             "hydra.callbacks.lra_tables.batch_size=1", "hydra.callbacks.lra_tables.steps=1", f"hydra.sweep.dir={sweep}"]
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
-    GlobalHydra.instance().clear()
-    try:
-        module.main()
-    finally:
-        GlobalHydra.instance().clear()
+    _train_main(argv, monkeypatch)
     table1 = (sweep / "lra_table1.md").read_text()
     assert "vanilla (ours)" in table1 and "Local Attention (LRA paper)" in table1 and "error" not in table1
     assert "local_1d (ours)" in (sweep / "lra_table2.md").read_text() and (sweep / "lra_table2.png").is_file()
+
+
+@pytest.mark.parametrize("name", ["image_transformer_cifar10", "image_transformer_cifar10_2d", "sparse_cifar10"])
+def test_image_paper_configs_compose_build_and_cite(name, cifar_dir):
+    pytest.importorskip("hydra")
+    from zoo.app.compose import compose
+    from zoo.app.run import build
+
+    cfg = compose([f"experiment=paper/{name}", f"data.path={cifar_dir}", "data.val_size=4", "model.n_layers=1", "model.d_model=16", "model.d_ff=16", "model.n_heads=2"])
+    assert cfg.paper.metric == "bpd" and cfg.paper.value in (2.90, 2.80) and "arXiv" in cfg.paper.citation
+    resolved, task, model = build(cfg)
+    assert task.seq_len == 3072 and model.config.vocab_size == 257 and model.config.attention["name"] == resolved["model"]["attention"]["name"]

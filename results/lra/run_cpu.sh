@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU-scale Long Range Arena runs behind results/lra/ (see README.md there): one small model
 # (2 layers, d = 64, 4 heads, d_ff = 128) per mechanism, short sequences (ListOps 256, Text 512,
-# Image 1024), 200-250 steps of batch 4-8, one thread: a 2-core machine shared by 8 jobs.
+# Image 1024), 150-250 steps of batch 4-8, one thread: a 2-core machine shared by 8 jobs.
 # Usage: results/lra/run_cpu.sh <out-dir> [task ...]   (tasks: listops text image)
 set -euo pipefail
 OUT=${1:?out dir}; shift
@@ -15,8 +15,8 @@ COMMON=(attention=vanilla,local_1d,sparse_fixed,lsh model.d_model=64 model.n_lay
 for task in $TASKS; do
   case $task in
     listops) extra=(experiment=lra_listops trainer.seq_len=256 data.min_length=64 data.max_length=256 trainer.batch_size=8 trainer.max_steps=250) ;;
-    text) extra=(experiment=lra_text trainer.seq_len=512 trainer.batch_size=8 trainer.max_steps=200) ;;
-    image) extra=(experiment=lra_image trainer.seq_len=1024 trainer.batch_size=4 trainer.max_steps=200
+    text) extra=(experiment=lra_text trainer.seq_len=512 trainer.batch_size=8 trainer.max_steps=150) ;;
+    image) extra=(experiment=lra_image trainer.seq_len=1024 trainer.batch_size=4 trainer.max_steps=150
                   "data.path=${CIFAR_DIR:?set CIFAR_DIR (real or synthetic cifar-10-batches-py)}") ;;
     *) echo "unknown task $task" >&2; exit 2 ;;
   esac

@@ -32,10 +32,10 @@ def sample_images(args: argparse.Namespace, task, model, device: torch.device) -
     originals = torch.cat([task.batch("test", i)["targets"][:1] for i in range(n)]).to(device)
     half = dims // 2  # the top half of the rows, all channels
     completions = model.generate(torch.cat([start, originals[:, :half]], dim=1), dims - half, **options)[:, 1:]
-    rows = [[tokens_to_image(image.cpu(), size) for image in batch] for batch in (samples, originals, completions)]
+    rows = [[tokens_to_image(x.cpu(), size) for x in batch] for batch in (samples, originals, completions)]
     path = Path(args.png) if args.png else Path(args.checkpoint).resolve().parent / "samples.png"
     write_png(path, image_grid(rows))
-    print(f"wrote {path}: row 1 samples, row 2 test images, row 3 their completions from the top half")
+    print(f"wrote {path}: row 1 samples, row 2 test images, row 3 completions of their top half")
     return path
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--data-path", default="")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--images", type=int, default=8, help="image tasks: samples and completions per row")
-    parser.add_argument("--png", default="", help="image tasks: the grid's path (default: samples.png beside the checkpoint)")
+    parser.add_argument("--png", default="", help="image tasks: the grid's path (default: beside the checkpoint)")
     args = parser.parse_args(argv)
     _, task, model, _ = load_run(args.checkpoint, data={"path": args.data_path} if args.data_path else None, batch_size=1)
     if model.config.kind != "lm":

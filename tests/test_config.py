@@ -43,7 +43,8 @@ def test_every_yaml_composes():
             # an experiment picks its own data and may set that data's keys: compose it apart
             experiment = [o for o in overrides if o.startswith("experiment=")]
             rest = [o for o in overrides if not o.startswith("experiment=")]
-            for overrides in (rest, experiment + [o for o in rest if not o.startswith("data=")]) if experiment else (rest,):
+            alone = experiment + [o for o in rest if not o.startswith("data=")]
+            for overrides in (rest, alone) if experiment else (rest,):
                 cfg = hydra_compose(config_name="config", overrides=overrides)
                 assert cfg.model.preset and cfg.data.name and cfg.trainer.max_steps > 0, overrides
     assert len(rows) == max(len(c) for c in columns)

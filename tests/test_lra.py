@@ -34,11 +34,16 @@ def cifar_dir(tmp_path_factory):
 def test_aan_pairs_as_bytes(tmp_path):
     task = create_task("aan", batch_size=4, seq_len=32, path=str(write_aan(tmp_path / "aan")))
     batch = task.batch("train", 0)
-    assert batch["tokens"].shape == (4, 2, 32) and batch["pad_mask"].shape == (4, 2, 32) and batch["targets"].shape == (4,)
+    assert (
+        batch["tokens"].shape == (4, 2, 32) and batch["pad_mask"].shape == (4, 2, 32) and batch["targets"].shape == (4,)
+    )
     assert torch.equal(batch["tokens"] != 0, batch["pad_mask"])  # byte + 1: only padding is 0
     val = task.batch("val", 0)
     first = (tmp_path / "aan" / "new_aan_pairs.eval.tsv").read_text().splitlines()[0].split("\t")
-    assert task.decode(val["tokens"][0, 0].tolist()) == first[3][:32] and task.decode(val["tokens"][0, 1].tolist()) == first[4][:32]
+    assert (
+        task.decode(val["tokens"][0, 0].tolist()) == first[3][:32]
+        and task.decode(val["tokens"][0, 1].tolist()) == first[4][:32]
+    )
     assert int(val["targets"][0]) == int(float(first[0]))
 
 
@@ -58,7 +63,9 @@ def test_aan_bad_rows_and_missing_files_are_named(tmp_path):
 def test_two_tower_shares_one_encoder_and_combines_u_v():
     """Logits = MLP([u, v, u*v, u-v]) with u, v from the same encoder; padding never leaks."""
     torch.manual_seed(0)
-    model = zoo.create_model("two_tower_classifier", vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32, dropout=0.0).eval()
+    model = zoo.create_model(
+        "two_tower_classifier", vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32, dropout=0.0
+    ).eval()
     tokens = torch.randint(1, 20, (3, 2, 10))
     pad_mask = torch.ones(3, 2, 10, dtype=torch.bool)
     pad_mask[:, 1, 6:] = False
@@ -87,9 +94,11 @@ def test_cifar_pixels_interleaved_and_grayscale(cifar_dir):
     assert batch["tokens"][0, 0] == 256 and torch.equal(batch["tokens"][:, 1:], batch["targets"][:, :-1])
     row, col = 5, 7  # pixel (5, 7): dims 3 * (5 * 32 + 7) + c
     dim = 3 * (row * 32 + col)
-    assert batch["targets"][0, dim: dim + 3].tolist() == planes[0, :, row, col].tolist()
+    assert batch["targets"][0, dim : dim + 3].tolist() == planes[0, :, row, col].tolist()
     gray = create_task("cifar10_gray", batch_size=2, seq_len=1024, path=str(cifar_dir), val_size=4).batch("test", 0)
-    expected = round(0.2989 * planes[0, 0, row, col] + 0.5870 * planes[0, 1, row, col] + 0.1140 * planes[0, 2, row, col])
+    expected = round(
+        0.2989 * planes[0, 0, row, col] + 0.5870 * planes[0, 1, row, col] + 0.1140 * planes[0, 2, row, col]
+    )
     assert abs(int(gray["tokens"][0, row * 32 + col]) - expected) <= 0 and gray["targets"][0] == raw[b"labels"][0]
 
 
@@ -119,7 +128,14 @@ def test_imagenet_npz_layout_and_missing_key(tmp_path):
     assert batch["tokens"].shape == (4, 192) and batch["targets"].max() < 256 and (batch["tokens"][:, 0] == 256).all()
     with np.load(directory / "val_data.npz") as f:
         first = f["data"][0].reshape(3, 64)
-    assert task.batch("val", 0)["targets"][0, :6].tolist() == [first[0, 0], first[1, 0], first[2, 0], first[0, 1], first[1, 1], first[2, 1]]
+    assert task.batch("val", 0)["targets"][0, :6].tolist() == [
+        first[0, 0],
+        first[1, 0],
+        first[2, 0],
+        first[0, 1],
+        first[1, 1],
+        first[2, 1],
+    ]
     np.savez(directory / "train_data_batch_2.npz", pixels=np.zeros((2, 192), dtype=np.uint8), labels=np.ones(2))
     with pytest.raises(ValueError, match=r"train_data_batch_2\.npz has no 'data' array"):
         create_task("imagenet64", batch_size=2, seq_len=192, path=str(directory), image_size=8)
@@ -133,7 +149,12 @@ def test_2d_block_shape_the_image_cannot_take_is_refused(cifar_dir):
 
     task = create_task("cifar10", batch_size=2, seq_len=3072, path=str(cifar_dir), val_size=4)
     with pytest.raises(ValueError, match="local_2d has width=32 .* raster 96 wide .* attention.width=96"):
-        build_model_for_task("image_transformer", task, **zoo.models.TINY | {"vocab_size": 257}, attention={"name": "local_2d", "width": 32})
+        build_model_for_task(
+            "image_transformer",
+            task,
+            **zoo.models.TINY | {"vocab_size": 257},
+            attention={"name": "local_2d", "width": 32},
+        )
     model = build_model_for_task("image_transformer", task, d_model=16, n_layers=1, n_heads=2, d_ff=16)
     assert model.config.attention["width"] == 96
 
@@ -167,7 +188,7 @@ def markers(image: np.ndarray) -> list[tuple[int, int]]:
     full = np.ones_like(image, dtype=bool)
     for dy in (0, 1, 2):
         for dx in (0, 1, 2):
-            full &= lit[dy: dy + image.shape[0], dx: dx + image.shape[1]]
+            full &= lit[dy : dy + image.shape[0], dx : dx + image.shape[1]]
     centres = []
     for y, x in zip(*np.nonzero(full)):
         if all(max(abs(y - cy), abs(x - cx)) > 2 for cy, cx in centres):
@@ -200,7 +221,11 @@ def test_pathfinder_is_seeded_and_scales_to_path_x():
 def test_pathfinder_task_generated_and_released_layout(tmp_path):
     task = create_task("pathfinder", batch_size=4, seq_len=1024, contour_length=6)
     batch = task.batch("train", 0)
-    assert batch["tokens"].shape == (4, 1024) and set(batch["tokens"].unique().tolist()) <= {0, 255} and batch["targets"].sum() == 2
+    assert (
+        batch["tokens"].shape == (4, 1024)
+        and set(batch["tokens"].unique().tolist()) <= {0, 255}
+        and batch["targets"].sum() == 2
+    )
     directory = write_pathfinder_release(tmp_path / "pathfinder32" / "curv_contour_length_14")
     released = create_task("pathfinder", batch_size=2, seq_len=1024, path=str(directory))
     assert len(released.rows["train"]) == 16 and len(released.rows["test"]) == 2
@@ -208,7 +233,9 @@ def test_pathfinder_task_generated_and_released_layout(tmp_path):
     assert test["targets"].tolist() == [0, 1]  # lines 19, 20 of the metadata: labels 0, 1
     from zoo.data.images import read_png
 
-    assert torch.equal(test["tokens"][1], torch.from_numpy(read_png(directory / "imgs/0/sample_19.png").reshape(-1).astype(np.int64)))
+    assert torch.equal(
+        test["tokens"][1], torch.from_numpy(read_png(directory / "imgs/0/sample_19.png").reshape(-1).astype(np.int64))
+    )
     with pytest.raises(ValueError, match=r"is 32 x 32 but data.image_size=64"):
         create_task("pathfinder", batch_size=2, seq_len=4096, path=str(directory), image_size=64)
     (directory / "metadata" / "1.npy").write_text("imgs/0 sample_0.png 0\n")
@@ -218,8 +245,21 @@ def test_pathfinder_task_generated_and_released_layout(tmp_path):
 
 # -- each format trains 2 steps through the app ------------------------------------------------------
 
-APP = ["logger=csv", "trainer.max_steps=2", "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.batch_size=2", "trainer.progress=false",
-       "trainer.device=cpu", "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_layers=1", "model.dropout=0.0", "model.attention_dropout=0.0"]
+APP = [
+    "logger=csv",
+    "trainer.max_steps=2",
+    "trainer.eval_every=0",
+    "trainer.eval_batches=1",
+    "trainer.batch_size=2",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+    "model.d_model=16",
+    "model.d_ff=32",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "model.dropout=0.0",
+    "model.attention_dropout=0.0",
+]
 
 
 @pytest.mark.parametrize("case", ["retrieval", "image", "pathfinder", "pathfinder_released", "cifar10", "imagenet64"])
@@ -234,7 +274,13 @@ def test_each_format_trains_two_steps_through_the_app(tmp_path, case, cifar_dir)
         "pathfinder": ["experiment=lra_pathfinder", "data.contour_length=6", "data.eval_size=2"],
         "pathfinder_released": ["experiment=lra_pathfinder", f"data.path={write_pathfinder_release(tmp_path / 'pf')}"],
         "cifar10": ["experiment=paper/image_transformer_cifar10", f"data.path={cifar_dir}", "data.val_size=4"],
-        "imagenet64": ["model=vanilla_lm", "data=imagenet64", f"data.path={write_imagenet(tmp_path / 'in8')}", "data.image_size=8", "trainer.seq_len=192"],
+        "imagenet64": [
+            "model=vanilla_lm",
+            "data=imagenet64",
+            f"data.path={write_imagenet(tmp_path / 'in8')}",
+            "data.image_size=8",
+            "trainer.seq_len=192",
+        ],
     }[case]
     value = run(compose(APP + overrides), run_dir=tmp_path / "run")
     result = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -251,26 +297,54 @@ def test_sample_writes_image_grid_whose_completions_keep_the_top_half(tmp_path):
     from zoo.data.images import read_png
 
     data = write_imagenet(tmp_path / "in8")
-    run(compose(APP + ["model=vanilla_lm", "data=imagenet64", f"data.path={data}", "data.image_size=8", "trainer.seq_len=192"]), run_dir=tmp_path / "run")
-    spec = importlib.util.spec_from_file_location("zoo_sample_script", Path(__file__).resolve().parents[1] / "experiments" / "sample.py")
+    run(
+        compose(
+            APP
+            + ["model=vanilla_lm", "data=imagenet64", f"data.path={data}", "data.image_size=8", "trainer.seq_len=192"]
+        ),
+        run_dir=tmp_path / "run",
+    )
+    spec = importlib.util.spec_from_file_location(
+        "zoo_sample_script", Path(__file__).resolve().parents[1] / "experiments" / "sample.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     png = tmp_path / "grid.png"
-    module.main([str(tmp_path / "run" / "checkpoints" / "last.pt"), "--images", "2", "--png", str(png), "--device", "cpu"])
+    module.main(
+        [str(tmp_path / "run" / "checkpoints" / "last.pt"), "--images", "2", "--png", str(png), "--device", "cpu"]
+    )
     grid = read_png(png)  # grayscale of an RGB grid: 3 rows of 2 images, 8 px x scale 2, gaps of 2
     cell = 16
     assert grid.shape == (3 * (cell + 2) + 2, 2 * (cell + 2) + 2)
-    originals = grid[2 + (cell + 2): 2 + (cell + 2) + cell]
-    completions = grid[2 + 2 * (cell + 2): 2 + 2 * (cell + 2) + cell]
+    originals = grid[2 + (cell + 2) : 2 + (cell + 2) + cell]
+    completions = grid[2 + 2 * (cell + 2) : 2 + 2 * (cell + 2) + cell]
     assert np.array_equal(originals[: cell // 2], completions[: cell // 2]), "the prompt half is kept"
-    assert not np.array_equal(originals[cell // 2:], completions[cell // 2:]), "the lower half is generated"
+    assert not np.array_equal(originals[cell // 2 :], completions[cell // 2 :]), "the lower half is generated"
 
 
-def _fake_run(directory: Path, experiment: str, attention: str, accuracy: float | None, model_config: dict | None = None) -> None:
+def _fake_run(
+    directory: Path, experiment: str, attention: str, accuracy: float | None, model_config: dict | None = None
+) -> None:
     directory.mkdir(parents=True)
     status = "finished" if accuracy is not None else "failed: ValueError: no"
-    (directory / "result.json").write_text(json.dumps({"status": status, "final_metric": accuracy if accuracy is not None else float("nan"), "attention": attention, "steps": 2}))
-    (directory / "config.json").write_text(json.dumps({"config": {"experiment": experiment, "trainer": {"seq_len": 64}}, "model_config": model_config or {"attention": {"name": attention}}}))
+    (directory / "result.json").write_text(
+        json.dumps(
+            {
+                "status": status,
+                "final_metric": accuracy if accuracy is not None else float("nan"),
+                "attention": attention,
+                "steps": 2,
+            }
+        )
+    )
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "config": {"experiment": experiment, "trainer": {"seq_len": 64}},
+                "model_config": model_config or {"attention": {"name": attention}},
+            }
+        )
+    )
 
 
 def test_lra_tables_layout_average_and_paper_rows(tmp_path):
@@ -278,12 +352,25 @@ def test_lra_tables_layout_average_and_paper_rows(tmp_path):
 
     sweep = tmp_path / "sweep"
     tiny = zoo.preset_config("vanilla_classifier", vocab_size=257, d_model=16, n_layers=1, n_heads=2, d_ff=32).to_dict()
-    accuracies = {"lra_listops": 0.2, "lra_text": 0.6, "lra_retrieval": 0.55, "lra_image": 0.3, "lra_pathfinder": 0.7, "lra_pathx": 0.5}
+    accuracies = {
+        "lra_listops": 0.2,
+        "lra_text": 0.6,
+        "lra_retrieval": 0.55,
+        "lra_image": 0.3,
+        "lra_pathfinder": 0.7,
+        "lra_pathx": 0.5,
+    }
     k = 0
     for experiment, value in accuracies.items():
         for attention in ("vanilla", "lsh"):
             config = {**tiny, "attention": {"name": attention}} if experiment == "lra_text" else None
-            _fake_run(sweep / str(k), experiment, attention, None if (attention == "lsh" and experiment == "lra_image") else value, config)
+            _fake_run(
+                sweep / str(k),
+                experiment,
+                attention,
+                None if (attention == "lsh" and experiment == "lra_image") else value,
+                config,
+            )
             k += 1
     paths = write_lra_tables([sweep], tmp_path / "out", lengths=[64, 128], batch_size=1, steps=1, scale="test scale")
     md = paths["table1_md"].read_text()
@@ -304,10 +391,27 @@ def test_sweep_lra_at_toy_size_writes_both_tables(tmp_path, monkeypatch):
 
     data_dir = write_lra_data_dir(tmp_path / "data")
     sweep = tmp_path / "sweep"
-    argv = ["sweep=lra", f"data_dir={data_dir}", "experiment=lra_text,lra_pathfinder", "attention=vanilla,local_1d", "trainer.eval_batches=1",
-            "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.eval_every=0",
-            "trainer.progress=false", "trainer.checkpoints=false", "logger=csv", "hydra.callbacks.lra_tables.lengths=[128,256]",
-            "hydra.callbacks.lra_tables.batch_size=1", "hydra.callbacks.lra_tables.steps=1", f"hydra.sweep.dir={sweep}"]
+    argv = [
+        "sweep=lra",
+        f"data_dir={data_dir}",
+        "experiment=lra_text,lra_pathfinder",
+        "attention=vanilla,local_1d",
+        "trainer.eval_batches=1",
+        "model.d_model=16",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.d_ff=32",
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.eval_every=0",
+        "trainer.progress=false",
+        "trainer.checkpoints=false",
+        "logger=csv",
+        "hydra.callbacks.lra_tables.lengths=[128,256]",
+        "hydra.callbacks.lra_tables.batch_size=1",
+        "hydra.callbacks.lra_tables.steps=1",
+        f"hydra.sweep.dir={sweep}",
+    ]
     _train_main(argv, monkeypatch)
     table1 = (sweep / "lra_table1.md").read_text()
     assert "vanilla (ours)" in table1 and "Local Attention (LRA paper)" in table1 and "error" not in table1
@@ -320,7 +424,21 @@ def test_image_paper_configs_compose_build_and_cite(name, cifar_dir):
     from zoo.app.compose import compose
     from zoo.app.run import build
 
-    cfg = compose([f"experiment=paper/{name}", f"data.path={cifar_dir}", "data.val_size=4", "model.n_layers=1", "model.d_model=16", "model.d_ff=16", "model.n_heads=2"])
+    cfg = compose(
+        [
+            f"experiment=paper/{name}",
+            f"data.path={cifar_dir}",
+            "data.val_size=4",
+            "model.n_layers=1",
+            "model.d_model=16",
+            "model.d_ff=16",
+            "model.n_heads=2",
+        ]
+    )
     assert cfg.paper.metric == "bpd" and cfg.paper.value in (2.90, 2.80) and "arXiv" in cfg.paper.citation
     resolved, task, model = build(cfg)
-    assert task.seq_len == 3072 and model.config.vocab_size == 257 and model.config.attention["name"] == resolved["model"]["attention"]["name"]
+    assert (
+        task.seq_len == 3072
+        and model.config.vocab_size == 257
+        and model.config.attention["name"] == resolved["model"]["attention"]["name"]
+    )

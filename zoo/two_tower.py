@@ -46,7 +46,12 @@ class TwoTowerClassifier(ZooModel):
         self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers)
         self.norm = self.final_norm()
         activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
-        self.interaction = nn.Sequential(nn.Linear(4 * d, config.d_ff), activation, nn.Dropout(config.dropout), nn.Linear(config.d_ff, config.n_classes))
+        self.interaction = nn.Sequential(
+            nn.Linear(4 * d, config.d_ff),
+            activation,
+            nn.Dropout(config.dropout),
+            nn.Linear(config.d_ff, config.n_classes),
+        )
 
     def encode(self, tokens: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Any]:
         """One tower: [n, t] token ids -> (pooled [n, d], the stack's output with aux/stats)."""
@@ -54,7 +59,9 @@ class TwoTowerClassifier(ZooModel):
         out = self.stack(x, pad_mask=pad_mask)
         return pool(self.norm(out.x), pad_mask, self.config.pooling), out
 
-    def forward(self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: Any = None) -> ModelOutput:
+    def forward(
+        self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: Any = None
+    ) -> ModelOutput:
         if state is not None:
             raise ValueError("the two-tower classifier reads whole documents per call and takes no state")
         if not isinstance(tokens, Tensor) or tokens.dim() != 3 or tokens.shape[1] != 2:

@@ -35,9 +35,22 @@ except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
 
 # experiment name -> Table 1 column
-TASKS = {"lra_listops": "ListOps", "lra_text": "Text", "lra_retrieval": "Retrieval", "lra_image": "Image", "lra_pathfinder": "Pathfinder", "lra_pathx": "Path-X"}
+TASKS = {
+    "lra_listops": "ListOps",
+    "lra_text": "Text",
+    "lra_retrieval": "Retrieval",
+    "lra_image": "Image",
+    "lra_pathfinder": "Pathfinder",
+    "lra_pathx": "Path-X",
+}
 AVERAGED = ("ListOps", "Text", "Retrieval", "Image", "Pathfinder")  # the paper's average leaves Path-X out
-PAPER_ROW = {"vanilla": "Transformer", "local_1d": "Local Attention", "sparse_fixed": "Sparse Trans.", "sparse_strided": "Sparse Trans.", "lsh": "Reformer"}
+PAPER_ROW = {
+    "vanilla": "Transformer",
+    "local_1d": "Local Attention",
+    "sparse_fixed": "Sparse Trans.",
+    "sparse_strided": "Sparse Trans.",
+    "lsh": "Reformer",
+}
 
 # LRA Table 1 (test accuracy, %); None = FAIL (chance)
 PAPER_TABLE1 = {
@@ -65,11 +78,29 @@ def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
             stored = json.loads(config_path.read_text()) if config_path.is_file() else {}
             config = stored.get("config") or _hydra_config(result_path.parent)
             experiment = config.get("experiment") or result.get("experiment")
-            attention = (stored.get("model_config") or {}).get("attention", {}).get("name") or result.get("attention") or (config.get("attention") or {}).get("name")
+            attention = (
+                (stored.get("model_config") or {}).get("attention", {}).get("name")
+                or result.get("attention")
+                or (config.get("attention") or {}).get("name")
+            )
             value = result.get("final_metric")
-            ok = str(result.get("status", "")).startswith("finished") and isinstance(value, (int, float)) and not math.isnan(value)
-            rows.append({"experiment": experiment, "attention": attention, "accuracy": 100.0 * value if ok else None, "status": result.get("status"),
-                         "steps": result.get("steps"), "seq_len": (config.get("trainer") or {}).get("seq_len"), "model_config": stored.get("model_config"), "dir": str(result_path.parent)})
+            ok = (
+                str(result.get("status", "")).startswith("finished")
+                and isinstance(value, (int, float))
+                and not math.isnan(value)
+            )
+            rows.append(
+                {
+                    "experiment": experiment,
+                    "attention": attention,
+                    "accuracy": 100.0 * value if ok else None,
+                    "status": result.get("status"),
+                    "steps": result.get("steps"),
+                    "seq_len": (config.get("trainer") or {}).get("seq_len"),
+                    "model_config": stored.get("model_config"),
+                    "dir": str(result_path.parent),
+                }
+            )
     return rows
 
 
@@ -122,7 +153,9 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 # -- Table 2: speed and memory on Text ------------------------------------------------------------------
 
 
-def _one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, float]:
+def _one_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], device: torch.device
+) -> tuple[float, float]:
     """(seconds, memory MiB) of one optimiser step: CUDA peak allocation, else saved activations."""
     from zoo.trainer import ActivationMeter
 
@@ -142,7 +175,9 @@ def _one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: d
     return time.perf_counter() - start, meter.megabytes
 
 
-def measure_speed(configs: dict[str, dict[str, Any]], lengths: list[int], *, batch_size: int, steps: int, device: str = "auto") -> list[dict[str, Any]]:
+def measure_speed(
+    configs: dict[str, dict[str, Any]], lengths: list[int], *, batch_size: int, steps: int, device: str = "auto"
+) -> list[dict[str, Any]]:
     """Median step time and memory of each mechanism's model at each length (alternating rounds)."""
     from zoo.models import create_model
     from zoo.trainer import pick_device
@@ -156,12 +191,23 @@ def measure_speed(configs: dict[str, dict[str, Any]], lengths: list[int], *, bat
             try:
                 model = create_model(**config).to(dev).train()
             except ValueError as exc:  # a mechanism that cannot take this length says why
-                out.append({"attention": mech, "length": length, "steps_per_s": None, "memory_mb": None, "error": str(exc)[:200]})
+                out.append(
+                    {
+                        "attention": mech,
+                        "length": length,
+                        "steps_per_s": None,
+                        "memory_mb": None,
+                        "error": str(exc)[:200],
+                    }
+                )
                 continue
             generator = torch.Generator().manual_seed(length)
             tokens = torch.randint(1, config["vocab_size"], (batch_size, length), generator=generator)
-            batch = {"tokens": tokens.to(dev), "targets": torch.randint(0, config["n_classes"], (batch_size,), generator=generator).to(dev),
-                     "pad_mask": torch.ones(batch_size, length, dtype=torch.bool, device=dev)}
+            batch = {
+                "tokens": tokens.to(dev),
+                "targets": torch.randint(0, config["n_classes"], (batch_size,), generator=generator).to(dev),
+                "pad_mask": torch.ones(batch_size, length, dtype=torch.bool, device=dev),
+            }
             built[mech] = (model, torch.optim.Adam(model.parameters(), lr=1e-4), batch, [], [])
         for model, optimizer, batch, _, _ in built.values():  # warm-up
             _one_step(model, optimizer, batch, dev)
@@ -171,15 +217,26 @@ def measure_speed(configs: dict[str, dict[str, Any]], lengths: list[int], *, bat
                 times.append(seconds)
                 memory.append(mb)
         for mech, (_, _, _, times, memory) in built.items():
-            out.append({"attention": mech, "length": length, "steps_per_s": 1.0 / statistics.median(times), "memory_mb": max(memory), "error": ""})
+            out.append(
+                {
+                    "attention": mech,
+                    "length": length,
+                    "steps_per_s": 1.0 / statistics.median(times),
+                    "memory_mb": max(memory),
+                    "error": "",
+                }
+            )
         del built
     return out
 
 
 def table2(measured: list[dict[str, Any]], lengths: list[int]) -> tuple[list[str], list[list[Any]]]:
     """LRA Table 2's layout: steps/s (x vanilla) and memory (x vanilla) per length; paper beside."""
-    header = ["Model", *(f"steps/s {n // 1024 if n % 1024 == 0 else n}{'K' if n % 1024 == 0 else ''}" for n in lengths),
-              *(f"memory {n // 1024 if n % 1024 == 0 else n}{'K' if n % 1024 == 0 else ''}" for n in lengths)]
+    header = [
+        "Model",
+        *(f"steps/s {n // 1024 if n % 1024 == 0 else n}{'K' if n % 1024 == 0 else ''}" for n in lengths),
+        *(f"memory {n // 1024 if n % 1024 == 0 else n}{'K' if n % 1024 == 0 else ''}" for n in lengths),
+    ]
     by = {(m["attention"], m["length"]): m for m in measured}
     mechanisms = sorted({m["attention"] for m in measured}, key=lambda m: (m != "vanilla", m))
     rows = []
@@ -200,7 +257,13 @@ def table2(measured: list[dict[str, Any]], lengths: list[int]) -> tuple[list[str
         if paper in PAPER_TABLE2 and tuple(lengths) == PAPER_LENGTHS:
             steps, gigabytes = PAPER_TABLE2[paper]
             base_steps, base_gb = PAPER_TABLE2["Transformer"]
-            rows.append([f"{paper} (LRA paper)", *(f"{s} ({s / b:.1f}x)" for s, b in zip(steps, base_steps)), *(f"{g} GB ({g / b:.2f}x)" for g, b in zip(gigabytes, base_gb))])
+            rows.append(
+                [
+                    f"{paper} (LRA paper)",
+                    *(f"{s} ({s / b:.1f}x)" for s, b in zip(steps, base_steps)),
+                    *(f"{g} GB ({g / b:.2f}x)" for g, b in zip(gigabytes, base_gb)),
+                ]
+            )
     return header, rows
 
 
@@ -221,7 +284,11 @@ def plot_table1(rows: list[dict[str, Any]], path: Path) -> Path:
         width = 0.8 / max(1, len(names))
         for i, name in enumerate(names):
             if ax is axes[0]:
-                values = {TASKS[r["experiment"]]: r["accuracy"] for r in rows if r["attention"] == name and r["experiment"] in TASKS}
+                values = {
+                    TASKS[r["experiment"]]: r["accuracy"]
+                    for r in rows
+                    if r["attention"] == name and r["experiment"] in TASKS
+                }
                 heights = [values.get(t) or 0.0 for t in tasks]
             else:
                 heights = [v or 0.0 for v in PAPER_TABLE1[name][:6]]
@@ -248,16 +315,28 @@ def plot_table2(measured: list[dict[str, Any]], lengths: list[int], path: Path) 
     by = {(m["attention"], m["length"]): m for m in measured}
     mechanisms = sorted({m["attention"] for m in measured}, key=lambda m: (m != "vanilla", m))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, key, paper_index, title in ((axes[0], "steps_per_s", 0, "training speed relative to vanilla"), (axes[1], "memory_mb", 1, "peak memory relative to vanilla")):
+    for ax, key, paper_index, title in (
+        (axes[0], "steps_per_s", 0, "training speed relative to vanilla"),
+        (axes[1], "memory_mb", 1, "peak memory relative to vanilla"),
+    ):
         for mech in mechanisms:
-            points = [(n, by[(mech, n)][key] / by[("vanilla", n)][key]) for n in lengths
-                      if (mech, n) in by and ("vanilla", n) in by and by[(mech, n)][key] and by[("vanilla", n)][key]]
+            points = [
+                (n, by[(mech, n)][key] / by[("vanilla", n)][key])
+                for n in lengths
+                if (mech, n) in by and ("vanilla", n) in by and by[(mech, n)][key] and by[("vanilla", n)][key]
+            ]
             if points:
                 line = ax.plot(*zip(*points), marker="o", label=f"{mech} (ours)")[0]
                 paper = PAPER_ROW.get(mech)
                 if paper in PAPER_TABLE2:
                     base = PAPER_TABLE2["Transformer"][paper_index]
-                    ax.plot(PAPER_LENGTHS, [v / b for v, b in zip(PAPER_TABLE2[paper][paper_index], base)], linestyle="--", color=line.get_color(), label=f"{paper} (LRA)")
+                    ax.plot(
+                        PAPER_LENGTHS,
+                        [v / b for v, b in zip(PAPER_TABLE2[paper][paper_index], base)],
+                        linestyle="--",
+                        color=line.get_color(),
+                        label=f"{paper} (LRA)",
+                    )
         ax.set_xlabel("sequence length (Text)")
         ax.set_title(title, fontsize=10)
         ax.set_yscale("log")
@@ -283,36 +362,72 @@ def speed_configs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for prefer_text in (True, False):
         for r in rows:
             config = r.get("model_config")
-            if config and r["attention"] not in configs and (r["experiment"] == "lra_text" or not prefer_text) and config.get("kind") == "classifier":
+            if (
+                config
+                and r["attention"] not in configs
+                and (r["experiment"] == "lra_text" or not prefer_text)
+                and config.get("kind") == "classifier"
+            ):
                 configs[r["attention"]] = dict(config, vocab_size=257, n_classes=2)
     return configs
 
 
-def write_lra_tables(sweep_dirs: list[str | Path], out_dir: str | Path, *, lengths: list[int] = PAPER_LENGTHS, batch_size: int = 4, steps: int = 3,
-                     device: str = "auto", scale: str = "") -> dict[str, Path]:
+def write_lra_tables(
+    sweep_dirs: list[str | Path],
+    out_dir: str | Path,
+    *,
+    lengths: list[int] = PAPER_LENGTHS,
+    batch_size: int = 4,
+    steps: int = 3,
+    device: str = "auto",
+    scale: str = "",
+) -> dict[str, Path]:
     """Tables 1 and 2 (markdown, CSV, PNG) for the runs under ``sweep_dirs``, into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = gather_runs(sweep_dirs)
     note = f"\n\nScale: {scale}" if scale else ""
     header, body = table1(rows)
-    paths = {"table1_md": out_dir / "lra_table1.md", "table1_csv": out_dir / "lra_table1.csv", "table1_png": out_dir / "lra_table1.png"}
-    lengths_run = sorted({(TASKS.get(r["experiment"]), r["seq_len"], r["steps"]) for r in rows if r["experiment"] in TASKS}, key=str)
+    paths = {
+        "table1_md": out_dir / "lra_table1.md",
+        "table1_csv": out_dir / "lra_table1.csv",
+        "table1_png": out_dir / "lra_table1.png",
+    }
+    lengths_run = sorted(
+        {(TASKS.get(r["experiment"]), r["seq_len"], r["steps"]) for r in rows if r["experiment"] in TASKS}, key=str
+    )
     detail = "; ".join(f"{task}: length {n}, {s} steps" for task, n, s in lengths_run)
-    paths["table1_md"].write_text(f"# LRA Table 1 layout: test accuracy (%)\n\nRuns: {detail}.{note}\n\n{markdown(header, body)}\n\n"
-                                  "Avg is over the first five tasks, as in the paper (which averages without Path-X, where every model FAILs).\n")
+    paths["table1_md"].write_text(
+        f"# LRA Table 1 layout: test accuracy (%)\n\nRuns: {detail}.{note}\n\n{markdown(header, body)}\n\n"
+        "Avg is over the first five tasks, as in the paper (which averages without Path-X, where every model FAILs).\n"
+    )
     _write_csv(paths["table1_csv"], header, body)
     plot_table1(rows, paths["table1_png"])
     configs = speed_configs(rows)
     if configs:
         measured = measure_speed(configs, list(lengths), batch_size=batch_size, steps=steps, device=device)
         header2, body2 = table2(measured, list(lengths))
-        paths.update(table2_md=out_dir / "lra_table2.md", table2_csv=out_dir / "lra_table2.csv", table2_png=out_dir / "lra_table2.png")
-        where = f"{torch.cuda.get_device_name()} (CUDA peak allocation)" if torch.cuda.is_available() and device != "cpu" else f"CPU, {torch.get_num_threads()} thread(s) (memory: tensors saved for backward)"
-        paths["table2_md"].write_text(f"# LRA Table 2 layout: Text, steps per second and peak memory (relative to vanilla)\n\n"
-                                      f"Measured on {where}; batch {batch_size}, median of {steps} steps after one warm-up, mechanisms alternating; "
-                                      f"models as trained on Text in this sweep.{note}\n\n{markdown(header2, body2)}\n")
-        _write_csv(paths["table2_csv"], ["attention", "length", "steps_per_s", "memory_mb", "error"], [[m[k] for k in ("attention", "length", "steps_per_s", "memory_mb", "error")] for m in measured])
+        paths.update(
+            table2_md=out_dir / "lra_table2.md",
+            table2_csv=out_dir / "lra_table2.csv",
+            table2_png=out_dir / "lra_table2.png",
+        )
+        where = (
+            f"{torch.cuda.get_device_name()} (CUDA peak allocation)"
+            if torch.cuda.is_available() and device != "cpu"
+            else f"CPU, {torch.get_num_threads()} thread(s) (memory: tensors saved for backward)"
+        )
+        paths["table2_md"].write_text(
+            f"# LRA Table 2 layout: Text, steps per second and peak memory (relative to vanilla)\n\n"
+            f"Measured on {where}; batch {batch_size}, median of {steps} steps after one warm-up, mechanisms "
+            "alternating; "
+            f"models as trained on Text in this sweep.{note}\n\n{markdown(header2, body2)}\n"
+        )
+        _write_csv(
+            paths["table2_csv"],
+            ["attention", "length", "steps_per_s", "memory_mb", "error"],
+            [[m[k] for k in ("attention", "length", "steps_per_s", "memory_mb", "error")] for m in measured],
+        )
         plot_table2(measured, list(lengths), paths["table2_png"])
     return paths
 
@@ -325,7 +440,9 @@ class LRATables(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = config.hydra.sweep.dir
-        paths = write_lra_tables([sweep_dir], sweep_dir, lengths=self.lengths, batch_size=self.batch_size, steps=self.steps, scale=self.scale)
+        paths = write_lra_tables(
+            [sweep_dir], sweep_dir, lengths=self.lengths, batch_size=self.batch_size, steps=self.steps, scale=self.scale
+        )
         for key in ("table1_md", "table2_md"):
             if key in paths:
                 print(f"\n{paths[key].read_text()}", flush=True)

@@ -41,7 +41,10 @@ def read_pairs(path: Path, max_bytes: int) -> tuple[Tensor, Tensor, Tensor]:
                 continue
             fields = line.split(b"\t")
             if len(fields) != len(FIELDS):
-                raise ValueError(f"{path}:{line_no}: expected {len(FIELDS)} tab-separated fields ({', '.join(FIELDS)}), got {len(fields)}")
+                raise ValueError(
+                    f"{path}:{line_no}: expected {len(FIELDS)} tab-separated fields ({', '.join(FIELDS)}), "
+                    f"got {len(fields)}"
+                )
             try:
                 label = float(fields[0])
             except ValueError:
@@ -78,7 +81,9 @@ class AANRetrievalTask(Task):
         directory = find_directory(self.options.path)
         missing = [name for name in FILES.values() if not (directory / name).is_file()]
         if missing:
-            raise DataFileNotFound(f"{directory} lacks {', '.join(missing)} (data.path must hold new_aan_pairs.{{train,eval,test}}.tsv)")
+            raise DataFileNotFound(
+                f"{directory} lacks {', '.join(missing)} (data.path must hold new_aan_pairs.{{train,eval,test}}.tsv)"
+            )
         self.splits = {split: read_pairs(directory / name, self.seq_len) for split, name in FILES.items()}
 
     def model_overrides(self) -> dict:

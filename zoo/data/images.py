@@ -52,32 +52,50 @@ GRAY_WEIGHTS = (0.2989, 0.5870, 0.1140)
 class _DataOnlyUnpickler(pickle.Unpickler):
     """Unpickles numpy arrays and plain containers; refuses any other global (no code runs)."""
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"), ("numpy", "dtype"),
-               ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a data batch holds only arrays, lists and dicts")
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: a data batch holds only arrays, lists and dicts"
+        )
 
 
 def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(data [n, 3072] uint8 channel planes, labels [n]) of one CIFAR-10 python pickle batch."""
     if not path.is_file():
-        raise DataFileNotFound(f"CIFAR-10 batch file missing: {path} (data.path must be the cifar-10-batches-py directory with {', '.join(CIFAR_TRAIN)}, {CIFAR_TEST})")
+        raise DataFileNotFound(
+            f"CIFAR-10 batch file missing: {path} (data.path must be the cifar-10-batches-py directory with "
+            f"{', '.join(CIFAR_TRAIN)}, {CIFAR_TEST})"
+        )
     with open(path, "rb") as f:
         try:
             batch = _DataOnlyUnpickler(f, encoding="bytes").load()
         except (pickle.UnpicklingError, EOFError, ValueError) as exc:
             raise ValueError(f"{path} is not a CIFAR-10 python batch: {exc}") from None
     if not isinstance(batch, dict):
-        raise ValueError(f"{path} is not a CIFAR-10 python batch (expected a dict with b'data' and b'labels', got {type(batch).__name__})")
+        raise ValueError(
+            f"{path} is not a CIFAR-10 python batch (expected a dict with b'data' and b'labels', got "
+            f"{type(batch).__name__})"
+        )
     for key in (b"data", b"labels"):
         if key not in batch:
             raise ValueError(f"{path} has no {key!r} key (found {sorted(batch)}); is it a CIFAR-10 python batch?")
     data = np.asarray(batch[b"data"], dtype=np.uint8)
     labels = np.asarray(batch[b"labels"], dtype=np.int64)
-    require(data.ndim == 2 and data.shape[1] == 3072, f"{path}: b'data' must be [n, 3072] (32 x 32 x 3), got {list(data.shape)}")
+    require(
+        data.ndim == 2 and data.shape[1] == 3072,
+        f"{path}: b'data' must be [n, 3072] (32 x 32 x 3), got {list(data.shape)}",
+    )
     require(len(labels) == len(data), f"{path}: {len(data)} images but {len(labels)} labels")
     return data, labels
 
@@ -87,9 +105,15 @@ def read_cifar10(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     directory = find_directory(path)
     missing = [name for name in CIFAR_TRAIN + (CIFAR_TEST,) if not (directory / name).is_file()]
     if missing:
-        raise DataFileNotFound(f"{directory} lacks the CIFAR-10 batch file(s) {', '.join(missing)} (data.path must be the cifar-10-batches-py directory)")
+        raise DataFileNotFound(
+            f"{directory} lacks the CIFAR-10 batch file(s) {', '.join(missing)} (data.path must be the "
+            "cifar-10-batches-py directory)"
+        )
     train = [read_cifar_batch(directory / name) for name in CIFAR_TRAIN]
-    return {"train": (np.concatenate([d for d, _ in train]), np.concatenate([lab for _, lab in train])), "test": read_cifar_batch(directory / CIFAR_TEST)}
+    return {
+        "train": (np.concatenate([d for d, _ in train]), np.concatenate([lab for _, lab in train])),
+        "test": read_cifar_batch(directory / CIFAR_TEST),
+    }
 
 
 def interleave_channels(planes: np.ndarray | Tensor, size: int) -> Tensor:
@@ -117,8 +141,16 @@ def check_raster(config: Any, data: str, rows: int, width: int) -> None:
     if attention.get("name") != "local_2d":
         return
     got_width, got_height = attention.get("width"), attention.get("height", 0)
-    require(got_width == width, f"attention local_2d has width={got_width} but data {data!r} is a raster {width} wide ({rows} rows); set attention.width={width}")
-    require(got_height in (0, rows), f"attention local_2d has height={got_height} but data {data!r} has {rows} raster rows; set attention.height={rows} (or 0)")
+    require(
+        got_width == width,
+        f"attention local_2d has width={got_width} but data {data!r} is a raster {width} wide ({rows} rows); "
+        f"set attention.width={width}",
+    )
+    require(
+        got_height in (0, rows),
+        f"attention local_2d has height={got_height} but data {data!r} has {rows} raster rows; set "
+        f"attention.height={rows} (or 0)",
+    )
 
 
 class ImageTask(Task):
@@ -156,7 +188,11 @@ class ImageLMTask(ImageTask):
     def check_length(self) -> None:
         dims = 3 * self.image_size**2
         self.raster_width = 3 * self.image_size
-        require(self.seq_len == dims, f"data {self.registry_name!r} models {self.image_size} x {self.image_size} x 3 = {dims} dimensions per image; set trainer.seq_len={dims} (got {self.seq_len})")
+        require(
+            self.seq_len == dims,
+            f"data {self.registry_name!r} models {self.image_size} x {self.image_size} x 3 = {dims} "
+            f"dimensions per image; set trainer.seq_len={dims} (got {self.seq_len})",
+        )
 
     def lm_batch(self, pixels: Tensor) -> dict[str, Tensor]:
         """[b, D] uint8 intensities -> tokens [START, x_0 .. x_{D-2}], targets x_0 .. x_{D-1}."""
@@ -188,8 +224,11 @@ class CIFAR10Task(ImageLMTask):
         data, labels = raw["train"]
         train, val = split_holdout(len(data), self.options.val_size, self.seed, "cifar10")
         pixels = interleave_channels(data, 32)
-        self.splits = {"train": (pixels[train], torch.as_tensor(labels)[train]), "val": (pixels[val], torch.as_tensor(labels)[val]),
-                       "test": (interleave_channels(raw["test"][0], 32), torch.as_tensor(raw["test"][1]))}
+        self.splits = {
+            "train": (pixels[train], torch.as_tensor(labels)[train]),
+            "val": (pixels[val], torch.as_tensor(labels)[val]),
+            "test": (interleave_channels(raw["test"][0], 32), torch.as_tensor(raw["test"][1])),
+        }
 
 
 @TASK.register("cifar10_gray")
@@ -208,12 +247,19 @@ class CIFAR10GrayTask(ImageTask):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        require(self.seq_len == 1024, f"data 'cifar10_gray' is 32 x 32 = 1024 grayscale pixels; set trainer.seq_len=1024 (got {self.seq_len})")
+        require(
+            self.seq_len == 1024,
+            f"data 'cifar10_gray' is 32 x 32 = 1024 grayscale pixels; set trainer.seq_len=1024 (got {self.seq_len})",
+        )
         raw = read_cifar10(self.options.path)
         data, labels = raw["train"]
         train, val = split_holdout(len(data), self.options.val_size, self.seed, "cifar10_gray")
         gray, labels = to_grayscale(data, 32), torch.as_tensor(labels)
-        self.splits = {"train": (gray[train], labels[train]), "val": (gray[val], labels[val]), "test": (to_grayscale(raw["test"][0], 32), torch.as_tensor(raw["test"][1]))}
+        self.splits = {
+            "train": (gray[train], labels[train]),
+            "val": (gray[val], labels[val]),
+            "test": (to_grayscale(raw["test"][0], 32), torch.as_tensor(raw["test"][1])),
+        }
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split)
@@ -234,10 +280,15 @@ def npz_shape(path: Path, key: str) -> tuple[int, ...]:
         with zipfile.ZipFile(path) as archive:
             names = [n[: -len(".npy")] for n in archive.namelist() if n.endswith(".npy")]
             if key not in names:
-                raise ValueError(f"{path} has no {key!r} array (found {', '.join(sorted(names)) or 'none'}); expected the downsampled-ImageNet keys 'data' and 'labels'")
+                raise ValueError(
+                    f"{path} has no {key!r} array (found {', '.join(sorted(names)) or 'none'}); expected the "
+                    "downsampled-ImageNet keys 'data' and 'labels'"
+                )
             with archive.open(f"{key}.npy") as f:
                 version = np.lib.format.read_magic(f)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
                 shape, _, _ = read_header(f)
     except zipfile.BadZipFile:
         raise ValueError(f"{path} is not an .npz archive") from None
@@ -262,7 +313,10 @@ class ImageNet64Task(ImageLMTask):
         image_size: int = 64  # 64 (12,288 dimensions); the 32/16/8 releases share the layout
 
         def __post_init__(self) -> None:
-            require(self.image_size in (8, 16, 32, 64), f"data.image_size must be 8, 16, 32 or 64 (the downsampled-ImageNet releases), got {self.image_size}")
+            require(
+                self.image_size in (8, 16, 32, 64),
+                f"data.image_size must be 8, 16, 32 or 64 (the downsampled-ImageNet releases), got {self.image_size}",
+            )
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -271,21 +325,31 @@ class ImageNet64Task(ImageLMTask):
         directory = find_directory(self.options.path)
         numbered = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _TRAIN_NPZ.match(p.name)))
         if not numbered:
-            raise DataFileNotFound(f"{directory} holds no train_data_batch_<k>.npz files (data.path must be the downsampled-ImageNet directory)")
+            raise DataFileNotFound(
+                f"{directory} holds no train_data_batch_<k>.npz files (data.path must be the "
+                "downsampled-ImageNet directory)"
+            )
         expected = list(range(1, numbered[-1][0] + 1))
         if [k for k, _ in numbered] != expected:
             gaps = sorted(set(expected) - {k for k, _ in numbered})
-            raise DataFileNotFound(f"{directory} lacks train_data_batch_{', train_data_batch_'.join(map(str, gaps))}.npz")
+            raise DataFileNotFound(
+                f"{directory} lacks train_data_batch_{', train_data_batch_'.join(map(str, gaps))}.npz"
+            )
         self.train_files = [p for _, p in numbered]
         val = directory / "val_data.npz"
         if not val.is_file():
-            raise DataFileNotFound(f"{directory} lacks val_data.npz (data.path must be the downsampled-ImageNet directory)")
+            raise DataFileNotFound(
+                f"{directory} lacks val_data.npz (data.path must be the downsampled-ImageNet directory)"
+            )
         dims = 3 * self.image_size**2
         self.counts = []
         for path in self.train_files + [val]:
             shape = npz_shape(path, "data")
             npz_shape(path, "labels")
-            require(len(shape) == 2 and shape[1] == dims, f"{path}: 'data' is {list(shape)} but data.image_size={self.image_size} needs [n, {dims}]")
+            require(
+                len(shape) == 2 and shape[1] == dims,
+                f"{path}: 'data' is {list(shape)} but data.image_size={self.image_size} needs [n, {dims}]",
+            )
             self.counts.append(shape[0])
         self.val_pixels = interleave_channels(read_npz(val)[0], self.image_size)
         self._cache: dict[int, Tensor] = {}
@@ -309,7 +373,9 @@ class ImageNet64Task(ImageLMTask):
         counts = self.counts[:-1]
         total, rows = sum(counts), self.batch_size * world_size
         epoch, position = divmod(index, max(1, total // rows))
-        file_order = torch.randperm(len(counts), generator=seeded_generator(self.seed, "imagenet64-files", epoch)).tolist()
+        file_order = torch.randperm(
+            len(counts), generator=seeded_generator(self.seed, "imagenet64-files", epoch)
+        ).tolist()
         starts = np.cumsum([0] + [counts[k] for k in file_order])
         out, perms = [], {}
         for p in ((torch.arange(self.batch_size) + position * rows + rank * self.batch_size) % total).tolist():
@@ -359,7 +425,7 @@ def image_grid(rows: list[list[np.ndarray]], gap: int = 2, scale: int = 2) -> np
     for i, row in enumerate(rows):
         for j, image in enumerate(row):
             y, x = gap + i * (size + gap), gap + j * (size + gap)
-            grid[y: y + size, x: x + size] = image.repeat(scale, 0).repeat(scale, 1)
+            grid[y : y + size, x : x + size] = image.repeat(scale, 0).repeat(scale, 1)
     return grid
 
 
@@ -381,4 +447,13 @@ def read_png(path: str | Path) -> np.ndarray:
         return np.asarray(image.convert("L"), dtype=np.uint8)
 
 
-__all__ = ["CIFAR10GrayTask", "CIFAR10Task", "ImageNet64Task", "interleave_channels", "read_cifar10", "read_png", "to_grayscale", "write_png"]
+__all__ = [
+    "CIFAR10GrayTask",
+    "CIFAR10Task",
+    "ImageNet64Task",
+    "interleave_channels",
+    "read_cifar10",
+    "read_png",
+    "to_grayscale",
+    "write_png",
+]

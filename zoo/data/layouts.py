@@ -52,8 +52,17 @@ def write_imagenet(directory: str | Path, size: int = 8, n: int = 6, files: int 
     rng = np.random.default_rng(0)
     directory.mkdir(parents=True, exist_ok=True)
     for k in range(1, files + 1):
-        np.savez(directory / f"train_data_batch_{k}.npz", data=rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8), labels=rng.integers(1, 1001, n), mean=np.zeros(3 * size * size))
-    np.savez(directory / "val_data.npz", data=rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8), labels=rng.integers(1, 1001, n))
+        np.savez(
+            directory / f"train_data_batch_{k}.npz",
+            data=rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8),
+            labels=rng.integers(1, 1001, n),
+            mean=np.zeros(3 * size * size),
+        )
+    np.savez(
+        directory / "val_data.npz",
+        data=rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8),
+        labels=rng.integers(1, 1001, n),
+    )
     return directory
 
 

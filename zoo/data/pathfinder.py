@@ -60,8 +60,14 @@ class PathfinderStyle:
     @classmethod
     def for_size(cls, size: int, contour_length: int = 14) -> PathfinderStyle:
         scale = size / 32
-        return cls(size=size, contour_length=contour_length, paddle_length=max(2, round(2 * scale)), distractor_length=max(2, contour_length // 3),
-                   n_distractors=max(1, round(4 * scale)), marker_radius=max(1.0, 1.5 * scale**0.5))
+        return cls(
+            size=size,
+            contour_length=contour_length,
+            paddle_length=max(2, round(2 * scale)),
+            distractor_length=max(2, contour_length // 3),
+            n_distractors=max(1, round(4 * scale)),
+            marker_radius=max(1.0, 1.5 * scale**0.5),
+        )
 
 
 class _Canvas:
@@ -78,7 +84,7 @@ class _Canvas:
 
     def claim(self, pixels: list[tuple[int, int]], owner: int, lit: list[tuple[int, int]]) -> None:
         for y, x in pixels:
-            window = self.zone[max(0, y - MARGIN): y + MARGIN + 1, max(0, x - MARGIN): x + MARGIN + 1]
+            window = self.zone[max(0, y - MARGIN) : y + MARGIN + 1, max(0, x - MARGIN) : x + MARGIN + 1]
             other = (window != 0) & (window != owner)
             window[window == 0] = owner
             window[other] = -1
@@ -86,7 +92,15 @@ class _Canvas:
             self.lit[y, x] = True
 
 
-def _grow(rng: random.Random, canvas: _Canvas, owner: int, n_paddles: int, paddle_length: int, max_turn: float, tries: int = 40) -> list[tuple[int, int]] | None:
+def _grow(
+    rng: random.Random,
+    canvas: _Canvas,
+    owner: int,
+    n_paddles: int,
+    paddle_length: int,
+    max_turn: float,
+    tries: int = 40,
+) -> list[tuple[int, int]] | None:
     """A contour's pixel chain (n_paddles dashes and the gaps between them), or None."""
     period = paddle_length + 1
     n_pixels = n_paddles * period - 1  # ends on a lit pixel
@@ -121,7 +135,12 @@ def _grow(rng: random.Random, canvas: _Canvas, owner: int, n_paddles: int, paddl
 
 def _disc(cy: int, cx: int, radius: float, size: int) -> list[tuple[int, int]]:
     r = int(math.ceil(radius))
-    return [(cy + dy, cx + dx) for dy in range(-r, r + 1) for dx in range(-r, r + 1) if dy * dy + dx * dx <= radius * radius + 1e-9 and 0 <= cy + dy < size and 0 <= cx + dx < size]
+    return [
+        (cy + dy, cx + dx)
+        for dy in range(-r, r + 1)
+        for dx in range(-r, r + 1)
+        if dy * dy + dx * dx <= radius * radius + 1e-9 and 0 <= cy + dy < size and 0 <= cx + dx < size
+    ]
 
 
 def generate(rng: random.Random, style: PathfinderStyle, connected: bool, max_tries: int = 200) -> np.ndarray:
@@ -156,10 +175,15 @@ def generate(rng: random.Random, style: PathfinderStyle, connected: bool, max_tr
                 canvas.claim(path, 3 + k, [p for i, p in enumerate(path) if i % period != style.paddle_length])
         image = canvas.lit.astype(np.uint8) * 255
         return image
-    raise RuntimeError(f"could not place two contours of {style.contour_length} paddles in {style.size} x {style.size} after {max_tries} tries; lower data.contour_length")
+    raise RuntimeError(
+        f"could not place two contours of {style.contour_length} paddles in {style.size} x {style.size} "
+        f"after {max_tries} tries; lower data.contour_length"
+    )
 
 
-def generate_batch(seed: int, split: str, index: int, batch_size: int, style: PathfinderStyle, rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def generate_batch(
+    seed: int, split: str, index: int, batch_size: int, style: PathfinderStyle, rank: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(images [b, S, S] uint8, labels [b]) with labels balanced (within one of half)."""
     rng = random.Random(seed_int(seed, "pathfinder", split, index, rank))
     labels = [(i + index) % 2 for i in range(batch_size)]
@@ -172,7 +196,10 @@ def read_metadata(directory: Path) -> list[tuple[Path, int]]:
     """(PNG path, label) per line of every ``metadata/*.npy`` file, in sorted file order."""
     files = sorted((directory / "metadata").glob("*.npy"))
     if not files:
-        raise DataFileNotFound(f"{directory / 'metadata'} holds no *.npy files (data.path must be a released pathfinder directory such as pathfinder32/curv_contour_length_14)")
+        raise DataFileNotFound(
+            f"{directory / 'metadata'} holds no *.npy files (data.path must be a released pathfinder "
+            "directory such as pathfinder32/curv_contour_length_14)"
+        )
     rows = []
     for path in files:
         for line_no, line in enumerate(path.read_text().splitlines(), start=1):
@@ -180,7 +207,9 @@ def read_metadata(directory: Path) -> list[tuple[Path, int]]:
                 continue
             fields = line.split()
             if len(fields) < 4 or fields[3] not in ("0", "1"):
-                raise ValueError(f"{path}:{line_no}: expected '<dir> <file> <index> <label 0|1> ...', got {line[:80]!r}")
+                raise ValueError(
+                    f"{path}:{line_no}: expected '<dir> <file> <index> <label 0|1> ...', got {line[:80]!r}"
+                )
             rows.append((directory / fields[0] / fields[1], int(fields[3])))
     return rows
 
@@ -204,21 +233,33 @@ class PathfinderTask(Task):
 
         def __post_init__(self) -> None:
             require(self.image_size >= 16, f"data.image_size must be >= 16, got {self.image_size}")
-            require(2 <= self.contour_length <= 64, f"data.contour_length must be in [2, 64], got {self.contour_length}")
+            require(
+                2 <= self.contour_length <= 64, f"data.contour_length must be in [2, 64], got {self.contour_length}"
+            )
             require(self.eval_size >= 1, f"data.eval_size must be >= 1, got {self.eval_size}")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         size = self.options.image_size
-        require(self.seq_len == size * size, f"data 'pathfinder' at image_size={size} is {size * size} pixel tokens; set trainer.seq_len={size * size} (got {self.seq_len})")
+        require(
+            self.seq_len == size * size,
+            f"data 'pathfinder' at image_size={size} is {size * size} pixel tokens; set "
+            f"trainer.seq_len={size * size} (got {self.seq_len})",
+        )
         self.style = PathfinderStyle.for_size(size, self.options.contour_length)
         self.rows: dict[str, list[tuple[Path, int]]] | None = None
         if self.options.path:
             rows = read_metadata(find_directory(self.options.path))
             n_train, n_val = int(len(rows) * self.FRACTIONS[0]), int(len(rows) * self.FRACTIONS[1])
-            self.rows = {"train": rows[:n_train], "val": rows[n_train: n_train + n_val], "test": rows[n_train + n_val:]}
+            self.rows = {
+                "train": rows[:n_train],
+                "val": rows[n_train : n_train + n_val],
+                "test": rows[n_train + n_val :],
+            }
             for split, part in self.rows.items():
-                require(len(part) > 0, f"{self.options.path}: {len(rows)} images leave the {split} split empty (80/10/10)")
+                require(
+                    len(part) > 0, f"{self.options.path}: {len(rows)} images leave the {split} split empty (80/10/10)"
+                )
             self._read(self.rows["train"][0][0])  # a wrong size or a missing file fails now, not mid-run
 
     def check_model(self, config) -> None:
@@ -229,7 +270,9 @@ class PathfinderTask(Task):
             raise DataFileNotFound(f"pathfinder image missing: {path} (listed in metadata under data.path)")
         image = read_png(path)
         size = self.options.image_size
-        require(image.shape == (size, size), f"{path} is {image.shape[0]} x {image.shape[1]} but data.image_size={size}")
+        require(
+            image.shape == (size, size), f"{path} is {image.shape[0]} x {image.shape[1]} but data.image_size={size}"
+        )
         return image
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
@@ -249,10 +292,16 @@ class PathfinderTask(Task):
             order = range(start, start + self.batch_size)
             if split == "train":  # a seeded permutation per epoch
                 epoch = start // len(rows)
-                perm = np.random.default_rng(seed_int(self.seed, "pathfinder-train", epoch) % 2**32).permutation(len(rows))
+                perm = np.random.default_rng(seed_int(self.seed, "pathfinder-train", epoch) % 2**32).permutation(
+                    len(rows)
+                )
                 order = [perm[i % len(rows)] for i in order]
             picked = [rows[i % len(rows)] for i in order]
             images = np.stack([self._read(path) for path, _ in picked])
             labels = np.asarray([label for _, label in picked], dtype=np.int64)
         tokens = torch.from_numpy(images.reshape(len(images), -1).astype(np.int64))
-        return {"tokens": tokens, "targets": torch.from_numpy(labels), "pad_mask": torch.ones_like(tokens, dtype=torch.bool)}
+        return {
+            "tokens": tokens,
+            "targets": torch.from_numpy(labels),
+            "pad_mask": torch.ones_like(tokens, dtype=torch.bool),
+        }

@@ -12,6 +12,17 @@ from zoo import two_tower  # noqa: F401  (registers the pair_classifier head)
 from zoo.models import register_preset
 
 
-@register_preset("two_tower_classifier", "Two-tower (shared encoder) pair classifier of LRA Retrieval: [u, v, u*v, u-v] -> MLP")
+@register_preset(
+    "two_tower_classifier", "Two-tower (shared encoder) pair classifier of LRA Retrieval: [u, v, u*v, u-v] -> MLP"
+)
 def _two_tower_classifier() -> dict[str, Any]:
-    return dict(kind="pair_classifier", n_layers=4, n_heads=4, d_model=128, d_ff=512, dropout=0.1, pooling="mean", residual={"name": "pre_norm"})
+    return dict(
+        kind="pair_classifier",
+        n_layers=4,
+        n_heads=4,
+        d_model=128,
+        d_ff=512,
+        dropout=0.1,
+        pooling="mean",
+        residual={"name": "pre_norm"},
+    )

@@ -96,6 +96,8 @@ def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
                     "accuracy": 100.0 * value if ok else None,
                     "status": result.get("status"),
                     "steps": result.get("steps"),
+                "tokens_per_s": result.get("tokens_per_s"),
+                "wall_s": result.get("wall_s"),
                     "seq_len": (config.get("trainer") or {}).get("seq_len"),
                     "model_config": stored.get("model_config"),
                     "dir": str(result_path.parent),
@@ -402,6 +404,9 @@ def write_lra_tables(
         "Avg is over the first five tasks, as in the paper (which averages without Path-X, where every model FAILs).\n"
     )
     _write_csv(paths["table1_csv"], header, body)
+    paths["runs_csv"] = out_dir / "lra_runs.csv"
+    run_keys = ("experiment", "attention", "accuracy", "status", "steps", "seq_len", "tokens_per_s", "wall_s")
+    _write_csv(paths["runs_csv"], list(run_keys), [[r.get(k) for k in run_keys] for r in rows])
     plot_table1(rows, paths["table1_png"])
     configs = speed_configs(rows)
     if configs:

@@ -435,7 +435,7 @@ def test_image_paper_configs_compose_build_and_cite(name, cifar_dir):
             "model.n_heads=2",
         ]
     )
-    assert cfg.paper.metric == "bpd" and cfg.paper.value in (2.90, 2.80) and "arXiv" in cfg.paper.citation
+    assert cfg.paper.dataset == "cifar10" and cfg.paper.value in (2.90, 2.80) and "arXiv" in cfg.paper.citation
     resolved, task, model = build(cfg)
     assert (
         task.seq_len == 3072

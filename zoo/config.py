@@ -38,10 +38,6 @@ def build_options(options_cls: type, options: dict[str, Any], what: str) -> Any:
     return options_cls(**options)
 
 
-def options_dict(options: Any) -> dict[str, Any]:
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}
-
-
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``: the one-line form of a config check."""
     if not condition:
@@ -59,6 +55,7 @@ class ModelConfig:
 
     name: str = "vanilla_lm"
     kind: str = "lm"
+    head: str = "linear"  # "none": no output projection, logits None; use ModelOutput.hidden as a backbone
     vocab_size: int = 256
     d_model: int = 512
     n_layers: int = 6
@@ -76,6 +73,9 @@ class ModelConfig:
     residual: dict = field(default_factory=lambda: {"name": "post_norm"})
     stack: dict = field(default_factory=lambda: {"name": "sequential"})
     position: dict = field(default_factory=lambda: {"name": "sinusoidal"})
+    # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
+    # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/adaptive.py
+    adaptive: dict = field(default_factory=dict)
     # classifier head
     n_classes: int = 2
     pooling: str = "mean"
@@ -88,6 +88,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require(self.kind in KINDS, f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        require(
+            self.head in ("linear", "none"),
+            f"head must be linear (output projection) or none (hidden states only), got {self.head!r}",
+        )
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
             require(isinstance(getattr(self, key), int) and getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
         require(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -97,6 +101,8 @@ class ModelConfig:
         require(self.ff_chunk_size >= 0, f"ff_chunk_size must be >= 0 (0 = unchunked), got {self.ff_chunk_size}")
         require(self.pooling in ("mean", "first"), f"pooling must be mean or first, got {self.pooling!r}")
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        adaptive_ok = not self.adaptive or self.kind == "lm"
+        require(adaptive_ok, f"adaptive (input + softmax) is an LM option; kind is {self.kind!r}")
         for axis in PART_AXES:
             part = getattr(self, axis)
             if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
@@ -124,7 +130,7 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
         if key not in MODEL_KEYS:
             raise unknown("model config key", key, MODEL_KEYS)
         if key in PART_AXES:
-            old = merged.get(key, {"name": None})
+            old = merged.get(key, {})  # absent: a tweak stays a tweak ({"act": True} keeps the preset's stack)
             old = {"name": old} if isinstance(old, str) else dict(old)
             new = {"name": value} if isinstance(value, str) else dict(value)
             if "name" in new and new["name"] != old.get("name"):
@@ -142,6 +148,5 @@ __all__ = [
     "build_options",
     "did_you_mean",
     "merge_config",
-    "options_dict",
     "require",
 ]

@@ -442,3 +442,14 @@ def test_image_paper_configs_compose_build_and_cite(name, cifar_dir):
         and model.config.vocab_size == 257
         and model.config.attention["name"] == resolved["model"]["attention"]["name"]
     )
+
+
+def test_imdb_partial_evaluation_sees_both_classes(tmp_path):
+    """The tarball lists every negative review before every positive one; scoring the first
+    batches of val/test (trainer.eval_batches) must not measure one class only."""
+    from zoo.data.layouts import write_imdb
+
+    task = create_task("imdb", batch_size=4, seq_len=16, path=str(write_imdb(tmp_path / "imdb.tar.gz", per_class=20)), val_size=8)
+    for split in ("val", "test"):
+        first = torch.cat([task.batch(split, i)["targets"] for i in range(2)])
+        assert 0 < int(first.sum()) < len(first), f"{split}: the first batches hold one class only"

@@ -70,9 +70,16 @@ def test_two_tower_shares_one_encoder_and_combines_u_v():
     pad_mask = torch.ones(3, 2, 10, dtype=torch.bool)
     pad_mask[:, 1, 6:] = False
     out = model(tokens, pad_mask=pad_mask).logits
-    u, _ = model.encode(tokens[:, 0], pad_mask[:, 0])
-    v, _ = model.encode(tokens[:, 1], pad_mask[:, 1])
-    torch.testing.assert_close(out, model.interaction(torch.cat([u, v, u * v, u - v], -1)))
+    u = model.encode(tokens[:, 0], pad_mask[:, 0])[0].mean(1)
+    hidden_v = model.encode(tokens[:, 1], pad_mask[:, 1])[0]
+    v = (hidden_v * pad_mask[:, 1, :, None]).sum(1) / pad_mask[:, 1].sum(1, keepdim=True)
+    torch.testing.assert_close(out, model.head(torch.cat([u, v, u * v, u - v], -1)))
+    embedded = model.embed(tokens.flatten(0, 1)).unflatten(0, (3, 2))  # the backbone path: vectors in
+    torch.testing.assert_close(model(embeds=embedded, pad_mask=pad_mask).logits, out)
+    backbone = zoo.create_model(
+        "two_tower_classifier", vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32, head="none"
+    )
+    assert backbone.head is None and backbone(tokens, pad_mask=pad_mask).hidden.shape == (3, 2, 10, 16)
     changed = tokens.clone()
     changed[:, 1, 6:] = 7  # padded positions of the second document
     torch.testing.assert_close(model(changed, pad_mask=pad_mask).logits, out)
@@ -449,7 +456,9 @@ def test_imdb_partial_evaluation_sees_both_classes(tmp_path):
     batches of val/test (trainer.eval_batches) must not measure one class only."""
     from zoo.data.layouts import write_imdb
 
-    task = create_task("imdb", batch_size=4, seq_len=16, path=str(write_imdb(tmp_path / "imdb.tar.gz", per_class=20)), val_size=8)
+    task = create_task(
+        "imdb", batch_size=4, seq_len=16, path=str(write_imdb(tmp_path / "imdb.tar.gz", per_class=20)), val_size=8
+    )
     for split in ("val", "test"):
         first = torch.cat([task.batch(split, i)["targets"] for i in range(2)])
         assert 0 < int(first.sum()) < len(first), f"{split}: the first batches hold one class only"

@@ -46,34 +46,54 @@ class TwoTowerClassifier(ZooModel):
         self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers)
         self.norm = self.final_norm()
         activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
-        self.interaction = nn.Sequential(
-            nn.Linear(4 * d, config.d_ff),
-            activation,
-            nn.Dropout(config.dropout),
-            nn.Linear(config.d_ff, config.n_classes),
+        # the interaction MLP is this model's head: head="none" drops it (out.hidden only)
+        self.head = (
+            None
+            if config.head == "none"
+            else nn.Sequential(
+                nn.Linear(4 * d, config.d_ff),
+                activation,
+                nn.Dropout(config.dropout),
+                nn.Linear(config.d_ff, config.n_classes),
+            )
         )
 
-    def encode(self, tokens: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Any]:
-        """One tower: [n, t] token ids -> (pooled [n, d], the stack's output with aux/stats)."""
-        x = self.drop(self.position(self.embed(tokens)))
+    def encode(
+        self, tokens: Tensor | None, pad_mask: Tensor | None = None, embeds: Tensor | None = None
+    ) -> tuple[Tensor, Any]:
+        """One tower: [n, t] token ids (or [n, t, d] vectors) -> (normed hidden [n, t, d], stack output)."""
+        x = self.drop(self.position(self.input_vectors(self.embed, tokens, embeds)))
         out = self.stack(x, pad_mask=pad_mask)
-        return pool(self.norm(out.x), pad_mask, self.config.pooling), out
+        return self.norm(out.x), out
 
     def forward(
-        self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: Any = None
+        self,
+        tokens: Tensor | None = None,
+        targets: Tensor | None = None,
+        *,
+        embeds: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: Any = None,
     ) -> ModelOutput:
+        """tokens [b, 2, t] (or embeds [b, 2, t, d]); logits [b, n_classes]; hidden [b, 2, t, d]."""
         if state is not None:
             raise ValueError("the two-tower classifier reads whole documents per call and takes no state")
-        if not isinstance(tokens, Tensor) or tokens.dim() != 3 or tokens.shape[1] != 2:
-            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"a pair classifier takes tokens [b, 2, t] (two documents per row); got {got}")
-        check_pad_mask(pad_mask, tokens)
-        b = tokens.shape[0]
+        self.refuse_without_head(targets)
+        pair = tokens if tokens is not None else embeds
+        if not isinstance(pair, Tensor) or pair.dim() != (3 if tokens is not None else 4) or pair.shape[1] != 2:
+            got = tuple(pair.shape) if isinstance(pair, Tensor) else type(pair).__name__
+            raise ValueError(
+                f"a pair classifier takes tokens [b, 2, t] or embeds [b, 2, t, d] (two documents per row); got {got}"
+            )
+        b = pair.shape[0]
+        check_pad_mask(pad_mask, pair[..., 0] if embeds is not None else pair)
         # both towers in one pass: the encoder is shared, so the pair is just two batch rows
         flat_mask = rearrange(pad_mask, "b two t -> (b two) t") if pad_mask is not None else None
-        pooled, out = self.encode(rearrange(tokens, "b two t -> (b two) t"), flat_mask)
-        u, v = rearrange(pooled, "(b two) d -> two b d", two=2)
-        logits = self.interaction(torch.cat([u, v, u * v, u - v], dim=-1))
+        flat_tokens = rearrange(tokens, "b two t -> (b two) t") if tokens is not None else None
+        flat_embeds = rearrange(embeds, "b two t d -> (b two) t d") if embeds is not None else None
+        hidden, out = self.encode(flat_tokens, flat_mask, flat_embeds)
+        u, v = rearrange(pool(hidden, flat_mask, self.config.pooling), "(b two) d -> two b d", two=2)
+        logits = self.output_head(torch.cat([u, v, u * v, u - v], dim=-1))
         loss = None
         if targets is not None:
             if targets.shape != (b,):
@@ -81,7 +101,7 @@ class TwoTowerClassifier(ZooModel):
             if int(targets.min()) < 0 or int(targets.max()) >= self.config.n_classes:
                 raise ValueError(f"pair classifier targets must lie in [0, n_classes={self.config.n_classes})")
             loss = F.cross_entropy(logits.float(), targets.long(), label_smoothing=self.config.label_smoothing)
-        return ModelOutput(logits, loss, out.aux, None, out.stats)
+        return ModelOutput(logits, loss, out.aux, None, out.stats, rearrange(hidden, "(b two) t d -> b two t d", two=2))
 
 
 HEADS["pair_classifier"] = TwoTowerClassifier

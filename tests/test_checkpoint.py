@@ -120,7 +120,8 @@ def test_save_load_safetensors_round_trip(tmp_path, preset):
     assert sorted(f.name for f in (tmp_path / "export").iterdir()) == ["config.json", "model.safetensors"]
     loaded = zoo.load(tmp_path / "export").eval()
     assert loaded.config == model.config
-    tokens = torch.randint(0, p.tiny["vocab_size"], (2, p.example_length))
+    pair = model.config.kind == "pair_classifier"  # two documents per row: [b, 2, t]
+    tokens = torch.randint(0, p.tiny["vocab_size"], (2, 2, p.example_length) if pair else (2, p.example_length))
     args = (tokens, tokens) if model.config.kind == "seq2seq" else (tokens,)
     with torch.no_grad():
         assert torch.equal(model(*args).logits, loaded(*args).logits)

@@ -169,9 +169,16 @@ def test_divergence_names_a_checkpoint_that_evaluates_finite(tmp_path):
 # -- 3. resume is exact for every preset ----------------------------------------------------------------
 
 def preset_overrides(preset, text_file):
+    from zoo.data.layouts import write_aan
+
     kind = zoo.preset_config(preset).kind
+    if kind == "pair_classifier":  # AAN-style document pairs, written in the released TSV layout
+        aan = text_file.parent / "aan"
+        if not aan.exists():
+            write_aan(aan)
     data = {"lm": ["data=char_lm", f"data.path={text_file}"],
             "classifier": ["data=listops", "data.min_length=4", "data.max_length=16", "data.eval_size=4"],
+            "pair_classifier": ["data=aan", f"data.path={text_file.parent / 'aan'}"],
             "seq2seq": ["data=reverse", "data.eval_size=4"]}[kind]
     return [f"model={preset}", *data, "model.dropout=0.1", "trainer.eval_every=0", "trainer.log_every=1"]
 

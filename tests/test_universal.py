@@ -18,7 +18,8 @@ D, H = 16, 2
 
 
 def make_stack(*, causal: bool = False, cross: bool = False, residual: str = "post_norm", n_layers: int = 4, **stack_options) -> UniversalStack:
-    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, residual={"name": residual}, stack={"name": "universal", **stack_options})
+    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, residual={"name": residual}, position={"name": "none"},
+                         stack={"name": "universal", **stack_options})
     stack = build_stack(config, causal=causal, cross=cross, n_layers=n_layers)
     return stack.eval()
 
@@ -178,8 +179,6 @@ def test_bad_input_is_refused_with_the_reason():
     stack = make_stack(causal=True)
     with pytest.raises(ValueError, match="keeps no state"):
         stack(torch.randn(1, 3, D), state=[stack.block.init_state(1)] * 4)
-    with pytest.raises(ValueError, match="offset"):
-        stack(torch.randn(1, 1, D), offset=3)
     lm = zoo.create_model("universal_transformer", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
     first = lm(torch.randint(0, 20, (1, 3)), state=lm.init_state(1))
     with pytest.raises(ValueError, match="cannot continue a sequence"):

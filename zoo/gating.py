@@ -33,15 +33,15 @@ from torch import Tensor, nn
 
 from zoo.config import require
 from zoo.registry import RESIDUAL
-from zoo.residual import PreNorm, Residual, Sublayer
+from zoo.residual import PreNorm, Residual
 
 
 @RESIDUAL.register("identity_map")
 class IdentityMapReordered(PreNorm):
     """TrXL-I: x + ReLU(Sublayer(LayerNorm(x))): pre-norm with a ReLU on the sub-layer output."""
 
-    def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.drop(F.relu(sublayer(self.norm(x))))
+    def update(self, y: Tensor) -> Tensor:
+        return self.drop(F.relu(y))
 
 
 @RESIDUAL.register("gru_gate")
@@ -65,6 +65,9 @@ class GRUGate(Residual):
         self.from_rx = nn.Linear(d_model, d_model, bias=False)  # U_g, applied to r * x
         self.gate_bias = nn.Parameter(torch.full((d_model,), float(self.options.gate_bias)))
 
+    def sublayer_input(self, x: Tensor) -> Tensor:
+        return self.norm(x)
+
     def gate(self, x: Tensor, y: Tensor) -> Tensor:
         """g(x, y): x the residual stream, y the (ReLU'd) sub-layer output; both [b, t, d]."""
         wr, wz, wg = self.from_y(y).chunk(3, dim=-1)
@@ -74,5 +77,5 @@ class GRUGate(Residual):
         h = torch.tanh(wg + self.from_rx(r * x))
         return (1 - z) * x + z * h
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.gate(x, self.drop(F.relu(sublayer(self.norm(x)))))
+    def join(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.gate(x, self.drop(F.relu(y)))

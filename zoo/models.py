@@ -132,7 +132,7 @@ class ZooModel(nn.Module):
         token at a time; otherwise it recomputes the whole prefix each step."""
         return attention_class(self.config.attention).supports_memory and STACK.get(split_part(self.config.stack)[0]).keeps_state
 
-    def check_state(self, state: Any, batch_size: int, cls: type = None) -> None:
+    def check_state(self, state: Any, batch_size: int, cls: type = None, *, stack: nn.Module | None = None) -> None:
         cls = cls or ModelState
         if state is None:
             return
@@ -142,6 +142,13 @@ class ZooModel(nn.Module):
             raise ValueError(f"state comes from a different model ({state.signature}); this model is {self.signature}")
         if state.batch_size != batch_size:
             raise ValueError(f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh with state=None or model.init_state({batch_size})")
+        if state.offset and stack is not None and not stack.keeps_state:
+            # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
+            raise ValueError(
+                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence at offset {state.offset}: "
+                "the new tokens would not see the earlier ones; feed the whole prefix with state=None "
+                "(attentions_keep_state() is False for this stack, so generate() does)"
+            )
 
     @property
     def num_parameters(self) -> int:
@@ -167,10 +174,10 @@ class CausalLM(ZooModel):
     def forward(self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: ModelState | None = None) -> ModelOutput:
         x = self.embed(tokens)
         check_pad_mask(pad_mask, tokens)
-        self.check_state(state, tokens.shape[0])
+        self.check_state(state, tokens.shape[0], stack=self.stack)
         offset = state.offset if state is not None else 0
         x = self.drop(self.position(x, offset))
-        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
+        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None)
         logits = self.head(self.norm(out.x))
         loss = token_loss(logits, targets, pad_mask, self.config.label_smoothing) if targets is not None else None
         new_state = None
@@ -296,7 +303,7 @@ class EncoderDecoder(ZooModel):
         return Seq2SeqState(self.encode(src, src_pad_mask), src_pad_mask, self.decoder.init_state(src.shape[0]), 0, src.shape[0], self.signature)
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *, src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None) -> ModelOutput:
-        self.check_state(state, tgt.shape[0], Seq2SeqState)
+        self.check_state(state, tgt.shape[0], Seq2SeqState, stack=self.decoder)
         encoder_aux: dict[str, Tensor] = {}
         encoder_stats: dict[str, Tensor] = {}
         if state is None:
@@ -306,7 +313,7 @@ class EncoderDecoder(ZooModel):
             memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
         y = self.tgt_embed(tgt)
         check_pad_mask(tgt_pad_mask, tgt, "tgt_pad_mask")
-        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask, offset=offset)
+        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask)
         logits = self.head(self.decoder_norm(out.x))
         loss = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing) if targets is not None else None
         new_state = None

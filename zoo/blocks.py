@@ -111,7 +111,8 @@ class Block(nn.Module):
         residual = self.attention_residual
         h = residual.sublayer_input(x)
         if self.attention.remembers_inputs:
-            layer_input = LayerInput(x, residual.sublayer_input)
+            version = tuple((p.data_ptr(), p._version) for p in residual.parameters())
+            layer_input = LayerInput(x, residual.sublayer_input, version)
             return self.attention(h, pad_mask=pad_mask, state=state, layer_input=layer_input)
         return self.attention(h, pad_mask=pad_mask, state=state)
 

@@ -50,10 +50,12 @@ class LayerInput:
     ``prepare`` to what it remembers on every call, so a pre-norm layer attends over
     LayerNorm([StopGrad(M), E]) (Parisotto et al. 2019, Section 3): the LayerNorm gets gradient
     through memory positions, and memory made before an optimiser step is normalised with today's
-    weights. The block passes it (``prepare`` = its residual's ``sublayer_input``)."""
+    weights. The block passes it (``prepare`` = its residual's ``sublayer_input``); ``version``
+    changes whenever ``prepare``'s weights do, for mechanisms that cache projections of it."""
 
     raw: Tensor
     prepare: Callable[[Tensor], Tensor]
+    version: tuple = ()
 
 
 def remembered(states: Tensor, layer_input: LayerInput | None) -> Tensor:

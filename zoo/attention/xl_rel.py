@@ -167,7 +167,8 @@ class XLRelativeAttention(Attention):
             memory.keys, memory.values = k[:, :, -keep:], v[:, :, -keep:]
         return memory
 
-    def _keys_values(self, x: Tensor, keys_in: Tensor, memory: XLMemory) -> tuple[Tensor, Tensor, tuple | None]:
+    def _keys_values(self, x: Tensor, keys_in: Tensor, memory: XLMemory, norm_version: tuple = ()
+                     ) -> tuple[Tensor, Tensor, tuple | None]:
         """Keys/values of [memory ; x] -> (k, v [b, h, s, k], what to cache for evaluation or None).
 
         With gradients on, everything is projected from the states (the paper). Without, the
@@ -176,7 +177,7 @@ class XLRelativeAttention(Attention):
             k, v = (self.split_heads(y) for y in self.to_kv(keys_in))
             return k, v, None
         w = self.to_qkv.weight
-        version = (w.data_ptr(), w._version)
+        version = (w.data_ptr(), w._version, norm_version)  # norm_version: the block's LayerNorm that made them
         if memory.length and memory.version == version and memory.keys is not None and memory.keys.shape[2] == memory.length:
             k_new, v_new = (self.split_heads(y) for y in self.to_kv(x))
             k, v = torch.cat([memory.keys, k_new], dim=2), torch.cat([memory.values, v_new], dim=2)
@@ -225,7 +226,8 @@ class XLRelativeAttention(Attention):
         s = m + t
 
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
-        k, v, cache = self._keys_values(x, keys_in, memory)  # [b, h, s, k]
+        norm_version = layer_input.version if layer_input is not None else ()
+        k, v, cache = self._keys_values(x, keys_in, memory, norm_version)  # [b, h, s, k]
         scale = self.head_dim**-0.5
         q_content = q + self.u[:, None, :]  # (a) + (c): one dot product with k
         q_position = (q + self.v[:, None, :]) * scale  # (b) + (d): against W_R r; SDPA scales only (a)+(c)

@@ -222,3 +222,33 @@ def test_universal_act_learns_copy():
     test = algorithmic_batch("copy", 64, 5, 5, generator=g)
     char, _ = score(model.generate(test["src"], max_len=6, src_pad_mask=test["src_pad_mask"]), test["targets"])
     assert char > 0.9
+
+
+def test_each_step_runs_the_block_as_its_layer_so_interleaved_patterns_alternate():
+    """Sparse Transformer's interleaved combination puts A1 in even layers and A2 in odd ones; a
+    universal stack's step n is layer n - 1, so T steps equal a weight-shared sequential stack."""
+    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, position={"name": "none"},
+                         attention={"name": "sparse_strided", "stride": 3, "combine": "interleaved"},
+                         stack={"name": "universal", "position_signal": False, "timestep_signal": False})
+    stack = build_stack(config, causal=True, cross=False, n_layers=4).eval()
+    seen = []
+    stack.block.attention.register_forward_pre_hook(lambda module, args: seen.append(module.head_patterns()[0]))
+    x = torch.randn(2, 12, D)
+    out = stack(x)
+    assert seen == ["A1", "A2", "A1", "A2"]
+    sequential = build_stack(ModelConfig(**{**config.to_dict(), "stack": {"name": "sequential"}}), causal=True, cross=False, n_layers=4).eval()
+    for block in sequential.blocks:
+        block.load_state_dict(stack.block.state_dict())
+    torch.testing.assert_close(out.x, sequential(x).x)
+    assert stack.block.attention.layer_index == 0  # restored after the forward
+
+
+def test_one_owner_of_the_position_signal():
+    """The universal stack adds the position sinusoid before every step; a model position on top
+    would add positions twice, so the builder refuses the pair and says how to resolve it."""
+    small = dict(vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
+    with pytest.raises(ValueError, match="added twice.*position=none"):
+        zoo.create_model("vanilla_lm", stack="universal", **small)
+    zoo.create_model("vanilla_lm", stack={"name": "universal", "position_signal": False}, **small)  # the model owns it
+    zoo.create_model("vanilla_lm", stack="universal", position="none", **small)  # the stack owns it
+    assert zoo.preset_config("universal_transformer").position["name"] == "none"

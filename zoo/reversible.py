@@ -99,9 +99,17 @@ def feed_forward_branch(block: Block, y: Tensor) -> Tensor:
 
 @STACK.register("reversible")
 class ReversibleStack(Stack):
+    keeps_state = False  # recomputation would replay a cache that has moved on
+    supports_cross = False
+    needs_additive = True
+
     @dataclass
     class Options:
         recompute: bool = True  # False: same coupling, plain autograd (stores activations; test reference)
+
+    @classmethod
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        return [{}, {"recompute": False}]
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__(make_block, n_layers, d_model, **options)

@@ -40,7 +40,10 @@ class StackOutput:
 class Stack(nn.Module):
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
+    # capability flags: the builder and the contract suite (tests/test_stack_contract.py) read these
     keeps_state: ClassVar[bool] = True  # can thread its blocks' caches across calls (universal: no)
+    supports_cross: ClassVar[bool] = True  # can hold blocks with cross-attention (seq2seq decoder)
+    needs_additive: ClassVar[bool] = False  # needs additive residuals (reversible: subtracts the branches)
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__()
@@ -49,9 +52,9 @@ class Stack(nn.Module):
         self.options = build_options(self.Options, options, f"stack {self.registry_name!r}")
 
     @classmethod
-    def contract_options(cls) -> dict[str, Any]:
-        """Options under which the stack contract suite exercises this stack."""
-        return {}
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        """Option sets under which the stack contract suite exercises this stack (one case each)."""
+        return [{}]
 
     @classmethod
     def adds_position_signal(cls, options: dict[str, Any]) -> bool:

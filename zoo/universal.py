@@ -106,6 +106,10 @@ class UniversalStack(Stack):
         self.last_trace: ACTTrace | None = None
 
     @classmethod
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        return [{}, {"act": True, "halting_bias": -1.0}]
+
+    @classmethod
     def adds_position_signal(cls, options: dict[str, Any]) -> bool:
         return bool(options.get("position_signal", cls.Options.position_signal))
 

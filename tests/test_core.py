@@ -95,12 +95,6 @@ def test_sinusoid_matches_the_paper_formula():
     assert torch.isfinite(sinusoid_table(torch.arange(10**6, 10**6 + 3), 512)).all()
 
 
-def test_positions_respect_offset():
-    pos = zoo.registry.POSITION.get("sinusoidal")(16, 100)
-    x = torch.zeros(1, 10, 16)
-    torch.testing.assert_close(pos(x)[:, 4:], pos(x[:, 4:], offset=4))
-
-
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_chunked_feed_forward_equals_unchunked(activation):
     full = FeedForward(8, 32, activation=activation)

@@ -18,6 +18,11 @@ Both policies wrap one sub-layer (attention or feed-forward) of a block:
   b_g is learned and initialised to ``gate_bias`` (2, the paper's value for the GRU gate), so at
   initialisation z is about sigmoid(-2) = 0.12 and every block is close to the identity map.
 
+Memory: both policies normalise the sub-layer's input, and with Transformer-XL memory the
+LayerNorm applies to [StopGrad(M), E] on every call (the paper's block): memory holds the raw
+stream and is normalised with the current weights inside the graph (``sublayer_input``, passed to
+the attention by ``blocks.Block``).
+
 Deviations: the stream ends in a final LayerNorm before the LM head (``final_norm``), as in the
 pre-norm stack; the paper feeds the last layer's output to a policy network instead. Dropout, when
 configured, acts on y (the sub-layer output) before the join.

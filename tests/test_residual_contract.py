@@ -98,7 +98,8 @@ def test_memory_is_read_with_the_current_weights(name):
     """One layer: the memory is the embedding, whatever the block's weights; so segment 2's logits
     must not depend on the block weights that were current when segment 1 ran."""
     torch.manual_seed(0)
-    model = zoo.create_model("transformer_xl", **{**get_preset("transformer_xl").tiny, "n_layers": 1, "dropout": 0.0}, residual=name)
+    small = {**get_preset("transformer_xl").tiny, "n_layers": 1, "dropout": 0.0}
+    model = zoo.create_model("transformer_xl", **small, residual=name)
     g = torch.Generator().manual_seed(2)
     seg1, seg2 = torch.randint(0, 32, (2, 6), generator=g), torch.randint(0, 32, (2, 6), generator=g)
     before = model(seg1, state=model.init_state(2)).state

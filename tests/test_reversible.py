@@ -111,7 +111,8 @@ def test_refused_at_build_time_with_the_reason():
     with pytest.raises(ValueError, match="supports_memory"):
         zoo.create_model("reformer", **{**SMALL, "attention": "vanilla"})
     with pytest.raises(ValueError, match="cross-attention"):
-        zoo.create_model("vanilla_seq2seq", d_model=32, n_heads=4, d_ff=32, n_layers=1, residual=additive, stack="reversible", attention="shared_qk")
+        zoo.create_model("vanilla_seq2seq", d_model=32, n_heads=4, d_ff=32, n_layers=1, residual=additive,
+                         stack="reversible", attention="shared_qk")
     model = zoo.create_model("reformer", n_layers=1, **SMALL)
     with pytest.raises(ValueError, match="keeps no state"):
         model.stack(torch.randn(1, 8, 32), state=[object()])

@@ -18,8 +18,8 @@ D, H = 16, 2
 
 
 def make_stack(*, causal: bool = False, cross: bool = False, residual: str = "post_norm", n_layers: int = 4, **stack_options) -> UniversalStack:
-    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, residual={"name": residual}, position={"name": "none"},
-                         stack={"name": "universal", **stack_options})
+    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, residual={"name": residual},
+                         position={"name": "none"}, stack={"name": "universal", **stack_options})
     stack = build_stack(config, causal=causal, cross=cross, n_layers=n_layers)
     return stack.eval()
 
@@ -236,7 +236,8 @@ def test_each_step_runs_the_block_as_its_layer_so_interleaved_patterns_alternate
     x = torch.randn(2, 12, D)
     out = stack(x)
     assert seen == ["A1", "A2", "A1", "A2"]
-    sequential = build_stack(ModelConfig(**{**config.to_dict(), "stack": {"name": "sequential"}}), causal=True, cross=False, n_layers=4).eval()
+    sequential_config = ModelConfig(**{**config.to_dict(), "stack": {"name": "sequential"}})
+    sequential = build_stack(sequential_config, causal=True, cross=False, n_layers=4).eval()
     for block in sequential.blocks:
         block.load_state_dict(stack.block.state_dict())
     torch.testing.assert_close(out.x, sequential(x).x)

@@ -176,7 +176,7 @@ class Block(nn.Module):
         """F(x) with x + F(x) = the attention half of ``forward`` (additive residuals only), with
         the mechanism's aux losses and its stats (named as ``forward`` names them)."""
         if not self.additive:
-            raise TypeError(f"this block ({self.describe()}) is not additive: it has no attention branch F with y = x + F(x)")
+            raise TypeError(f"this block ({self.describe()}) is not additive: no attention branch F with y = x + F(x)")
         result = self._attend(x, pad_mask, None)
         return self.attention_residual.update(result.out), dict(result.aux), prefixed("attn", result.stats)
 
@@ -192,7 +192,7 @@ class Block(nn.Module):
 
     def branch_parameters(self, branch: str) -> list[nn.Parameter]:
         """The parameters one branch uses ("attention" or "feed_forward"): sub-layer and residual."""
-        require(branch in ("attention", "feed_forward"), f"branch must be 'attention' or 'feed_forward', got {branch!r}")
+        require(branch in ("attention", "feed_forward"), f"branch must be attention or feed_forward, got {branch!r}")
         if branch == "attention":
             modules = [self.attention, self.attention_residual]
         else:

@@ -77,8 +77,9 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
     position_name = split_part(config.position)[0]
     if stack_cls.adds_position_signal(stack_options) and position_name != "none":
         raise ValueError(
-            f"stack {stack_name!r} adds its own position signal (before every step) and position={position_name!r} adds "
-            "one at the embedding: positions would be added twice; set position=none (the universal presets do) "
+            f"stack {stack_name!r} adds its own position signal (before every step) and "
+            f"position={position_name!r} adds one at the embedding: positions would be added twice; "
+            "set position=none (the universal presets do) "
             "or turn the stack's signal off (stack.position_signal=false)"
         )
     return stack_cls(make_block, n_layers, config.d_model, **stack_options)

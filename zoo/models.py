@@ -145,7 +145,8 @@ class ZooModel(nn.Module):
         if state.offset and stack is not None and not stack.keeps_state:
             # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
             raise ValueError(
-                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence at offset {state.offset}: "
+                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence "
+                f"at offset {state.offset}: "
                 "the new tokens would not see the earlier ones; feed the whole prefix with state=None "
                 "(attentions_keep_state() is False for this stack, so generate() does)"
             )
@@ -313,7 +314,8 @@ class EncoderDecoder(ZooModel):
             memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
         y = self.tgt_embed(tgt)
         check_pad_mask(tgt_pad_mask, tgt, "tgt_pad_mask")
-        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask)
+        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory,
+                           context_pad_mask=memory_pad_mask)
         logits = self.head(self.decoder_norm(out.x))
         loss = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing) if targets is not None else None
         new_state = None

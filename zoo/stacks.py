@@ -70,8 +70,8 @@ class Stack(nn.Module):
             return [None] * self.n_layers
         if not isinstance(state, (list, tuple)) or len(state) != self.n_layers:
             length = len(state) if hasattr(state, "__len__") else "?"
-            raise ValueError(f"stack {self.registry_name!r}: state must be a list with one entry per layer ({self.n_layers}); "
-                             f"got {type(state).__name__} of length {length}")
+            raise ValueError(f"stack {self.registry_name!r}: state must be a list with one entry per layer "
+                             f"({self.n_layers}); got {type(state).__name__} of length {length}")
         return list(state)
 
 

@@ -234,7 +234,8 @@ class AdaptiveSpanAttention(Attention):
         return SpanCache()
 
     # -- forward -------------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: SpanCache | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
+    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None,
+                state: SpanCache | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         o = self.options
         b, t, _ = x.shape
@@ -279,7 +280,8 @@ class AdaptiveSpanAttention(Attention):
         with torch.no_grad():
             per_head = spans if spans.dim() == 1 else spans_real.sum((0, 2)) / (pad_mask.sum() if pad_mask is not None else b * t)
             stats = {"span": per_head.detach().clone(), "span_mean": per_head.mean(), "span_max": spans_real.max().detach(), "span_reach": torch.tensor(float(reach))}
-        return AttnOutput(out, state=None if state is None else self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask), aux=aux, stats=stats)
+        cache = None if state is None else self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask)
+        return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
     def _next_cache(self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None) -> SpanCache:
         """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""

@@ -207,7 +207,8 @@ class XLRelativeAttention(Attention):
         return rearrange(self.to_r(r), "w (h k) -> h w k", h=self.n_heads)
 
     # -- forward -----------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: XLMemory | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
+    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None,
+                state: XLMemory | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         b, t, _ = x.shape
         memory = state if state is not None else XLMemory()

@@ -37,10 +37,6 @@ def build_options(options_cls: type, options: dict[str, Any], what: str) -> Any:
     return options_cls(**options)
 
 
-def options_dict(options: Any) -> dict[str, Any]:
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}
-
-
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``: the one-line form of a config check."""
     if not condition:
@@ -57,6 +53,7 @@ class ModelConfig:
 
     name: str = "vanilla_lm"
     kind: str = "lm"
+    head: str = "linear"  # "none": no output projection, logits None; use ModelOutput.hidden as a backbone
     vocab_size: int = 256
     d_model: int = 512
     n_layers: int = 6
@@ -86,6 +83,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require(self.kind in ("lm", "classifier", "seq2seq"), f"kind must be lm, classifier or seq2seq, got {self.kind!r}")
+        require(
+            self.head in ("linear", "none"),
+            f"head must be linear (output projection) or none (hidden states only), got {self.head!r}",
+        )
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
             require(isinstance(getattr(self, key), int) and getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
         require(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -122,7 +123,7 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
         if key not in MODEL_KEYS:
             raise unknown("model config key", key, MODEL_KEYS)
         if key in PART_AXES:
-            old = merged.get(key, {"name": None})
+            old = merged.get(key, {})  # absent: a tweak stays a tweak ({"act": True} keeps the preset's stack)
             old = {"name": old} if isinstance(old, str) else dict(old)
             new = {"name": value} if isinstance(value, str) else dict(value)
             if "name" in new and new["name"] != old.get("name"):
@@ -140,6 +141,5 @@ __all__ = [
     "build_options",
     "did_you_mean",
     "merge_config",
-    "options_dict",
     "require",
 ]

@@ -56,7 +56,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, LayerInput, causal_allowed, guard_empty_rows, remembered, to_remember
+from zoo.attention.base import (
+    Attention,
+    AttnOutput,
+    LayerInput,
+    StateContract,
+    causal_allowed,
+    guard_empty_rows,
+    join_key_padding,
+    remembered,
+    to_remember,
+)
 from zoo.config import require
 from zoo.positional import sinusoid_table
 from zoo.registry import ATTENTION
@@ -121,7 +131,12 @@ class XLRelativeAttention(Attention):
 
     @classmethod
     def contract_options(cls) -> dict:
-        return {"mem_len": 8, "block_size": 8}  # blocks smaller than the test lengths
+        return {"mem_len": 40, "block_size": 8}  # blocks smaller than the test lengths
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        # exact while every earlier token is still in the memory when a segment starts
+        return StateContract(bound=40, exact_for=40)
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -203,7 +218,7 @@ class XLRelativeAttention(Attention):
     def _project_r(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
         if self.options.clamp_len:
             distances = distances.clamp(-self.options.clamp_len, self.options.clamp_len)
-        r = sinusoid_table(distances, self.d_model).to(dtype)  # [width, d]
+        r = sinusoid_table(distances, self.d_model, dtype=dtype)  # [width, d], computed in float64
         return rearrange(self.to_r(r), "w (h k) -> h w k", h=self.n_heads)
 
     # -- forward -----------------------------------------------------------------------------
@@ -219,11 +234,7 @@ class XLRelativeAttention(Attention):
         if layer_input is not None:
             raw_in = to_remember(x, layer_input)
             stored = raw_in if m == 0 else torch.cat([memory.states, raw_in], dim=1)
-        key_pad = None
-        if pad_mask is not None or memory.pad_mask is not None:
-            old = memory.pad_mask if memory.pad_mask is not None else x.new_ones(b, m, dtype=torch.bool)
-            new = pad_mask if pad_mask is not None else x.new_ones(b, t, dtype=torch.bool)
-            key_pad = torch.cat([old, new], dim=1)  # [b, s]
+        key_pad = join_key_padding(memory.pad_mask, m, pad_mask, x)  # [b, s] or None
         s = m + t
 
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]

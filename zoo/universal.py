@@ -115,7 +115,7 @@ class UniversalStack(Stack):
 
     @classmethod
     def contract_variants(cls) -> list[dict[str, Any]]:
-        return [{}, {"act": True, "halting_bias": -1.0}]
+        return [{}, {"act": True, "halting_bias": -1.0}, {"transition": "sepconv"}]
 
     @classmethod
     def adds_position_signal(cls, options: dict[str, Any]) -> bool:

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import zoo
-from zoo.build import attention_class
 from zoo.models import get_preset
 
 MODELS = zoo.list_models()
@@ -164,10 +163,7 @@ def test_segments_of_vectors_with_state_equal_one_call(name):
     assert state.offset == sum(splits)
 
 
-PADDING = [n for n in MODELS if attention_class(zoo.preset_config(n).attention).supports_padding]
-
-
-@pytest.mark.parametrize("name", PADDING)
+@pytest.mark.parametrize("name", MODELS)
 def test_padding_on_the_vector_path(name):
     """Changing padded vectors never changes the hidden states of real positions."""
     torch.manual_seed(0)

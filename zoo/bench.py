@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.meter import ActivationMeter
+
 # -- variants -----------------------------------------------------------------------------------
 
 
@@ -177,28 +179,8 @@ def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[
     return module, zoo_loss
 
 
-class SavedTensorMeter:
-    """Counts bytes of tensors autograd saves for backward: unique storages, parameters excluded."""
-
-    def __init__(self, module: nn.Module):
-        self.param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
-        self.seen: dict[int, int] = {}
-
-    def pack(self, tensor: Tensor) -> Tensor:
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in self.param_storages and ptr not in self.seen:
-            self.seen[ptr] = storage.nbytes()
-        return tensor
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.seen.values())
-
-
 def activation_bytes(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor) -> int:
-    meter = SavedTensorMeter(module)
-    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+    with ActivationMeter(module) as meter:
         loss = loss_fn(tokens)
     del loss  # the count is complete once forward has run; a backward here would only cost time
     return meter.bytes

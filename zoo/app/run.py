@@ -8,16 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.app.schema import LoggerOptions, options_defaults, to_options
+from zoo.checkpoint import load_checkpoint, seed_everything
 from zoo.data import TASK, Task, create_task
+from zoo.distributed import from_env
+from zoo.loggers import MetricsFile, WandbLogger
+from zoo.paper import check_paper_data
 from zoo.registry import ATTENTION
-from zoo.trainer import MetricsFile, OptimOptions, Trainer, TrainerOptions, build_model_for_task, seed_everything
+from zoo.rundir import claim, run_id, write_text
+from zoo.trainer import OptimOptions, Trainer, TrainerOptions, build_model_for_task
+
+# conf/config.yaml ends hydra.run.dir and hydra.sweep.dir with ${zoo_run_id:}: two runs started in the
+# same second get two directories (one token per process, shared with its torchrun ranks and jobs)
+OmegaConf.register_new_resolver("zoo_run_id", run_id, replace=True)
 
 GROUP_NODES = ("model", "attention", "data", "optim", "trainer", "logger")
 
@@ -85,6 +93,7 @@ def optim_options(cfg: dict[str, Any]) -> OptimOptions:
 def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     """(resolved config dict, task, model) for a composed config."""
     resolved = as_dict(cfg)
+    check_paper_data(resolved)  # a paper's configuration on another dataset is refused (zoo/paper.py)
     seed_everything(int(resolved.get("seed", 0)))
     task = make_task(resolved)
     preset, overrides = model_overrides(resolved)
@@ -92,32 +101,7 @@ def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     return resolved, task, model
 
 
-# -- loggers --------------------------------------------------------------------------------------
-
-class WandbLogger:
-    """wandb, ``mode=offline`` by default (no network, no account): the run is named from the
-    command-line overrides, carries the full config, and a sweep's runs share a group."""
-
-    def __init__(self, options: LoggerOptions, *, run_dir: Path, name: str, group: str, config: dict[str, Any]):
-        os.environ.setdefault("WANDB_SILENT", "true")
-        import wandb
-
-        self.wandb = wandb
-        self.run = wandb.init(
-            project=options.project, entity=options.entity or None, mode=options.mode, dir=str(run_dir), name=name,
-            group=options.group or group or None, tags=list(options.tags) or None, config=config, reinit="finish_previous",
-            settings=wandb.Settings(silent=True, console="off"),
-        )
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        for key, value in summary.items():
-            if isinstance(value, (int, float, str, bool)) or value is None:
-                self.run.summary[key] = value
-        self.run.finish()
-
+# -- loggers and the run directory -------------------------------------------------------------
 
 def hydra_context() -> tuple[Path, str, str]:
     """(run directory, run name from the overrides, sweep group) from Hydra, when running under it."""
@@ -137,8 +121,6 @@ def hydra_context() -> tuple[Path, str, str]:
 
 
 def make_loggers(resolved: dict[str, Any], run_dir: Path, name: str, group: str) -> list[Any]:
-    from zoo.distributed import from_env
-
     options = LoggerOptions(**resolved["logger"])
     if not from_env().is_main or options.name == "none":
         return []
@@ -157,27 +139,32 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
     trainer_opts = trainer_options(resolved)
     if trainer_opts.resume and trainer_opts.resume != "auto":
         trainer_opts = dataclasses.replace(trainer_opts, resume=str(Path(trainer_opts.resume).expanduser()))
+    if from_env().is_main:  # before any logger touches the directory (the trainer checks again)
+        claim(run_dir, resuming=bool(trainer_opts.resume))
     loggers = make_loggers(resolved, run_dir, name, group)
-    trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir, seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)
+    trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir,
+                      seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)
     if trainer.dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps({"run": name, "config": resolved, "model_config": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters())}, indent=2, default=str))
+        info = {"run": name, "config": resolved, "model_config": model.config.to_dict(),
+                "params": sum(p.numel() for p in model.parameters())}
+        write_text(run_dir, run_dir / "config.json", json.dumps(info, indent=2, default=str))
     summary = trainer.fit()
     return float(summary["final_metric"])
 
 
-def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None, batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
+def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None,
+             batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
     """(app config, task, model with the checkpoint's weights, checkpoint) for evaluate/sample.
 
     ``data`` overrides data options (e.g. ``{"path": ...}`` when the file moved)."""
     from zoo.models import create_model
-    from zoo.trainer import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     cfg = ckpt.get("config") or {}
     task_info = ckpt["task"]
     options = {**task_info["options"], **(data or {})}
-    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"], seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
+    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"],
+                       seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt

@@ -91,14 +91,15 @@ def test_all_padding_targets_give_zero_loss_and_say_nothing_was_scored(name, how
     assert grads and all(torch.isfinite(g).all() and not g.any() for g in grads)
 
 
-def test_scored_stat_counts_real_targets_and_loss_is_the_mean_over_them():
-    model = tiny("vanilla_lm")
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_scored_stat_counts_real_targets_and_loss_is_the_mean_over_them(smoothing):
+    model = tiny("vanilla_lm", label_smoothing=smoothing)
     tokens, targets = ids(2, 6), ids(2, 6)
     targets[0, :4] = -100
     out = model(tokens, targets)
     assert int(out.stats["scored"]) == 8
     logits = out.logits.flatten(0, 1)
-    expected = torch.nn.functional.cross_entropy(logits, targets.flatten(), ignore_index=-100)
+    expected = torch.nn.functional.cross_entropy(logits, targets.flatten(), ignore_index=-100, label_smoothing=smoothing)
     torch.testing.assert_close(out.loss, expected)
 
 
@@ -459,3 +460,18 @@ def test_state_of_a_same_named_but_different_model_is_refused(other):
     model, different = tiny("vanilla_lm"), tiny("vanilla_lm", **other)
     state = different(ids(2, 4), state=different.init_state(2)).state
     clear_error(lambda: model(ids(2, 4), state=state), "state")
+
+
+@pytest.mark.parametrize("case", ["empty", "binary_chars", "overlapping_split"])
+def test_the_app_names_the_file_or_key_when_the_task_is_built(case, tmp_path):
+    """The same three through the Hydra app: the error comes from building the task, before any model."""
+    pytest.importorskip("hydra")
+    from zoo.app.compose import compose
+    from zoo.app.run import build
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"" if case == "empty" else bytes(range(256)) * 40)
+    overrides = {"empty": [], "binary_chars": ["data.vocab=chars"], "overlapping_split": ["data.split=[0.9,0.9,0.9]"]}[case]
+    cfg = compose(["experiment=tiny", "data=char_lm", f"data.path={path}", "trainer.device=cpu", *overrides])
+    expected = {"empty": str(path), "binary_chars": "data.vocab", "overlapping_split": "data.split"}[case]
+    clear_error(lambda: build(cfg), expected)

@@ -37,12 +37,17 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def check_tokens(tokens: Any, name: str, vocab_size: int) -> None:
-    """``tokens``: an integer tensor [b, t] with b, t >= 1 and every id in [0, vocab_size)."""
+def check_tokens(tokens: Any, name: str, vocab_size: int | None) -> None:
+    """``tokens``: an integer tensor [b, t] with b, t >= 1 and every id in [0, vocab_size).
+
+    ``vocab_size=None`` checks the structure only (no device sync): for an early check whose ids
+    the embedding checks anyway."""
     if not (isinstance(tokens, Tensor) and tokens.dtype in INTEGER_DTYPES and tokens.dim() == 2):
         raise ArgumentTypeError(f"{name} must be an integer tensor [b, t] of token ids; got {describe(tokens)}")
     if tokens.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(tokens.shape)}): a batch needs at least one row of at least one token")
+    if vocab_size is None:
+        return
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(f"{name}: token ids must lie in [0, vocab_size={vocab_size}); got min {low}, max {high}")

@@ -64,11 +64,14 @@ def lm_targets(model, b: int, t: int) -> torch.Tensor:
 
 # -- the cases listed in the issue ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("shape", [(2, 0), (0, 8)], ids=["length0", "batch0"])
 def test_empty_sequence_or_batch_is_refused(name, shape):
     model = tiny(name)
-    clear_error(lambda: call(model, torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)), "empty")
+    clear_error(
+        lambda: call(model, torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)), "empty"
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if zoo.preset_config(n).kind != "classifier"])
@@ -99,7 +102,9 @@ def test_scored_stat_counts_real_targets_and_loss_is_the_mean_over_them(smoothin
     out = model(tokens, targets)
     assert int(out.stats["scored"]) == 8
     logits = out.logits.flatten(0, 1)
-    expected = torch.nn.functional.cross_entropy(logits, targets.flatten(), ignore_index=-100, label_smoothing=smoothing)
+    expected = torch.nn.functional.cross_entropy(
+        logits, targets.flatten(), ignore_index=-100, label_smoothing=smoothing
+    )
     torch.testing.assert_close(out.loss, expected)
 
 
@@ -123,7 +128,12 @@ def test_float_targets_are_refused_not_truncated(name):
 @pytest.mark.parametrize("name", MECHANISMS)
 @pytest.mark.parametrize("causal", ["no", 1, None, "True"])
 def test_causal_flag_must_be_a_bool(name, causal):
-    clear_error(lambda: zoo.create_attention(name, d_model=32, n_heads=4, causal=causal, **ATTENTION.get(name).contract_options()), "causal")
+    clear_error(
+        lambda: zoo.create_attention(
+            name, d_model=32, n_heads=4, causal=causal, **ATTENTION.get(name).contract_options()
+        ),
+        "causal",
+    )
 
 
 def test_n_hashes_true_is_not_one():
@@ -183,7 +193,16 @@ def test_generate_arguments(name, kwargs, key):
 
 
 @pytest.mark.parametrize("name", LM_PRESETS)
-@pytest.mark.parametrize("prompt", [torch.zeros(1, 0, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long), torch.ones(1, 3), [[1, 2]], torch.full((1, 3), 99)])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        torch.zeros(1, 0, dtype=torch.long),
+        torch.zeros(0, 3, dtype=torch.long),
+        torch.ones(1, 3),
+        [[1, 2]],
+        torch.full((1, 3), 99),
+    ],
+)
 def test_generate_refuses_a_bad_or_empty_prompt(name, prompt):
     model = tiny(name)
     clear_error(lambda: model.generate(prompt, 2), "prompt")
@@ -199,10 +218,13 @@ def test_seq2seq_batch_size_mismatch_names_src_and_tgt(name):
 @pytest.mark.parametrize("kind", ["classifier", "seq2seq"])
 @pytest.mark.parametrize("name", [n for n in MECHANISMS if ATTENTION.get(n).causal_only])
 def test_causal_only_mechanism_is_refused_by_every_encoder(kind, name):
-    clear_error(lambda: zoo.create_model(f"vanilla_{kind}", attention=name, **get_preset("vanilla_lm").tiny), "causal-only")
+    clear_error(
+        lambda: zoo.create_model(f"vanilla_{kind}", attention=name, **get_preset("vanilla_lm").tiny), "causal-only"
+    )
 
 
 # -- the battery: every preset, every mechanism, every option ------------------------------------
+
 
 def bad_calls(model) -> list[tuple[str, object, tuple[str, ...]]]:
     """(label, thunk, names the message may use) for one tiny model."""
@@ -214,15 +236,32 @@ def bad_calls(model) -> list[tuple[str, object, tuple[str, ...]]]:
         ("tokens 3d", lambda: call(model, tokens[..., None]), ("tokens", "src", "tgt")),
         ("tokens negative", lambda: call(model, tokens - 10), ("tokens", "src", "tgt")),
         ("tokens past vocab", lambda: call(model, tokens + 1000), ("tokens", "src", "tgt")),
-        ("targets wrong shape", lambda: call(model, tokens, lm_targets(model, b, t + 1)[:, :-2] if kind != "classifier" else torch.zeros(b + 1, dtype=torch.long)), ("targets",)),
+        (
+            "targets wrong shape",
+            lambda: call(
+                model,
+                tokens,
+                lm_targets(model, b, t + 1)[:, :-2] if kind != "classifier" else torch.zeros(b + 1, dtype=torch.long),
+            ),
+            ("targets",),
+        ),
         ("targets bool", lambda: call(model, tokens, lm_targets(model, b, t) > 0), ("targets",)),
     ]
     mask_name = {"lm": "pad_mask", "classifier": "pad_mask", "seq2seq": "tgt_pad_mask"}[kind]
-    for label, mask in [("pad_mask int", torch.ones(b, t, dtype=torch.long)), ("pad_mask short", torch.ones(b, t - 1, dtype=torch.bool)), ("pad_mask list", [[True] * t] * b), ("pad_mask transposed", torch.ones(t, b, dtype=torch.bool))]:
+    for label, mask in [
+        ("pad_mask int", torch.ones(b, t, dtype=torch.long)),
+        ("pad_mask short", torch.ones(b, t - 1, dtype=torch.bool)),
+        ("pad_mask list", [[True] * t] * b),
+        ("pad_mask transposed", torch.ones(t, b, dtype=torch.bool)),
+    ]:
         cases.append((label, lambda mask=mask: call(model, tokens, **{mask_name: mask}), (mask_name,)))
     if kind == "seq2seq":
         cases += [
-            ("src_pad_mask wrong", lambda: model(tokens, tokens, src_pad_mask=torch.ones(b, t + 1, dtype=torch.bool)), ("src_pad_mask",)),
+            (
+                "src_pad_mask wrong",
+                lambda: model(tokens, tokens, src_pad_mask=torch.ones(b, t + 1, dtype=torch.bool)),
+                ("src_pad_mask",),
+            ),
             ("src empty", lambda: model(ids(b, 0), tokens), ("src",)),
             ("tgt empty", lambda: model(tokens, ids(b, 0)), ("tgt",)),
             ("beam_size 0", lambda: model.generate(tokens, max_len=3, beam_size=0), ("beam_size",)),
@@ -230,9 +269,17 @@ def bad_calls(model) -> list[tuple[str, object, tuple[str, ...]]]:
             ("beam_size bool", lambda: model.generate(tokens, max_len=3, beam_size=True), ("beam_size",)),
             ("max_len 0", lambda: model.generate(tokens, max_len=0), ("max_len",)),
             ("max_len float", lambda: model.generate(tokens, max_len=2.5), ("max_len",)),
-            ("length_penalty str", lambda: model.generate(tokens, max_len=2, length_penalty="0.6"), ("length_penalty",)),
+            (
+                "length_penalty str",
+                lambda: model.generate(tokens, max_len=2, length_penalty="0.6"),
+                ("length_penalty",),
+            ),
             ("generate src float", lambda: model.generate(tokens.float(), max_len=2), ("src",)),
-            ("generate src_pad_mask", lambda: model.generate(tokens, max_len=2, src_pad_mask=torch.ones(b, 1, dtype=torch.bool)), ("src_pad_mask",)),
+            (
+                "generate src_pad_mask",
+                lambda: model.generate(tokens, max_len=2, src_pad_mask=torch.ones(b, 1, dtype=torch.bool)),
+                ("src_pad_mask",),
+            ),
             ("state not a state", lambda: model(None, tokens, state={"layers": []}), ("state",)),
         ]
     if kind == "classifier":
@@ -244,7 +291,11 @@ def bad_calls(model) -> list[tuple[str, object, tuple[str, ...]]]:
             ("init_state float", lambda: model.init_state(2.0), ("batch_size",)),
             ("state not a state", lambda: model(tokens, state={"layers": []}), ("state",)),
             ("state of another model", lambda: model(tokens, state=other.init_state(b)), ("state",)),
-            ("state of another batch size", lambda: model(tokens, state=model.init_state(b + 1)), ("state", "batch size")),
+            (
+                "state of another batch size",
+                lambda: model(tokens, state=model.init_state(b + 1)),
+                ("state", "batch size"),
+            ),
         ]
     return cases
 
@@ -288,7 +339,9 @@ PART_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("axis, name, key, value", PART_OPTIONS, ids=[f"{a}-{n}-{k}-{v!r}" for a, n, k, v in PART_OPTIONS])
+@pytest.mark.parametrize(
+    "axis, name, key, value", PART_OPTIONS, ids=[f"{a}-{n}-{k}-{v!r}" for a, n, k, v in PART_OPTIONS]
+)
 def test_every_part_option_is_type_checked(axis, name, key, value):
     base = get_preset("vanilla_lm").tiny
     options = {"name": name, key: value}
@@ -299,7 +352,12 @@ def test_every_part_option_is_type_checked(axis, name, key, value):
 
 
 # "name" is create_model's preset argument, checked by the registry
-MODEL_FIELDS = [(key, value) for key, tp in typed_fields(ModelConfig) if key not in (*zoo.config.PART_AXES, "name") for value in wrong_values(tp)]
+MODEL_FIELDS = [
+    (key, value)
+    for key, tp in typed_fields(ModelConfig)
+    if key not in (*zoo.config.PART_AXES, "name")
+    for value in wrong_values(tp)
+]
 
 
 @pytest.mark.parametrize("key, value", MODEL_FIELDS, ids=[f"{k}-{v!r}" for k, v in MODEL_FIELDS])
@@ -309,7 +367,19 @@ def test_every_model_config_field_is_type_checked(key, value):
 
 @pytest.mark.parametrize(
     "key, value",
-    [("vocab_size", 0), ("d_model", -32), ("n_layers", 0), ("n_heads", -1), ("d_ff", 0), ("ff_chunk_size", -1), ("n_encoder_layers", -1), ("src_vocab_size", -5), ("dropout", 1.0), ("attention_dropout", -0.1), ("label_smoothing", 1.5)],
+    [
+        ("vocab_size", 0),
+        ("d_model", -32),
+        ("n_layers", 0),
+        ("n_heads", -1),
+        ("d_ff", 0),
+        ("ff_chunk_size", -1),
+        ("n_encoder_layers", -1),
+        ("src_vocab_size", -5),
+        ("dropout", 1.0),
+        ("attention_dropout", -0.1),
+        ("label_smoothing", 1.5),
+    ],
 )
 def test_negative_or_out_of_range_model_values(key, value):
     clear_error(lambda: zoo.create_model("vanilla_lm", **{**get_preset("vanilla_lm").tiny, key: value}), key)
@@ -322,7 +392,16 @@ def test_seq2seq_special_ids_lie_in_the_vocabulary(key, value):
 
 
 @pytest.mark.parametrize("name", MECHANISMS)
-@pytest.mark.parametrize("kwargs, key", [({"layer_index": -1}, "layer_index"), ({"layer_index": 1.0}, "layer_index"), ({"dropout": "0.1"}, "dropout"), ({"d_model": 32.0}, "d_model"), ({"n_heads": 0}, "n_heads")])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"layer_index": -1}, "layer_index"),
+        ({"layer_index": 1.0}, "layer_index"),
+        ({"dropout": "0.1"}, "dropout"),
+        ({"d_model": 32.0}, "d_model"),
+        ({"n_heads": 0}, "n_heads"),
+    ],
+)
 def test_attention_constructor_arguments(name, kwargs, key):
     cls = ATTENTION.get(name)
     args = {"d_model": 32, "n_heads": 4, "causal": cls.causal_only, **cls.contract_options(), **kwargs}
@@ -346,6 +425,7 @@ def test_attention_call_arguments(name):
 
 # -- the app's data layer ------------------------------------------------------------------------
 
+
 def test_empty_data_file_names_the_file(tmp_path):
     path = tmp_path / "empty.txt"
     path.write_bytes(b"")
@@ -355,12 +435,16 @@ def test_empty_data_file_names_the_file(tmp_path):
 def test_binary_file_with_vocab_chars_names_the_key_and_file(tmp_path):
     path = tmp_path / "blob.bin"
     path.write_bytes(bytes(range(256)) * 20)
-    error = clear_error(lambda: create_task("char_lm", batch_size=2, seq_len=8, path=str(path), vocab="chars"), "data.vocab")
+    error = clear_error(
+        lambda: create_task("char_lm", batch_size=2, seq_len=8, path=str(path), vocab="chars"), "data.vocab"
+    )
     assert str(path) in str(error)
     create_task("char_lm", batch_size=2, seq_len=8, path=str(path), vocab="bytes")  # the same file as bytes is fine
 
 
-@pytest.mark.parametrize("split", [[0.9, 0.9, 0.9], [0.9, 100, 100], [0.0, 0.5, 0.5], [0.9, 0.1], [-0.1, 0.5, 0.5], "0.9", [0.9, "a", 0.05]])
+@pytest.mark.parametrize(
+    "split", [[0.9, 0.9, 0.9], [0.9, 100, 100], [0.0, 0.5, 0.5], [0.9, 0.1], [-0.1, 0.5, 0.5], "0.9", [0.9, "a", 0.05]]
+)
 def test_bad_data_split_names_the_key(tmp_path, split):
     path = tmp_path / "text.txt"
     path.write_text("hello world " * 300)
@@ -387,7 +471,9 @@ def test_every_data_option_is_type_checked(task, key, value):
 
 
 @pytest.mark.parametrize("task", zoo.data.list_tasks())
-@pytest.mark.parametrize("key, value", [("batch_size", 0), ("batch_size", 2.0), ("seq_len", -8), ("seq_len", True), ("seed", "0")])
+@pytest.mark.parametrize(
+    "key, value", [("batch_size", 0), ("batch_size", 2.0), ("seq_len", -8), ("seq_len", True), ("seed", "0")]
+)
 def test_task_arguments(task, key, value):
     args = {"batch_size": 2, "seq_len": 16, key: value}
     clear_error(lambda: create_task(task, **args), key)
@@ -406,7 +492,14 @@ def test_type_rules():
 @pytest.mark.parametrize("task", zoo.data.list_tasks())
 @pytest.mark.parametrize(
     "kwargs, key",
-    [({"split": "valid"}, "split"), ({"index": -1}, "index"), ({"index": 1.5}, "index"), ({"rank": 2, "world_size": 2}, "rank"), ({"world_size": 0}, "world_size"), ({"rank": "0"}, "rank")],
+    [
+        ({"split": "valid"}, "split"),
+        ({"index": -1}, "index"),
+        ({"index": 1.5}, "index"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"world_size": 0}, "world_size"),
+        ({"rank": "0"}, "rank"),
+    ],
 )
 def test_batch_request_arguments(task, kwargs, key, tmp_path):
     options = {}
@@ -442,7 +535,11 @@ def test_seq2seq_decode_past_a_learned_position_table_is_refused_up_front():
 
 
 @pytest.mark.parametrize("name", [n for n in MECHANISMS if ATTENTION.get(n).supports_cross])
-@pytest.mark.parametrize("context", [torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, 0, 32), torch.randn(3, 5, 32), torch.randn(2, 5, 16)], ids=["float64", "empty", "batch", "width"])
+@pytest.mark.parametrize(
+    "context",
+    [torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, 0, 32), torch.randn(3, 5, 32), torch.randn(2, 5, 16)],
+    ids=["float64", "empty", "batch", "width"],
+)
 def test_cross_attention_context(name, context):
     attn = zoo.create_attention(name, d_model=32, n_heads=4, **ATTENTION.get(name).contract_options())
     clear_error(lambda: attn(torch.randn(2, 8, 32), context=context), "context")
@@ -454,7 +551,11 @@ def test_a_part_must_be_a_name_or_a_dict(axis, value):
     clear_error(lambda: zoo.create_model("vanilla_lm", **{**get_preset("vanilla_lm").tiny, axis: value}), axis)
 
 
-@pytest.mark.parametrize("other", [{"n_heads": 2}, {"attention": {"name": "adaptive_span", "max_span": 16, "ramp": 4, "block_size": 8}}], ids=["heads", "mechanism"])
+@pytest.mark.parametrize(
+    "other",
+    [{"n_heads": 2}, {"attention": {"name": "adaptive_span", "max_span": 16, "ramp": 4, "block_size": 8}}],
+    ids=["heads", "mechanism"],
+)
 def test_state_of_a_same_named_but_different_model_is_refused(other):
     """The state signature covers the mechanism and head count, not only preset name and size."""
     model, different = tiny("vanilla_lm"), tiny("vanilla_lm", **other)
@@ -471,7 +572,9 @@ def test_the_app_names_the_file_or_key_when_the_task_is_built(case, tmp_path):
 
     path = tmp_path / "data.bin"
     path.write_bytes(b"" if case == "empty" else bytes(range(256)) * 40)
-    overrides = {"empty": [], "binary_chars": ["data.vocab=chars"], "overlapping_split": ["data.split=[0.9,0.9,0.9]"]}[case]
+    overrides = {"empty": [], "binary_chars": ["data.vocab=chars"], "overlapping_split": ["data.split=[0.9,0.9,0.9]"]}[
+        case
+    ]
     cfg = compose(["experiment=tiny", "data=char_lm", f"data.path={path}", "trainer.device=cpu", *overrides])
     expected = {"empty": str(path), "binary_chars": "data.vocab", "overlapping_split": "data.split"}[case]
     clear_error(lambda: build(cfg), expected)

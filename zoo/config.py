@@ -51,7 +51,8 @@ def field_types(cls: type) -> dict[str, Any]:
         out = {}
         for f in dataclasses.fields(cls):
             try:
-                out[f.name] = eval(f.type, module, {}) if isinstance(f.type, str) else f.type  # noqa: S307 - our own annotations
+                # noqa below: these are annotations of our own dataclasses
+                out[f.name] = eval(f.type, module, {}) if isinstance(f.type, str) else f.type  # noqa: S307
             except Exception:  # noqa: BLE001
                 out[f.name] = Any
         return out
@@ -82,7 +83,8 @@ def matches_type(value: Any, tp: Any) -> bool:
         return any(matches_type(value, arg) for arg in args)
     if origin in (list, tuple, Sequence) or tp in (list, tuple):
         element = sequence_element(tp)
-        return isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and all(matches_type(v, element) for v in value)
+        is_sequence = isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+        return is_sequence and all(matches_type(v, element) for v in value)
     if origin in (dict, Mapping) or tp in (dict, Mapping):
         return isinstance(value, Mapping)
     return isinstance(value, tp) if isinstance(tp, type) else True
@@ -90,7 +92,9 @@ def matches_type(value: Any, tp: Any) -> bool:
 
 def type_name(tp: Any) -> str:
     """'an int', 'a bool (True or False)', 'a list of numbers', 'an int or None' ..."""
-    names = {bool: "a bool (True or False)", int: "an int", float: "a finite number", str: "a string", type(None): "None"}
+    names = {
+        bool: "a bool (True or False)", int: "an int", float: "a finite number", str: "a string", type(None): "None",
+    }
     if tp in names:
         return names[tp]
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -186,15 +190,18 @@ class ModelConfig:
             part = getattr(self, axis)
             if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
                 part = {"name": part}
-            require(isinstance(part, Mapping) and "name" in part, f"{axis} must be a name or a dict with a 'name' key, got {part!r}")
+            require(isinstance(part, Mapping) and "name" in part,
+                    f"{axis} must be a name or a dict with a 'name' key, got {part!r}")
             setattr(self, axis, dict(part))
-        check_field_types(ModelConfig, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "model config")
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        check_field_types(ModelConfig, values, "model config")
         require(self.kind in ("lm", "classifier", "seq2seq"), f"kind must be lm, classifier or seq2seq, got {self.kind!r}")
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             require(getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
         for key in ("ff_chunk_size", "n_encoder_layers", "src_vocab_size"):
             require(getattr(self, key) >= 0, f"{key} must be an int >= 0 (0 = default), got {getattr(self, key)!r}")
-        require(self.n_classes >= 2, f"n_classes must be an int >= 2 (a classifier needs two classes to choose from), got {self.n_classes!r}")
+        require(self.n_classes >= 2,
+                f"n_classes must be an int >= 2 (a classifier chooses between classes), got {self.n_classes!r}")
         require(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
         require(0.0 <= self.attention_dropout < 1.0, f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
@@ -203,7 +210,9 @@ class ModelConfig:
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.kind == "seq2seq":  # decoding writes these ids into the target sequence
             for key in ("pad_id", "bos_id", "eos_id"):
-                require(0 <= getattr(self, key) < self.vocab_size, f"{key} must lie in [0, vocab_size={self.vocab_size}), got {getattr(self, key)}")
+                value = getattr(self, key)
+                require(0 <= value < self.vocab_size,
+                        f"{key} must lie in [0, vocab_size={self.vocab_size}), got {value}")
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(dataclasses.asdict(self))
@@ -227,7 +236,8 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
         if key in PART_AXES:
             old = merged.get(key, {"name": None})
             old = {"name": old} if isinstance(old, str) else dict(old)
-            require(isinstance(value, (str, Mapping)), f"{key} must be a registry name or a dict of options, got {value!r}")
+            require(isinstance(value, (str, Mapping)),
+                    f"{key} must be a registry name or a dict of options, got {value!r}")
             new = {"name": value} if isinstance(value, str) else dict(value)
             if "name" in new and new["name"] != old.get("name"):
                 merged[key] = new

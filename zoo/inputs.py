@@ -45,7 +45,9 @@ def check_tokens(tokens: Any, name: str, vocab_size: int | None) -> None:
     if not (isinstance(tokens, Tensor) and tokens.dtype in INTEGER_DTYPES and tokens.dim() == 2):
         raise ArgumentTypeError(f"{name} must be an integer tensor [b, t] of token ids; got {describe(tokens)}")
     if tokens.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(tokens.shape)}): a batch needs at least one row of at least one token")
+        raise ValueError(
+            f"{name} is empty (shape {tuple(tokens.shape)}): a batch needs at least one row of at least one token"
+        )
     if vocab_size is None:
         return
     low, high = int(tokens.min()), int(tokens.max())
@@ -58,13 +60,26 @@ def check_pad_mask(pad_mask: Tensor | None, tokens: Tensor, name: str = "pad_mas
     if pad_mask is None:
         return
     if not isinstance(pad_mask, Tensor) or pad_mask.dtype != torch.bool or tuple(pad_mask.shape) != tuple(tokens.shape):
-        raise ValueError(f"{name} must be a bool tensor shaped like the tokens {tuple(tokens.shape)} (True = real token); got {describe(pad_mask)}")
+        raise ValueError(
+            f"{name} must be a bool tensor shaped like the tokens {tuple(tokens.shape)} (True = real token); "
+            f"got {describe(pad_mask)}"
+        )
 
 
-def check_targets(targets: Any, shape: tuple[int, ...], n_values: int, name: str = "targets", *, what: str = "vocab_size", ignore: bool = True) -> None:
+def check_targets(
+    targets: Any,
+    shape: tuple[int, ...],
+    n_values: int,
+    name: str = "targets",
+    *,
+    what: str = "vocab_size",
+    ignore: bool = True,
+) -> None:
     """``targets``: an integer tensor of ``shape`` holding ids in [0, n_values) (or -100 when ``ignore``)."""
     if not (isinstance(targets, Tensor) and targets.dtype in INTEGER_DTYPES):
-        raise ArgumentTypeError(f"{name} must be an integer tensor of ids (never floats: they would be truncated); got {describe(targets)}")
+        raise ArgumentTypeError(
+            f"{name} must be an integer tensor of ids (never floats: they would be truncated); got {describe(targets)}"
+        )
     if tuple(targets.shape) != tuple(shape):
         raise ValueError(f"{name} must be shaped {tuple(shape)}; got {tuple(targets.shape)}")
     scored = targets[targets != IGNORE_INDEX] if ignore else targets

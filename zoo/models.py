@@ -92,14 +92,19 @@ class TokenEmbedding(nn.Module):
         return F.embedding(tokens.long(), self.weight) * math.sqrt(self.d_model)
 
 
-def token_loss(logits: Tensor, targets: Tensor, pad_mask: Tensor | None, label_smoothing: float) -> tuple[Tensor, Tensor]:
+def token_loss(
+    logits: Tensor, targets: Tensor, pad_mask: Tensor | None, label_smoothing: float
+) -> tuple[Tensor, Tensor]:
     """(mean cross-entropy over real target positions, how many were scored). Targets == -100 or
     padded are skipped; none scored gives loss 0, never NaN (see :mod:`zoo.inputs`)."""
     check_targets(targets, tuple(logits.shape[:-1]), logits.shape[-1])
     targets = targets.long()
     if pad_mask is not None:
         targets = targets.masked_fill(~pad_mask, IGNORE_INDEX)
-    loss_sum = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing, reduction="sum")
+    flat_logits, flat_targets = logits.float().flatten(0, -2), targets.flatten()
+    loss_sum = F.cross_entropy(
+        flat_logits, flat_targets, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing, reduction="sum"
+    )
     scored = (targets != IGNORE_INDEX).sum()
     return scored_loss(loss_sum, scored, logits), scored
 
@@ -127,7 +132,10 @@ class ZooModel(nn.Module):
     def check_decode_length(self, length: int, what: str) -> None:
         """Refuse up front a decode that would run past a learned position table half way through."""
         if isinstance(self.position, LearnedPosition) and length > self.config.max_len:
-            raise ValueError(f"{what} = {length} positions, past the learned position table (max_len={self.config.max_len}); ask for fewer or raise max_len")
+            raise ValueError(
+                f"{what} = {length} positions, past the learned position table (max_len={self.config.max_len}); "
+                "ask for fewer or raise max_len"
+            )
 
     def check_state(self, state: Any, batch_size: int, cls: type = None) -> None:
         cls = cls or ModelState
@@ -244,7 +252,8 @@ class SequenceClassifier(ZooModel):
         logits = self.head(pooled)
         loss, stats = None, out.stats
         if targets is not None:
-            check_targets(targets, (tokens.shape[0],), self.config.n_classes, "classifier targets", what="n_classes", ignore=False)
+            n_classes = self.config.n_classes
+            check_targets(targets, (tokens.shape[0],), n_classes, "classifier targets", what="n_classes", ignore=False)
             loss = F.cross_entropy(logits.float(), targets.long(), label_smoothing=self.config.label_smoothing)
             stats = {**stats, "scored": torch.tensor(targets.numel(), device=logits.device)}
         return ModelOutput(logits, loss, out.aux, None, stats)
@@ -314,7 +323,9 @@ class EncoderDecoder(ZooModel):
         check_pad_mask(tgt_pad_mask, tgt, "tgt_pad_mask")
         out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask, offset=offset)
         logits = self.head(self.decoder_norm(out.x))
-        loss, scored = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing) if targets is not None else (None, None)
+        loss, scored = None, None
+        if targets is not None:
+            loss, scored = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing)
         new_state = None
         if state is not None:
             new_state = Seq2SeqState(memory, memory_pad_mask, out.state, offset + tgt.shape[1], tgt.shape[0], self.signature)

@@ -132,7 +132,8 @@ def check_split(split: str, *, index: int | None = None, rank: int = 0, world_si
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     check_type(world_size, int, "world_size")
     check_type(rank, int, "rank")
-    require(world_size >= 1 and 0 <= rank < world_size, f"need world_size >= 1 and 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
+    require(world_size >= 1 and 0 <= rank < world_size,
+            f"need world_size >= 1 and 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
     if index is not None:
         check_type(index, int, "index")
         require(index >= 0, f"batch index must be >= 0, got {index}")

@@ -30,7 +30,11 @@ def read_imdb(path, max_bytes: int) -> dict[str, tuple[list[bytes], list[int]]]:
     try:
         tar = tarfile.open(path, "r:*")
     except tarfile.TarError as exc:
-        raise ValueError(f"data file {path} is not a readable tar archive ({str(exc).splitlines()[0]}); data.path must be aclImdb_v1.tar.gz as distributed") from None
+        reason = str(exc).splitlines()[0]
+        raise ValueError(
+            f"data file {path} is not a readable tar archive ({reason}); "
+            "data.path must be aclImdb_v1.tar.gz as distributed"
+        ) from None
     with tar:
         for member in tar:
             match = _MEMBER.search(member.name)

@@ -29,10 +29,12 @@ def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[i
     require(len(split) == 3, f"data.split must hold three numbers (train, val, test), got {list(split)}")
     require(all(x >= 0 for x in split), f"data.split must be non-negative, got {list(split)}")
     if all(x <= 1 for x in split):
-        require(sum(split) <= 1 + 1e-9, f"data.split fractions must sum to at most 1 (the splits may not overlap), got {list(split)} (sum {sum(split):g})")
+        require(sum(split) <= 1 + 1e-9,
+                f"data.split fractions must sum to at most 1 (splits may not overlap), got {list(split)}")
         sizes = [int(total * x) for x in split]
     else:
-        require(all(float(x).is_integer() for x in split), f"data.split must be three fractions (all <= 1) or three whole token counts, not a mix; got {list(split)}")
+        require(all(float(x).is_integer() for x in split),
+                f"data.split must be three fractions (all <= 1) or three whole token counts; got {list(split)}")
         sizes = [int(x) for x in split]
         need = sum(sizes)
         require(need <= total, f"{what} has {total:,} tokens but data.split asks for {need:,} ({sizes}); set data.split to fractions (e.g. [0.9,0.05,0.05]) or sizes that fit")
@@ -40,7 +42,7 @@ def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[i
     for name, size in zip(SPLITS, sizes):
         bounds[name] = (start, start + size)
         start += size
-    require(sizes[0] > 1, f"data.split={list(split)} leaves the train split of {what} ({total:,} tokens) with {sizes[0]} tokens")
+    require(sizes[0] > 1, f"data.split={list(split)} leaves no train split in {what} ({total:,} tokens)")
     return bounds
 
 
@@ -73,7 +75,10 @@ class TextLMTask(Task):
             try:
                 text = path.read_text(encoding="utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(f"data file {path} is not UTF-8 text (undecodable byte at offset {exc.start}), but data.vocab=chars reads characters; use data.vocab=bytes for binary files") from None
+                raise ValueError(
+                    f"data file {path} is not UTF-8 text (undecodable byte at offset {exc.start}), but "
+                    "data.vocab=chars reads characters; use data.vocab=bytes for binary files"
+                ) from None
             self.itos = sorted(set(text))
             self.stoi = {c: i for i, c in enumerate(self.itos)}
             lookup = np.zeros(max(map(ord, self.itos)) + 1, dtype=np.int32)

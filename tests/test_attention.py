@@ -3,7 +3,9 @@
 Parametrised over ``zoo.list_attention()``, so a new mechanism is tested the moment it registers;
 tests skip by capability flag, never by name. Each check can fail: outputs are compared against
 the same mechanism under a change that must not matter (future tokens, padded tokens, other batch
-rows), and gradients are checked for reach and for leaks.
+rows), and gradients are checked for reach and for leaks. Every mechanism with ``supports_memory``
+also honours the state contract it declares in ``contract_state()``: segments threaded through the
+state equal one call, token by token equals the full pass, and the state is detached and bounded.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def pad_masks(b, t):
     return mask
 
 
-@pytest.mark.parametrize("name,causal", [c for c in CASES if ATTENTION.get(c[0]).supports_padding], ids=[i for c, i in zip(CASES, IDS) if ATTENTION.get(c[0]).supports_padding])
+@pytest.mark.parametrize("name,causal", CASES, ids=IDS)
 def test_padding_invariance(name, causal):
     """Real positions never see padded ones: by gradient always, by perturbation where routing is static."""
     attn = build(name, causal)
@@ -134,19 +136,88 @@ def test_every_parameter_gets_a_gradient(name, causal):
         assert p.grad.abs().sum() > 0, f"{pname} received an all-zero gradient"
 
 
-@pytest.mark.parametrize("name,causal", [c for c in CASES if ATTENTION.get(c[0]).supports_memory], ids=[i for c, i in zip(CASES, IDS) if ATTENTION.get(c[0]).supports_memory])
-def test_state_is_detached_and_threads(name, causal):
-    attn = build(name, causal)
-    state = attn.init_state(2)
-    t = lengths(name)[0]
-    for step in range(3):
-        x = inputs(2, t, seed=step).requires_grad_(True)
-        result = attn(x, state=state)
-        state = result.state
-        assert torch.isfinite(result.out).all()
-        grads = []
-        map_tensors(state, lambda v, found=grads: found.append(v.requires_grad) or v)
-        assert not any(grads), "state must be detached"
+# -- state: every mechanism with supports_memory, in causal use ---------------------------------
+
+STATEFUL = [n for n in NAMES if ATTENTION.get(n).supports_memory]
+
+
+def state_contract(name):
+    contract = ATTENTION.get(name).contract_state()
+    assert contract is not None, f"{name} sets supports_memory: declare contract_state() (see zoo/attention/base.py)"
+    return contract
+
+
+def segment_lengths(name, total):
+    """Segments covering a stream of ``total`` tokens: the contract lengths with single tokens between."""
+    pattern = [n for length in lengths(name) for n in (length, 1)]
+    pieces, i = [], 0
+    while sum(pieces) < total:
+        pieces.append(min(pattern[i % len(pattern)], total - sum(pieces)))
+        i += 1
+    return pieces
+
+
+def run_stream(attn, x, pieces, pad_mask=None):
+    """Feed x in segments of the given lengths, threading the state -> (outputs [b, t, d], state)."""
+    state, outs, start = attn.init_state(x.shape[0]), [], 0
+    for n in pieces:
+        part = slice(start, start + n)
+        result = attn(x[:, part], pad_mask=None if pad_mask is None else pad_mask[:, part], state=state)
+        state, start = result.state, start + n
+        outs.append(result.out)
+    return torch.cat(outs, 1), state
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("name", STATEFUL)
+def test_state_segments_equal_one_call(name, padded):
+    """Threading the state through segments == one call over the stream (a mechanism that ignores
+    its state, or forgets too early, fails: one call sees every earlier token)."""
+    attn = build(name, True)
+    total = state_contract(name).exact_for
+    x = inputs(2, total)
+    mask = pad_masks(2, total) if padded else torch.ones(2, total, dtype=torch.bool)
+    whole = attn(x, pad_mask=mask if padded else None).out
+    for grad in (True, False):  # some mechanisms reuse cached projections when no graph is built
+        with torch.set_grad_enabled(grad):
+            out, _ = run_stream(attn, x, segment_lengths(name, total), mask if padded else None)
+        torch.testing.assert_close(out[mask], whole[mask], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_state_token_by_token_equals_full_pass(name):
+    attn = build(name, True)
+    total = state_contract(name).exact_for
+    x = inputs(2, total, seed=3)
+    whole = attn(x).out
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            out, _ = run_stream(attn, x, [1] * total)
+        torch.testing.assert_close(out, whole, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_state_is_detached_and_bounded(name):
+    """state.length == min(tokens seen, bound), its tensors stop growing at the bound, and no
+    gradient crosses into the state."""
+    attn = build(name, True)
+    bound = state_contract(name).bound
+    step = lengths(name)[0]
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            state, seen, sizes = attn.init_state(2), 0, {}
+            while seen < bound + 3 * step:
+                x = inputs(2, step, seed=seen).requires_grad_(grad)
+                result = attn(x, state=state)
+                state, seen = result.state, seen + step
+                assert torch.isfinite(result.out).all()
+                assert state.length == min(seen, bound), f"after {seen} tokens the state holds {state.length}"
+                found = []
+                map_tensors(state, lambda v, found=found: found.append(v) or v)
+                assert not any(v.requires_grad for v in found), "state must be detached"
+                sizes[seen] = sum(v.numel() for v in found)
+        full = {size for tokens, size in sizes.items() if tokens >= bound}
+        assert len(full) == 1, f"state tensors keep growing past the bound: {sizes}"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if ATTENTION.get(n).supports_cross])

@@ -84,8 +84,6 @@ def test_all_padding_targets_give_zero_loss_and_say_nothing_was_scored(name, how
     if how == "pad_mask":
         mask = torch.zeros(2, 8, dtype=torch.bool)
         masks = {"tgt_pad_mask": mask} if model.config.kind == "seq2seq" else {"pad_mask": mask}
-    if how == "pad_mask" and not zoo.registry.ATTENTION.get(model.config.attention["name"]).supports_padding:
-        pytest.skip("mechanism takes no padding mask")
     out = call(model, tokens, targets, **masks)
     assert out.loss is not None and torch.isfinite(out.loss) and float(out.loss.detach()) == 0.0
     assert int(out.stats["scored"]) == 0
@@ -247,6 +245,19 @@ def bad_calls(model) -> list[tuple[str, object, tuple[str, ...]]]:
         ),
         ("targets bool", lambda: call(model, tokens, lm_targets(model, b, t) > 0), ("targets",)),
     ]
+    embeds_name = "tgt_embeds" if kind == "seq2seq" else "embeds"
+    source = {"src": tokens} if kind == "seq2seq" else {}
+    vectors = torch.randn(b, t, model.config.d_model)
+    for label, embeds in [
+        ("embeds empty", vectors[:, :0]),
+        ("embeds no batch", vectors[:0]),
+        ("embeds width", vectors[..., :-1]),
+        ("embeds int", vectors.long()),
+        ("embeds float64", vectors.double()),
+    ]:
+        cases.append((label, lambda embeds=embeds: model(**source, **{embeds_name: embeds}), (embeds_name,)))
+    both = {"tgt": tokens} if kind == "seq2seq" else {"tokens": tokens}
+    cases.append(("tokens and embeds", lambda: model(**source, **both, **{embeds_name: vectors}), (embeds_name,)))
     mask_name = {"lm": "pad_mask", "classifier": "pad_mask", "seq2seq": "tgt_pad_mask"}[kind]
     for label, mask in [
         ("pad_mask int", torch.ones(b, t, dtype=torch.long)),

@@ -76,6 +76,26 @@ def test_attending_across_buckets_in_one_chunk_is_full_attention_with_self_mask(
     torch.testing.assert_close(full(x).out, expected, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["lsh", "shared_qk"])
+def test_scores_are_scaled_by_root_dk_and_trax_unscaled_form_is_a_weight_scale(name):
+    """Documented deviation: ours q.k/sqrt(d_k) with k = q/|q|; trax and the HF port use q.k unscaled.
+    Multiplying W_qk (and its bias) by sqrt(d_k) turns ours into theirs, buckets unchanged."""
+    options = {"chunk_size": 32, "n_hashes": 1, "attend_across_buckets": True} if name == "lsh" else {}
+    attn = zoo.create_attention(name, d_model=D, n_heads=H, causal=True, **options).eval()
+    x = torch.randn(2, 32, D)
+    qk, v = attn.split_heads(attn.to_qk(x)), attn.split_heads(attn.to_v(x))
+    allowed = torch.ones(32, 32, dtype=torch.bool).tril() & ~torch.eye(32, dtype=torch.bool)
+    allowed[0, 0] = True  # position 0 sees only itself
+    unscaled = attn.to_out(attn.merge_heads(reference_attention(qk, F.normalize(qk, dim=-1), v, allowed, scale=1.0)))
+    scaled = attn.to_out(attn.merge_heads(reference_attention(qk, F.normalize(qk, dim=-1), v, allowed)))
+    torch.testing.assert_close(attn(x).out, scaled, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(attn(x).out, unscaled, atol=1e-3)
+    with torch.no_grad():
+        attn.to_qk.weight.mul_(attn.head_dim**0.5)
+        attn.to_qk.bias.mul_(attn.head_dim**0.5)
+    torch.testing.assert_close(attn(x).out, unscaled, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("t", [64, 61])  # 61: not a multiple of the chunk: padded
 def test_chunked_causal_equals_dense_window_reference_values_and_gradients(t):
     attn = lsh(True, chunk_size=8, n_hashes=2, n_buckets=4)

@@ -1,4 +1,7 @@
-"""Vanilla and additive attention against plain reference maths; KV-cache decoding; seq2seq learning."""
+"""Vanilla and additive attention against plain reference maths; model-level decoding; seq2seq learning.
+
+The KV cache itself (segments == one call, token by token, bounded by max_cache) is checked by the
+state contract in tests/test_attention.py."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import torch
 
 import zoo
 from zoo.attention.base import causal_allowed, reference_attention
-from zoo.attention.vanilla import KVCache
 
 
 def heads_of(attn, x, proj):
@@ -46,27 +48,6 @@ def test_vanilla_cross_attention_equals_naive():
     mask = torch.ones(2, 13, dtype=torch.bool)
     mask[1, 9:] = False
     torch.testing.assert_close(attn(x, context=ctx, pad_mask=mask).out, vanilla_reference(attn, x, ctx, mask), atol=1e-5, rtol=1e-4)
-
-
-def test_kv_cache_decoding_equals_full_forward():
-    attn = zoo.create_attention("vanilla", d_model=32, n_heads=4, causal=True).eval()
-    x = torch.randn(2, 10, 32)
-    full = attn(x).out
-    state, pieces = attn.init_state(2), []
-    for chunk in (x[:, :3], x[:, 3:4], x[:, 4:9], x[:, 9:]):  # prompt, single tokens, a block
-        result = attn(chunk, state=state)
-        state = result.state
-        pieces.append(result.out)
-    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-5, rtol=1e-4)
-    assert isinstance(state, KVCache) and state.length == 10 and not state.k.requires_grad
-
-
-def test_kv_cache_bounded_by_max_cache():
-    attn = zoo.create_attention("vanilla", d_model=16, n_heads=2, causal=True, max_cache=4).eval()
-    state = attn.init_state(1)
-    for _ in range(5):
-        state = attn(torch.randn(1, 3, 16), state=state).state
-    assert state.length == 4
 
 
 def test_lm_incremental_generation_equals_full_forward():

@@ -43,7 +43,9 @@ class FeedForward(nn.Module):
     def position_wise(self, x: Tensor) -> Tensor:
         return self.w2(self.drop(self.activation(self.w1(x))))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        # pad_mask is unused: a position-wise network cannot carry padding into real positions (a
+        # transition that mixes positions, zoo/separable_conv.py, reads it)
         if not self.chunk_size or x.shape[1] <= self.chunk_size:
             return self.position_wise(x)
         return torch.cat([self.position_wise(piece) for piece in x.split(self.chunk_size, dim=1)], dim=1)
@@ -112,7 +114,7 @@ class Block(nn.Module):
 
             x = self.cross_residual(x, cross_attend)
             cross_state = results[-1].state
-        x = self.feed_forward_residual(x, self.feed_forward)
+        x = self.feed_forward_residual(x, lambda h: self.feed_forward(h, pad_mask=pad_mask))
         aux: dict[str, Tensor] = {}
         stats: dict[str, Tensor] = {}
         for result in results:

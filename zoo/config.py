@@ -138,10 +138,6 @@ def build_options(options_cls: type, options: dict[str, Any], what: str, key_pre
     return options_cls(**options)
 
 
-def options_dict(options: Any) -> dict[str, Any]:
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}
-
-
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``: the one-line form of a config check."""
     if not condition:
@@ -158,6 +154,7 @@ class ModelConfig:
 
     name: str = "vanilla_lm"
     kind: str = "lm"
+    head: str = "linear"  # "none": no output projection, logits None; use ModelOutput.hidden as a backbone
     vocab_size: int = 256
     d_model: int = 512
     n_layers: int = 6
@@ -196,6 +193,10 @@ class ModelConfig:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         check_field_types(ModelConfig, values, "model config")
         require(self.kind in ("lm", "classifier", "seq2seq"), f"kind must be lm, classifier or seq2seq, got {self.kind!r}")
+        require(
+            self.head in ("linear", "none"),
+            f"head must be linear (output projection) or none (hidden states only), got {self.head!r}",
+        )
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             require(getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
         for key in ("ff_chunk_size", "n_encoder_layers", "src_vocab_size"):
@@ -234,7 +235,7 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
         if key not in MODEL_KEYS:
             raise unknown("model config key", key, MODEL_KEYS)
         if key in PART_AXES:
-            old = merged.get(key, {"name": None})
+            old = merged.get(key, {})  # absent: a tweak stays a tweak ({"act": True} keeps the preset's stack)
             old = {"name": old} if isinstance(old, str) else dict(old)
             require(isinstance(value, (str, Mapping)),
                     f"{key} must be a registry name or a dict of options, got {value!r}")
@@ -257,6 +258,5 @@ __all__ = [
     "check_type",
     "did_you_mean",
     "merge_config",
-    "options_dict",
     "require",
 ]

@@ -55,6 +55,20 @@ def check_tokens(tokens: Any, name: str, vocab_size: int | None) -> None:
         raise ValueError(f"{name}: token ids must lie in [0, vocab_size={vocab_size}); got min {low}, max {high}")
 
 
+def check_embeds(embeds: Any, name: str, d_model: int, dtype: torch.dtype) -> None:
+    """``embeds``: a float tensor [b, t, d_model] of the model's dtype with b, t >= 1 (vectors fed
+    in place of token ids)."""
+    if not (isinstance(embeds, Tensor) and embeds.is_floating_point() and embeds.dim() == 3):
+        raise ArgumentTypeError(f"{name} must be a float tensor [b, t, d_model={d_model}]; got {describe(embeds)}")
+    if embeds.shape[-1] != d_model:
+        width = embeds.shape[-1]
+        raise ValueError(f"{name} has width {width} but the model's d_model is {d_model}: project to {d_model} first")
+    if embeds.shape[0] == 0 or embeds.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(embeds.shape)}): a batch needs at least one row of one vector")
+    if embeds.dtype != dtype:
+        raise ValueError(f"{name} dtype {embeds.dtype} differs from the model's {dtype}; cast one")
+
+
 def check_pad_mask(pad_mask: Tensor | None, tokens: Tensor, name: str = "pad_mask") -> None:
     """``pad_mask``: None or a bool tensor shaped like ``tokens`` (True = real token)."""
     if pad_mask is None:

@@ -11,6 +11,14 @@
 Calls: ``model(tokens, targets=None, *, pad_mask=None, state=None) -> ModelOutput`` and, for the
 encoder-decoder, ``model(src, tgt, targets=None, *, src_pad_mask=None, tgt_pad_mask=None,
 state=None)``. Feeding ``out.state`` back continues the sequence (XL memory, KV cache).
+
+Backbone use: every model also takes vectors in place of token ids, ``model(embeds=x)`` with x
+[b, t, d_model] float (the encoder-decoder: ``src_embeds=`` / ``tgt_embeds=``, each side on its own);
+the token embedding and its sqrt(d_model) scale are skipped, everything after it (position signal,
+dropout, padding masks, state) is the same. ``ModelOutput.hidden`` is always the final hidden
+states [b, t, d_model] (after the final norm where the residual has one); ``head="none"`` builds no
+output projection (``logits`` is None, ``targets`` are refused) so a caller puts its own head on
+``hidden``.
 """
 
 from __future__ import annotations
@@ -28,18 +36,19 @@ from torch import Tensor, nn
 from zoo.blocks import merge_into
 from zoo.build import attention_class, build_stack, create_position, split_part
 from zoo.config import ModelConfig, check_type, merge_config
-from zoo.inputs import IGNORE_INDEX, check_count, check_pad_mask, check_same_batch, check_sampling, check_targets, check_tokens, scored_loss
+from zoo.inputs import IGNORE_INDEX, check_count, check_embeds, check_pad_mask, check_same_batch, check_sampling, check_targets, check_tokens, scored_loss
 from zoo.positional import LearnedPosition
 from zoo.registry import MODEL, RESIDUAL, STACK
 
 
 @dataclass
 class ModelOutput:
-    logits: Tensor
+    logits: Tensor | None  # None when the model was built with head="none"
     loss: Tensor | None = None  # task loss when targets are given
     aux_losses: dict[str, Tensor] = field(default_factory=dict)  # summed over layers: span_l1, ponder, ...
     state: Any = None  # per-layer memory / cache to feed back next call
     stats: dict[str, Tensor] = field(default_factory=dict)
+    hidden: Tensor | None = None  # [b, t, d_model] final hidden states, after the final norm (decoder's for seq2seq)
 
 
 @dataclass
@@ -123,6 +132,40 @@ class ZooModel(nn.Module):
         name, _ = split_part(self.config.residual)
         return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
 
+    def input_vectors(
+        self, embedding: TokenEmbedding, tokens: Tensor | None, embeds: Tensor | None,
+        names: tuple[str, str] = ("tokens", "embeds"),
+    ) -> Tensor:
+        """[b, t, d_model] vectors entering the stack: token ids through ``embedding`` (scaled by
+        sqrt(d)), or the caller's own vectors as they are (a backbone fed observations/features)."""
+        tokens_name, embeds_name = names
+        d = self.config.d_model
+        if (tokens is None) == (embeds is None):
+            given = "both" if tokens is not None else "neither"
+            raise ValueError(
+                f"pass exactly one of {tokens_name} (token ids [b, t]) or {embeds_name} "
+                f"(vectors [b, t, d_model={d}]); got {given}"
+            )
+        if tokens is not None:
+            return embedding(tokens)
+        check_embeds(embeds, embeds_name, d, embedding.weight.dtype)
+        return embeds
+
+    def output_head(self, logits_in: Tensor) -> Tensor | None:
+        """The output projection (vocabulary or classes), or None for a model built with head="none"."""
+        return None if self.head is None else self.head(logits_in)
+
+    def require_head(self, why: str) -> None:
+        if self.head is None:
+            raise ValueError(
+                f"{why}, but this model was built with head='none' (no output projection, logits=None): compute your "
+                f"loss from out.hidden [b, t, d_model={self.config.d_model}], or build with head='linear'"
+            )
+
+    def refuse_without_head(self, targets: Tensor | None) -> None:
+        if targets is not None:
+            self.require_head("targets were given")
+
     def attentions_keep_state(self) -> bool:
         """True when every attention can continue from a state (KV cache / memory) and the stack
         threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
@@ -161,8 +204,8 @@ class CausalLM(ZooModel):
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers)
         self.norm = self.final_norm()
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if config.tie_embeddings:
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False) if config.head == "linear" else None
+        if config.tie_embeddings and self.head is not None:
             self.head.weight = self.embed.weight
 
     def init_state(self, batch_size: int) -> ModelState:
@@ -170,22 +213,29 @@ class CausalLM(ZooModel):
         check_count(batch_size, "batch_size", 1)
         return ModelState(self.stack.init_state(batch_size), 0, batch_size, self.signature)
 
-    def forward(self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: ModelState | None = None) -> ModelOutput:
-        x = self.embed(tokens)
-        check_pad_mask(pad_mask, tokens)
-        self.check_state(state, tokens.shape[0])
+    def forward(
+        self, tokens: Tensor | None = None, targets: Tensor | None = None, *,
+        embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: ModelState | None = None,
+    ) -> ModelOutput:
+        """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one)."""
+        self.refuse_without_head(targets)
+        x = self.input_vectors(self.embed, tokens, embeds)
+        b, t = x.shape[:2]
+        check_pad_mask(pad_mask, x[..., 0])
+        self.check_state(state, b)
         offset = state.offset if state is not None else 0
         x = self.drop(self.position(x, offset))
         out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
-        logits = self.head(self.norm(out.x))
+        hidden = self.norm(out.x)
+        logits = self.output_head(hidden)
         loss, stats = None, out.stats
         if targets is not None:
             loss, scored = token_loss(logits, targets, pad_mask, self.config.label_smoothing)
             stats = {**stats, "scored": scored}
         new_state = None
         if out.state is not None or state is not None:
-            new_state = ModelState(out.state, offset + tokens.shape[1], tokens.shape[0], self.signature)
-        return ModelOutput(logits, loss, out.aux, new_state, stats)
+            new_state = ModelState(out.state, offset + t, b, self.signature)
+        return ModelOutput(logits, loss, out.aux, new_state, stats, hidden)
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None) -> Tensor:
@@ -193,6 +243,7 @@ class CausalLM(ZooModel):
 
         Mechanisms with a cache/memory see one new token per step; the others recompute the
         (position-table-limited) prefix each step."""
+        self.require_head("generate() samples from the logits")
         check_tokens(prompt, "prompt", self.config.vocab_size)
         check_count(max_new_tokens, "max_new_tokens", 0)
         check_sampling(temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
@@ -233,13 +284,18 @@ class SequenceClassifier(ZooModel):
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=False, cross=False, n_layers=config.n_layers)
         self.norm = self.final_norm()
-        self.head = nn.Linear(config.d_model, config.n_classes)
+        self.head = nn.Linear(config.d_model, config.n_classes) if config.head == "linear" else None
 
-    def forward(self, tokens: Tensor, targets: Tensor | None = None, *, pad_mask: Tensor | None = None, state: Any = None) -> ModelOutput:
+    def forward(
+        self, tokens: Tensor | None = None, targets: Tensor | None = None, *,
+        embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: Any = None,
+    ) -> ModelOutput:
+        """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one); targets [b] classes."""
         if state is not None:
             raise ValueError("the classifier reads a whole sequence per call and takes no state")
-        x = self.embed(tokens)
-        check_pad_mask(pad_mask, tokens)
+        self.refuse_without_head(targets)
+        x = self.input_vectors(self.embed, tokens, embeds)
+        check_pad_mask(pad_mask, x[..., 0])
         out = self.stack(self.drop(self.position(x)), pad_mask=pad_mask)
         h = self.norm(out.x)  # [b, t, d]
         if self.config.pooling == "first":
@@ -249,14 +305,14 @@ class SequenceClassifier(ZooModel):
         else:
             weights = pad_mask.to(h.dtype)[..., None]
             pooled = (h * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-        logits = self.head(pooled)
+        logits = self.output_head(pooled)
         loss, stats = None, out.stats
         if targets is not None:
             n_classes = self.config.n_classes
-            check_targets(targets, (tokens.shape[0],), n_classes, "classifier targets", what="n_classes", ignore=False)
+            check_targets(targets, (x.shape[0],), n_classes, "classifier targets", what="n_classes", ignore=False)
             loss = F.cross_entropy(logits.float(), targets.long(), label_smoothing=self.config.label_smoothing)
             stats = {**stats, "scored": torch.tensor(targets.numel(), device=logits.device)}
-        return ModelOutput(logits, loss, out.aux, None, stats)
+        return ModelOutput(logits, loss, out.aux, None, stats, h)
 
 
 @dataclass
@@ -287,53 +343,70 @@ class EncoderDecoder(ZooModel):
         self.encoder_norm = self.final_norm()
         self.decoder = build_stack(config, causal=True, cross=True, n_layers=config.n_layers)
         self.decoder_norm = self.final_norm()
-        self.head = nn.Linear(d, config.vocab_size, bias=False)
-        if config.tie_embeddings:
+        self.head = nn.Linear(d, config.vocab_size, bias=False) if config.head == "linear" else None
+        if config.tie_embeddings and self.head is not None:
             self.head.weight = self.tgt_embed.weight
 
-    def encode(self, src: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
-        return self._encode(src, src_pad_mask)[0]
+    def encode(
+        self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None
+    ) -> Tensor:
+        """Encoder output [b, s, d_model] for source ids ``src`` [b, s] or vectors ``src_embeds``."""
+        return self._encode(src, src_pad_mask, src_embeds)[0]
 
-    def _encode(self, src: Tensor, src_pad_mask: Tensor | None) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    def _encode(
+        self, src: Tensor | None, src_pad_mask: Tensor | None, src_embeds: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """Encoder output plus its aux losses and stats (an ACT encoder's ponder cost)."""
-        x = self.src_embed(src)
-        check_pad_mask(src_pad_mask, src, "src_pad_mask")
+        x = self.input_vectors(self.src_embed, src, src_embeds, ("src", "src_embeds"))
+        check_pad_mask(src_pad_mask, x[..., 0], "src_pad_mask")
         out = self.encoder(self.drop(self.position(x)), pad_mask=src_pad_mask)
         return self.encoder_norm(out.x), out.aux, out.stats
 
-    def init_state(self, src: Tensor, src_pad_mask: Tensor | None = None) -> Seq2SeqState:
-        """Encode ``src`` once and start empty decoder caches."""
-        check_tokens(src, "src", None)
-        return Seq2SeqState(self.encode(src, src_pad_mask), src_pad_mask, self.decoder.init_state(src.shape[0]), 0, src.shape[0], self.signature)
+    def init_state(
+        self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None
+    ) -> Seq2SeqState:
+        """Encode the source (ids or vectors) once and start empty decoder caches."""
+        memory = self.encode(src, src_pad_mask, src_embeds=src_embeds)
+        b = memory.shape[0]
+        return Seq2SeqState(memory, src_pad_mask, self.decoder.init_state(b), 0, b, self.signature)
 
-    def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *, src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None) -> ModelOutput:
-        if state is None:  # with a state the encoder output is already there and src is not read
-            check_tokens(src, "src", None)  # structure only: the embeddings check the ids
-        check_tokens(tgt, "tgt", None)
-        check_same_batch(src=src, tgt=tgt)
-        self.check_state(state, tgt.shape[0], Seq2SeqState)
+    def forward(
+        self, src: Tensor | None = None, tgt: Tensor | None = None, targets: Tensor | None = None, *,
+        src_embeds: Tensor | None = None, tgt_embeds: Tensor | None = None,
+        src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None,
+    ) -> ModelOutput:
+        """Source as ids ``src`` or vectors ``src_embeds`` (not read when ``state`` holds the encoded
+        source), target as ids ``tgt`` or vectors ``tgt_embeds``; each side chooses on its own."""
+        self.refuse_without_head(targets)
+        if state is None and src is not None:  # structure first: an empty source is named as such
+            check_tokens(src, "src", None)
+        y = self.input_vectors(self.tgt_embed, tgt, tgt_embeds, ("tgt", "tgt_embeds"))
+        b, t = y.shape[:2]
+        if state is None:
+            check_same_batch(src=src if src is not None else src_embeds, tgt=y)
+        self.check_state(state, b, Seq2SeqState)
         encoder_aux: dict[str, Tensor] = {}
         encoder_stats: dict[str, Tensor] = {}
         if state is None:
-            memory, encoder_aux, encoder_stats = self._encode(src, src_pad_mask)
+            memory, encoder_aux, encoder_stats = self._encode(src, src_pad_mask, src_embeds)
             memory_pad_mask, layers, offset = src_pad_mask, None, 0
         else:
             memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
-        y = self.tgt_embed(tgt)
-        check_pad_mask(tgt_pad_mask, tgt, "tgt_pad_mask")
+        check_pad_mask(tgt_pad_mask, y[..., 0], "tgt_pad_mask")
         out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask, offset=offset)
-        logits = self.head(self.decoder_norm(out.x))
+        hidden = self.decoder_norm(out.x)
+        logits = self.output_head(hidden)
         loss, scored = None, None
         if targets is not None:
             loss, scored = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing)
         new_state = None
         if state is not None:
-            new_state = Seq2SeqState(memory, memory_pad_mask, out.state, offset + tgt.shape[1], tgt.shape[0], self.signature)
+            new_state = Seq2SeqState(memory, memory_pad_mask, out.state, offset + t, b, self.signature)
         aux = merge_into(dict(encoder_aux), out.aux)  # same-named losses (ponder) are summed
         stats = {**{f"encoder/{key}": value for key, value in encoder_stats.items()}, **out.stats}
         if scored is not None:
             stats["scored"] = scored
-        return ModelOutput(logits, loss, aux, new_state, stats)
+        return ModelOutput(logits, loss, aux, new_state, stats, hidden)
 
     @torch.no_grad()
     def generate(self, src: Tensor, *, max_len: int, src_pad_mask: Tensor | None = None, beam_size: int = 1, length_penalty: float = 0.6) -> Tensor:
@@ -341,6 +414,7 @@ class EncoderDecoder(ZooModel):
 
         beam_size 1 is greedy decoding; otherwise beam search with the GNMT length penalty
         ((5 + len) / 6) ** alpha (Wu et al. 2016), as used for the paper's translation results."""
+        self.require_head("generate() decodes from the logits")
         check_tokens(src, "src", None)
         check_count(max_len, "max_len", 1)
         check_count(beam_size, "beam_size", 1)

@@ -20,19 +20,25 @@ from zoo.config import NoOptions, build_options, require
 from zoo.registry import POSITION
 
 
-def sinusoid_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
+def sinusoid_table(
+    positions: Tensor, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """The paper's signal (Vaswani et al. 2017, Section 3.5), computed in log space:
 
         PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d))
 
     base^(-2i/d) is exp(-2i * ln(base) / d): no large powers, so no overflow for long sequences.
-    positions: [n] (any real values, e.g. XL's relative distances) -> [n, d] float32.
+    Always computed in float64, then cast to ``dtype``: pass the model's. In float32 the angle
+    pos * freq is rounded before the sine, an error of ~1e-4 by position 4K that a float64 model
+    would otherwise inherit.
+    positions: [n] (any real values, e.g. XL's relative distances) -> [n, d] in ``dtype``.
     Odd d_model: the last cosine column is dropped."""
     half = (d_model + 1) // 2
-    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32, device=positions.device) * (-2.0 * math.log(base) / d_model))
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [n, half]
+    device = positions.device if positions.device.type != "mps" else torch.device("cpu")  # MPS has no float64
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float64, device=device) * (-2.0 * math.log(base) / d_model))
+    angles = positions.to(device=device, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [n, half]
     table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # interleave sin, cos
-    return table[:, :d_model]
+    return table[:, :d_model].to(device=positions.device, dtype=dtype)
 
 
 class Position(nn.Module):
@@ -56,7 +62,7 @@ class SinusoidalPosition(Position):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         positions = torch.arange(offset, offset + x.shape[1], device=x.device)
-        return x + sinusoid_table(positions, self.d_model, self.options.base).to(x.dtype)
+        return x + sinusoid_table(positions, self.d_model, self.options.base, dtype=x.dtype)
 
 
 @POSITION.register("learned")

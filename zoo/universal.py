@@ -52,6 +52,7 @@ from zoo.blocks import merge_into
 from zoo.config import require
 from zoo.positional import sinusoid_table
 from zoo.registry import STACK
+from zoo.separable_conv import SeparableConvTransition, check_transition_options
 from zoo.stacks import BlockFactory, Stack, StackOutput
 
 
@@ -83,17 +84,24 @@ class UniversalStack(Stack):
         halting_bias: float = 1.0  # initial b_h (tensor2tensor's act_halting_bias_init)
         position_signal: bool = True  # add the position sinusoid before each step
         timestep_signal: bool = True  # add the step sinusoid before each step
+        transition: str = "ffn"  # ffn (position-wise network) | sepconv (separable convolution, zoo/separable_conv.py)
+        kernel_size: int | None = None  # sepconv taps over time; None = 3
 
         def __post_init__(self) -> None:
             require(self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1), f"max_steps must be an int >= 1 (or None = n_layers), got {self.max_steps!r}")
             require(0.0 < self.epsilon < 1.0, f"epsilon must lie in (0, 1) (halting threshold is 1 - epsilon), got {self.epsilon}")
             require(self.ponder_weight >= 0.0, f"ponder_weight (tau) must be >= 0, got {self.ponder_weight}")
+            check_transition_options(self.transition, self.kernel_size)
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options: Any):
         super().__init__(make_block, n_layers, d_model, **options)
         # one block, layer_index 0: every step is "the same layer" (interleaved patterns that vary
         # by depth see depth 0 at every step)
         self.block = make_block(0)
+        if self.options.transition == "sepconv":  # the paper's other transition function
+            block = self.block
+            kernel_size, causal = self.options.kernel_size, block.attention.causal
+            block.feed_forward = SeparableConvTransition.replacing(block.feed_forward, kernel_size, causal=causal)
         self.steps = self.options.max_steps if (self.options.act and self.options.max_steps) else n_layers
         if self.options.act:
             self.halting = nn.Linear(d_model, 1)
@@ -112,12 +120,12 @@ class UniversalStack(Stack):
 
     def signal(self, t: int, offset: int, step: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """P^step for positions offset .. offset + t - 1: [t, d] (zeros when both signals are off)."""
-        out = torch.zeros(t, self.d_model, device=device)
+        out = torch.zeros(t, self.d_model, device=device, dtype=dtype)
         if self.options.position_signal:
-            out = out + sinusoid_table(torch.arange(offset, offset + t, device=device), self.d_model)
+            out = out + sinusoid_table(torch.arange(offset, offset + t, device=device), self.d_model, dtype=dtype)
         if self.options.timestep_signal:
-            out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model)
-        return out.to(dtype)
+            out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model, dtype=dtype)
+        return out
 
     def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None, context: Tensor | None = None, context_pad_mask: Tensor | None = None, offset: int = 0) -> StackOutput:
         self.check_state(state)

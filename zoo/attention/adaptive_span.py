@@ -1,26 +1,31 @@
 """Adaptive attention span: every head learns how far back it looks.
 
 Paper: "Adaptive Attention Span in Transformers", Sukhbaatar, Grave, Bojanowski and Joulin 2019,
-arXiv:1905.07799 (Section 3.1 adaptive span, Section 3.2 dynamic span).
+arXiv:1905.07799 (Section 2 the window, Section 3.1 adaptive span, Section 3.2 dynamic span).
 
-A query at position i attends to key j <= i with the weight of the paper's eq. (4),
+As in the paper, the query at position t attends to the S keys before it, r = t - S ... t - 1
+(S = ``max_span``), not to itself (the residual stream carries the token), with the weights of
+eq. (4):
 
-    a_ij = m_z(i - j) exp(s_ij) / sum_l m_z(i - l) exp(s_il),
-    m_z(x) = clamp((R + z - x) / R, 0, 1)                       (the soft mask, x = distance)
+    a_tr = m_z(t - r) exp(s_tr) / sum_{q = t - S}^{t - 1} m_z(t - q) exp(s_tq),
+    m_z(x) = clamp((R + z - x) / R, 0, 1)                       (the soft mask, x = distance >= 1)
 
-so a head sees distances x <= z fully, a linear ramp of width R past z, and nothing from z + R on.
-Each head h learns its span z_h in [0, S] (``max_span``); an L1 penalty (lambda / M) sum_h z_h per
+so a head sees distances x <= z fully, a linear ramp of width R past z, and nothing from z + R
+or past S on. Each head h learns its span z_h in [0, S]; an L1 penalty (lambda / M) sum_h z_h per
 layer (``l1``) keeps spans short unless they pay for themselves, and is returned as the aux loss
 ``span_l1``. The dynamic variant computes the span from the current token instead,
 z_t = S sigmoid(v . x_t + b), with b initialised to -4 (short spans first).
 
-How the saving is made real: m_z(x) = 0 for x >= z + R, so only the last ``reach`` =
-ceil(max_h z_h + R) - 1 distances can carry weight. The queries are cut into blocks of ``a``
-positions; block n attends to the ``a + reach`` keys that end at its last query, gathered with
-``unfold`` from the (cache + segment) keys, and the soft mask enters as log m_z added to the scores
-(softmax(s + log m) is exactly eq. (4)), so the fused SDPA kernel does the work. Time and memory
-are O(t (a + reach)), falling as the spans shrink; no t x s matrix exists (a dense masked version
-lives in the tests only).
+A query with no key to see (the first position of a stream, padding, or every key masked) has an
+empty sum in eq. (4): its attention result is the zero vector (the layer's output there is the
+output projection's bias), never NaN.
+
+How the saving is made real: only the distances 1 ... ``reach`` = min(S, ceil(max_h z_h + R) - 1)
+can carry weight. The queries are cut into blocks of ``a`` positions; block n attends to the
+``a + reach`` keys that end at its last query, gathered with ``unfold`` from the (cache + segment)
+keys, and the soft mask enters as log m_z added to the scores (softmax(s + log m) is exactly
+eq. (4)), so the fused SDPA kernel does the work. Time and memory are O(t (a + reach)), falling as
+the spans shrink; no t x s matrix exists (a dense masked version lives in the tests only).
 
 State: like Transformer-XL and the paper's code, a cache of the last ``cache_size`` *inputs* of
 this layer (detached) carries context across segments; keys and values of the cropped cache are
@@ -32,8 +37,13 @@ model's absolute position signal (sinusoidal by default, with the stream offset)
 relative schemes live in their own attention (``xl_rel``). (2) The span is parameterised as in the
 authors' code, z = S z' with z' in [0, 1] (clamped after each optimiser step), so Adam moves it
 at a useful rate; the paper writes the penalty on z. (3) ``mode="fixed"`` (z = S for every head,
-no penalty) is the fixed-span baseline the paper compares with; its window is S + R - 1 with the
-ramp on the last R distances. (4) Causal only: the paper defines the span for language modelling.
+no penalty) is the fixed-span baseline the paper compares with: plain attention over the S keys
+before the query. (4) Causal only: the paper defines the span for language modelling.
+Notes: the authors' code applies the mask one distance later, m_z(t - r - 1) (the previous token
+is always fully visible); we follow the paper's formula. Earlier versions of this module also let the
+query attend to itself and the ramp run past S; that option was dropped rather than kept: the
+residual stream already carries the token, and a second window shape would double the test matrix
+for no paper behind it.
 
 Shapes (legend in zoo/attention/base.py): x [b, t, d]; cache [b, m, d]; q [b, h, t, k];
 keys [b, h, m' + t, k] with m' = min(m, reach); blocks: q [b, h, n, a, k], keys [b, h, n, a + r, k]
@@ -50,7 +60,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput
+from zoo.attention.base import Attention, AttnOutput, StateContract, join_key_padding
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -72,11 +82,11 @@ class SpanCache:
 def soft_mask(distance: Tensor, span: Tensor, ramp: float) -> Tensor:
     """m_z(x) = clamp((R + z - x) / R, 0, 1) for x >= 0, and 0 for x < 0 (the future).
 
-    ``distance`` and ``span`` broadcast against each other (x = i - j in tokens, z in tokens).
-    Gradient convention at the two kinks: 0 at x = z and at x = z + R (only the ramp's interior
-    moves z). ``clamp`` would pass a gradient at x = z, so at z = 0 (the initial value, and where
-    the L1 penalty parks spans) every head's own token (x = 0) would push z although raising z
-    does not change m(0); and at x = z + R the log-space kernel cannot pass one (log 0)."""
+    ``distance`` and ``span`` broadcast against each other (x = t - r in tokens, z in tokens). The
+    window (x = 1 ... S) is applied by the caller, not here. Gradient convention at the two kinks:
+    0 at x = z and at x = z + R (only the ramp's interior moves z). ``clamp`` would pass a gradient
+    at x = z, so at an integer span every key at distance exactly z would push z although raising
+    z does not change m(z); and at x = z + R the log-space kernel cannot pass one (log 0)."""
     ramp_value = (ramp + span - distance) / ramp
     mask = torch.where(distance - span <= 0, torch.ones_like(ramp_value), torch.where(ramp_value <= 0, torch.zeros_like(ramp_value), ramp_value))
     return torch.where(distance >= 0, mask, torch.zeros_like(mask))
@@ -95,12 +105,13 @@ def auto_block_size(t: int, reach: int) -> int:
 
 
 def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ramp: int, reach: int, key_valid: Tensor | None = None, block_size: int = 0, dropout: float = 0.0) -> Tensor:
-    """Causal soft-masked attention of t queries over the m + t keys that end at them.
+    """Causal soft-masked attention of t queries over the keys 1 ... ``reach`` positions before each.
 
     q: [b, h, t, k]; k, v: [b, h, s, k] with s = m + t (the last t keys belong to the queries);
-    spans: [h] or [b, h, t] in tokens; reach: only distances 0..reach are computed (every distance
-    with a non-zero mask must lie in it, which span_reach guarantees); key_valid: bool [b, s]
-    (True = real key) or None. Returns [b, h, t, k]."""
+    spans: [h] or [b, h, t] in tokens; reach: the window, keys at distances 1 ... reach (the
+    caller caps it at S; every distance with a non-zero mask inside S must lie in it, which
+    span_reach guarantees); key_valid: bool [b, s] (True = real key) or None. A query with no key
+    to see gets the zero vector (the empty sum of eq. (4)). Returns [b, h, t, k]."""
     b, h, t, _ = q.shape
     s = k.shape[2]
     m = s - t
@@ -113,18 +124,21 @@ def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ra
     k, v = k[:, :, s - t - min(m, reach):], v[:, :, s - t - min(m, reach):]  # drop keys no query reaches
     if key_valid is not None:
         key_valid = key_valid[:, s - t - min(m, reach):]
-    window = a + reach
+    width = a + reach
 
     def blocks(keys: Tensor) -> Tensor:  # [b, h, left + kept + right, k] -> [b, h, n, a + reach, k]
         keys = F.pad(keys, (0, 0, left, right))
         # contiguous: a strided unfold view sends bmm down a slow generic path (measured ~10x)
-        return rearrange(keys.unfold(2, window, a), "b h n k w -> b h n w k").contiguous()
+        return rearrange(keys.unfold(2, width, a), "b h n k w -> b h n w k").contiguous()
 
     qb = rearrange(F.pad(q, (0, 0, 0, right)), "b h (n a) k -> b h n a k", a=a)
     kb, vb = blocks(k), blocks(v)
     # distance from query (row) to key (column) inside any block: the same for every block
-    distance = (torch.arange(a, device=q.device)[:, None] + reach - torch.arange(window, device=q.device)[None, :]).to(q.dtype)
-    if spans.dim() == 1:  # one span per head: a [h, a, window] template
+    rows, columns = torch.arange(a, device=q.device), torch.arange(width, device=q.device)
+    distance = (rows[:, None] + reach - columns[None, :]).to(q.dtype)
+    in_window = (distance >= 1) & (distance <= reach)  # [a, w]: the paper's keys t - S ... t - 1, cropped
+    itself = distance == 0  # [a, w]: the query's own key, a stand-in for rows with nothing to see
+    if spans.dim() == 1:  # one span per head: a [h, a, w] template
         mask = soft_mask(distance, spans[:, None, None], ramp)[None, :, None]  # [1, h, 1, a, w]
     else:  # one span per head and query: [b, h, n, a, 1]
         per_query = rearrange(F.pad(spans, (0, right)), "b h (n a) -> b h n a", a=a)[..., None]
@@ -132,32 +146,37 @@ def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ra
     neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
     tiny = torch.finfo(q.dtype).tiny  # log(m) with -inf where m = 0; the clamp keeps log's gradient finite there
 
-    def log_mask(m: Tensor, allowed: Tensor | None = None) -> Tensor:
-        keep = m > 0 if allowed is None else allowed & (m > 0)
-        return torch.where(keep, m.clamp_min(tiny).log(), neg_inf)
+    def attend(part: slice, allowed: Tensor) -> Tensor:
+        """SDPA over the blocks ``part`` with the log soft mask on the ``allowed`` keys. A row with
+        no allowed key attends to its own key instead (no NaN) and its result is then zeroed."""
+        empty = ~allowed.any(-1, keepdim=True)  # [..., a, 1]
+        allowed = allowed | (empty & itself)
+        bias = torch.where(allowed, mask.clamp_min(tiny).log(), neg_inf)  # log m(0) = 0 on the stand-in key
+        out = F.scaled_dot_product_attention(
+            qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout
+        )
+        return out.masked_fill(empty, 0.0)
 
-    def attend(part: slice, bias: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout)
-
-    # Keys that do not exist (left of the cache) or are padding are masked; a query always keeps
-    # itself (distance 0), so no row is empty (a padded query's output is never used). Keys right
-    # of the segment are only ever in a query's future, which the mask already removes.
+    # Allowed keys: in the window, a non-zero mask, and real (keys left of the cache do not exist,
+    # padded keys are masked). Keys right of the segment are only ever in a query's future, which
+    # the window already removes.
+    allowed = in_window & (mask > 0)  # [1, h, 1, a, w] or [b, h, n, a, w]
     if key_valid is None and spans.dim() == 1:
         # common case: only the first blocks reach before the first key; the others share one
         # [1, h, 1, a, w] bias, broadcast by SDPA instead of materialised per block
         head = min(n, -(-left // a))
-        template = log_mask(mask)
         parts = []
         if head:
-            exists = F.pad(torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device), (left, right), value=False).unfold(1, window, a)[:, :head]
-            parts.append(attend(slice(0, head), log_mask(mask, exists[:, None, :, None, :] | (distance == 0))))
+            exists = torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device)
+            exists = F.pad(exists, (left, right), value=False).unfold(1, width, a)[:, :head]  # [1, head, w]
+            parts.append(attend(slice(0, head), allowed & exists[:, None, :, None, :]))
         if head < n:
-            parts.append(attend(slice(head, n), template))
+            parts.append(attend(slice(head, n), allowed))
         out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     else:
         valid = key_valid if key_valid is not None else torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device)
-        valid = F.pad(valid, (left, right), value=False).unfold(1, window, a)  # [b|1, n, w]
-        out = attend(slice(0, n), log_mask(mask, valid[:, None, :, None, :] | (distance == 0)))
+        valid = F.pad(valid, (left, right), value=False).unfold(1, width, a)  # [b|1, n, w]
+        out = attend(slice(0, n), allowed & valid[:, None, :, None, :])
     return rearrange(out, "b h n a k -> b h (n a) k")[:, :, :t]
 
 
@@ -175,7 +194,7 @@ class AdaptiveSpanAttention(Attention):
         span_init: float = 0.0  # initial z in tokens, learned mode (paper: 0)
         l1: float = 2e-6  # lambda of the span penalty (paper: 2e-6; 0.5e-6 at S = 8192)
         dynamic_bias_init: float = -4.0  # b of the dynamic span (paper: -4)
-        cache_size: int = 0  # past inputs kept across calls; 0 = S + R - 1 (every key a span can reach)
+        cache_size: int = 0  # past inputs kept across calls; 0 = S (every key the window can reach)
         block_size: int = 0  # queries per block; 0 = auto (see auto_block_size)
         bias: bool = True  # bias in the q/k/v/output projections
 
@@ -186,10 +205,15 @@ class AdaptiveSpanAttention(Attention):
             require(0.0 <= self.span_init <= self.max_span, f"span_init must lie in [0, max_span={self.max_span}], got {self.span_init}")
             require(self.l1 >= 0.0, f"l1 must be >= 0, got {self.l1}")
             require(self.block_size >= 0, f"block_size must be >= 0 (0 = auto), got {self.block_size}")
-            require(self.cache_size >= 0, f"cache_size must be >= 0 (0 = max_span + ramp - 1), got {self.cache_size}")
+            require(self.cache_size >= 0, f"cache_size must be >= 0 (0 = max_span), got {self.cache_size}")
             if self.cache_size == 0:
-                self.cache_size = self.max_span + self.ramp - 1
-            require(self.cache_size >= self.max_span, f"max_span={self.max_span} is larger than the cache (cache_size={self.cache_size}): a head could learn a span whose keys are never kept; raise cache_size to >= max_span (or 0 = max_span + ramp - 1) or lower max_span")
+                self.cache_size = self.max_span
+            require(
+                self.cache_size >= self.max_span,
+                f"max_span={self.max_span} is larger than the cache (cache_size={self.cache_size}): a head could "
+                "learn a span whose keys are never kept; raise cache_size to >= max_span (or 0 = max_span) or lower "
+                "max_span",
+            )
 
     @classmethod
     def contract_options(cls) -> dict:
@@ -197,13 +221,15 @@ class AdaptiveSpanAttention(Attention):
         # not divide them
         return {"max_span": 16, "ramp": 4, "span_init": 3.0, "block_size": 5}
 
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        # the cache keeps every key the window can reach, so segments stay exact past the bound
+        return StateContract(bound=16, exact_for=60)
+
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         o = self.options
-        self.to_q = nn.Linear(d_model, d_model, bias=o.bias)
-        self.to_k = nn.Linear(d_model, d_model, bias=o.bias)
-        self.to_v = nn.Linear(d_model, d_model, bias=o.bias)
-        self.to_out = nn.Linear(d_model, d_model, bias=o.bias)
+        self.add_projections(bias=o.bias)
         if o.mode == "learned":
             # z = S * z', z' in [0, 1] (the authors' parameterisation)
             self.span_param = nn.Parameter(torch.full((n_heads,), o.span_init / o.max_span))
@@ -246,18 +272,15 @@ class AdaptiveSpanAttention(Attention):
             spans_real = spans.masked_fill(~real[:, None, :], 0.0)
         else:
             spans_real = spans
-        reach = min(span_reach(float(spans_real.detach().max()), o.ramp), o.cache_size + t - 1)
+        reach = min(span_reach(float(spans_real.detach().max()), o.ramp), o.max_span)  # the paper's window is S
 
         # keys: the cropped cache (only the last `reach` inputs can be seen) + this segment
         past = state.x if state is not None and state.x is not None else None
         kept = 0 if past is None else min(past.shape[1], reach)
         inputs = x if kept == 0 else torch.cat([past[:, past.shape[1] - kept:], x], dim=1)
-        key_valid = None
-        past_pad = state.pad_mask if state is not None else None
-        if pad_mask is not None or past_pad is not None:
-            ones = lambda n: torch.ones(b, n, dtype=torch.bool, device=x.device)  # noqa: E731
-            old = ones(kept) if past_pad is None else past_pad[:, past_pad.shape[1] - kept:]
-            key_valid = torch.cat([old, pad_mask if pad_mask is not None else ones(t)], dim=1)
+        cached_pad = state.pad_mask if state is not None else None
+        kept_pad = None if cached_pad is None else cached_pad[:, cached_pad.shape[1] - kept:]
+        key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
         out = blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=self.dropout if self.training else 0.0)
@@ -281,11 +304,6 @@ class AdaptiveSpanAttention(Attention):
     def _next_cache(self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None) -> SpanCache:
         """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""
         keep = self.options.cache_size
-        b, t = x.shape[:2]
         xs = x.detach() if past is None else torch.cat([past, x.detach()], dim=1)
-        pad = None
-        if past_pad is not None or pad_mask is not None:
-            m = 0 if past is None else past.shape[1]
-            old = past_pad if past_pad is not None else torch.ones(b, m, dtype=torch.bool, device=x.device)
-            pad = torch.cat([old, pad_mask if pad_mask is not None else torch.ones(b, t, dtype=torch.bool, device=x.device)], dim=1)[:, -keep:]
-        return SpanCache(xs[:, -keep:], pad)
+        pad = join_key_padding(past_pad, 0 if past is None else past.shape[1], pad_mask, x)
+        return SpanCache(xs[:, -keep:], None if pad is None else pad[:, -keep:])

@@ -15,7 +15,8 @@ A mechanism is called as ``attn(x, *, context=None, pad_mask=None, state=None) -
   causality is a constructor flag, so structured mechanisms build their own patterns.
 - ``state``    mechanism-specific memory from the previous call (KV cache, XL memory, span cache);
   opaque to the block and the stack, threaded per layer by the model. ``init_state`` makes an
-  empty one; ``None`` means "start fresh".
+  empty one; ``None`` means "start fresh". A state exposes ``length`` (tokens it remembers), is
+  detached, and is bounded: the contract suite checks it through ``contract_state()``.
 
 Capability flags are class attributes: the builder refuses impossible combinations with a clear
 error and the tests skip by flag, never by a list of names.
@@ -41,6 +42,15 @@ class AttnOutput:
     stats: dict[str, Tensor] = field(default_factory=dict)  # logging only, e.g. {"span_mean": ...}
 
 
+@dataclass(frozen=True)
+class StateContract:
+    """A stateful mechanism's promise, under its ``contract_options()``, checked for every
+    mechanism with ``supports_memory`` by tests/test_attention.py (causal use)."""
+
+    bound: int  # state.length == min(tokens seen, bound): the state stops growing here
+    exact_for: int  # threading the state through segments of a stream this long == one call over it
+
+
 class Attention(nn.Module):
     """Base class: validates the arguments every mechanism shares and its own ``Options``.
 
@@ -51,7 +61,6 @@ class Attention(nn.Module):
     # capability flags
     supports_memory: ClassVar[bool] = False  # segment memory / KV cache across calls
     supports_cross: ClassVar[bool] = False  # keys/values from another sequence
-    supports_padding: ClassVar[bool] = True  # honours a boolean key-padding mask
     causal_only: ClassVar[bool] = False  # only defined for causal (decoder) use
     content_routed: ClassVar[bool] = False  # which keys a query sees depends on content (LSH buckets):
     # changing any token may reshuffle others' key sets, so causality/padding are checked by gradients
@@ -85,6 +94,12 @@ class Attention(nn.Module):
     def contract_lengths(cls) -> tuple[int, ...]:
         """Sequence lengths the contract suite uses: include ones that are not multiples of any block."""
         return (7, 19, 33)
+
+    @classmethod
+    def contract_state(cls) -> StateContract | None:
+        """What the contract suite may expect of the state under ``contract_options()``; required
+        when ``supports_memory`` (None: the mechanism keeps no state)."""
+        return None
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, batch_size: int) -> Any:
@@ -124,8 +139,6 @@ class Attention(nn.Module):
                 raise ValueError(f"{name}: pad_mask must be a bool tensor (True = real token); got {_describe(pad_mask)}")
             if tuple(pad_mask.shape) != tuple(keys.shape[:2]):
                 raise ValueError(f"{name}: pad_mask must be [b, {'c' if context is not None else 't'}] = {tuple(keys.shape[:2])}; got {tuple(pad_mask.shape)}")
-            if not self.supports_padding:
-                raise ValueError(f"{name} does not support a padding mask")
         if state is not None and not self.supports_memory:
             raise ValueError(f"{name} keeps no state (supports_memory=False) but was given one")
 
@@ -165,6 +178,22 @@ def guard_empty_rows(allowed: Tensor) -> Tensor:
     Its output is never used by a real position, but a fully masked softmax row is NaN, and NaN
     leaks into gradients. ``allowed``: bool [..., t, s]."""
     return allowed | ~allowed.any(dim=-1, keepdim=True)
+
+
+def join_key_padding(cached: Tensor | None, cached_length: int, new: Tensor | None, x: Tensor) -> Tensor | None:
+    """The key-padding mask of [cache ; segment] -> bool [b, cached_length + t] (True = real key),
+    or None when neither part has padding (so the fused no-mask kernels stay available).
+
+    ``cached``: [b, cached_length] or None (every cached key real); ``new``: [b, t] or None;
+    ``x``: the segment [b, t, ...] (batch size, length and device)."""
+    if cached is None and new is None:
+        return None
+    b, t = x.shape[:2]
+    if cached is None:
+        cached = torch.ones(b, cached_length, dtype=torch.bool, device=x.device)
+    if new is None:
+        new = torch.ones(b, t, dtype=torch.bool, device=x.device)
+    return torch.cat([cached, new], dim=1)
 
 
 def causal_allowed(t: int, s: int, device: torch.device | None = None) -> Tensor:

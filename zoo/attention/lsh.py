@@ -37,6 +37,12 @@ Deviations (each on purpose, each tested):
   chunk: outputs of real tokens do not depend on what the padding holds.
 - No de-duplication of keys attended in several rounds (the paper's log N_ij term); the
   reference implementations (trax, reformer-pytorch) leave it off by default as well.
+- Scores are q . k / sqrt(d_k) with k = q / |q|: the paper's form (Section 2 keeps the scaled
+  dot product of the Transformer). trax and the Hugging Face port score q . k / |k| unscaled
+  (their ``length_normalized`` divides by the RMS, then by sqrt(d_k): a unit key), so their
+  logits are sqrt(d_k) times ours, a temperature the learned W_qk absorbs. To reproduce their
+  outputs, multiply ``to_qk``'s weight and bias by sqrt(d_k) (the angular hash is scale-free, so
+  the buckets stay the same); tests/test_lsh.py checks this conversion.
 - Hashing is seeded: the rotations are a function of (``seed``, layer index, step), where the
   step advances in ``after_optimizer_step``. Two calls between optimiser steps hash the same way
   (a recomputing stack gets the same buckets in backward without touching the RNG), while
@@ -75,6 +81,14 @@ class SharedQKProjections(Attention):
         self.to_v = nn.Linear(d_model, d_model, bias=bias)
         self.to_out = nn.Linear(d_model, d_model, bias=bias)
 
+    def check_inputs(self, x, context, pad_mask, state) -> None:
+        if context is not None:
+            raise ValueError(
+                f"{self.registry_name} cannot do cross-attention (context=...): {self.no_cross_reason}; "
+                "use e.g. vanilla for cross_attention"
+            )
+        super().check_inputs(x, context, pad_mask, state)
+
 
 @ATTENTION.register("lsh")
 class LSHAttention(SharedQKProjections):
@@ -109,11 +123,6 @@ class LSHAttention(SharedQKProjections):
 
     def after_optimizer_step(self) -> None:
         self.hash_step += 1
-
-    def check_inputs(self, x, context, pad_mask, state) -> None:
-        if context is not None:
-            raise ValueError(f"{self.registry_name} cannot do cross-attention (context=...): {self.no_cross_reason}; use e.g. vanilla for cross_attention")
-        super().check_inputs(x, context, pad_mask, state)
 
     # -- hashing -----------------------------------------------------------------------------
     def n_buckets_for(self, padded_length: int) -> int:
@@ -324,11 +333,6 @@ class SharedQKAttention(SharedQKProjections):
     @dataclass
     class Options:
         bias: bool = True
-
-    def check_inputs(self, x, context, pad_mask, state) -> None:
-        if context is not None:
-            raise ValueError(f"{self.registry_name} cannot do cross-attention (context=...): {self.no_cross_reason}; use e.g. vanilla for cross_attention")
-        super().check_inputs(x, context, pad_mask, state)
 
     def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)

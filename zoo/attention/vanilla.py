@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import Attention, AttnOutput, StateContract, causal_allowed, guard_empty_rows, join_key_padding
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -40,13 +40,6 @@ class KVCache:
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
-    def reorder(self, index: Tensor) -> KVCache:
-        """Select batch rows (beam search keeps the surviving hypotheses)."""
-        def pick(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.index_select(0, index)
-
-        return KVCache(pick(self.k), pick(self.v), pick(self.pad_mask), self.static)
-
 
 @ATTENTION.register("vanilla")
 class VanillaAttention(Attention):
@@ -60,6 +53,14 @@ class VanillaAttention(Attention):
 
         def __post_init__(self) -> None:
             require(self.max_cache >= 0, f"max_cache must be >= 0 (0 = unbounded), got {self.max_cache}")
+
+    @classmethod
+    def contract_options(cls) -> dict:
+        return {"max_cache": 40}  # a bounded cache, so the contract sees it stop growing
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=40, exact_for=40)  # exact while the cache still holds every token
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -90,11 +91,7 @@ class VanillaAttention(Attention):
         if state.k is not None:
             if state.k.shape[0] != x.shape[0]:
                 raise ValueError(f"vanilla: KV cache holds batch size {state.k.shape[0]}, input has {x.shape[0]}")
-            if state.pad_mask is not None or pad_mask is not None:
-                b, device = x.shape[0], x.device
-                old = state.pad_mask if state.pad_mask is not None else torch.ones(b, state.length, dtype=torch.bool, device=device)
-                new = pad_mask if pad_mask is not None else torch.ones(b, x.shape[1], dtype=torch.bool, device=device)
-                pad_mask = torch.cat([old, new], dim=1)
+            pad_mask = join_key_padding(state.pad_mask, state.length, pad_mask, x)
             k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
         keep = self.options.max_cache
         cache = KVCache(k.detach(), v.detach(), None if pad_mask is None else pad_mask)

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import Attention, AttnOutput, StateContract, causal_allowed, guard_empty_rows, join_key_padding
 from zoo.config import require
 from zoo.positional import sinusoid_table
 from zoo.registry import ATTENTION
@@ -119,7 +119,12 @@ class XLRelativeAttention(Attention):
 
     @classmethod
     def contract_options(cls) -> dict:
-        return {"mem_len": 8, "block_size": 8}  # blocks smaller than the test lengths
+        return {"mem_len": 40, "block_size": 8}  # blocks smaller than the test lengths
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        # exact while every earlier token is still in the memory when a segment starts
+        return StateContract(bound=40, exact_for=40)
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -200,7 +205,7 @@ class XLRelativeAttention(Attention):
     def _project_r(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
         if self.options.clamp_len:
             distances = distances.clamp(-self.options.clamp_len, self.options.clamp_len)
-        r = sinusoid_table(distances, self.d_model).to(dtype)  # [width, d]
+        r = sinusoid_table(distances, self.d_model, dtype=dtype)  # [width, d], computed in float64
         return rearrange(self.to_r(r), "w (h k) -> h w k", h=self.n_heads)
 
     # -- forward -----------------------------------------------------------------------------
@@ -211,11 +216,7 @@ class XLRelativeAttention(Attention):
         self._check_memory(memory, x)
         m = memory.length
         keys_in = x if m == 0 else torch.cat([memory.states, x], dim=1)  # [b, s, d]
-        key_pad = None
-        if pad_mask is not None or memory.pad_mask is not None:
-            old = memory.pad_mask if memory.pad_mask is not None else x.new_ones(b, m, dtype=torch.bool)
-            new = pad_mask if pad_mask is not None else x.new_ones(b, t, dtype=torch.bool)
-            key_pad = torch.cat([old, new], dim=1)  # [b, s]
+        key_pad = join_key_padding(memory.pad_mask, m, pad_mask, x)  # [b, s] or None
         s = m + t
 
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]

@@ -46,14 +46,13 @@ def field_types(cls: type) -> dict[str, Any]:
     a field whose annotation cannot be resolved here is ``Any`` (not checked)."""
     try:
         return typing.get_type_hints(cls)
-    except Exception:  # noqa: BLE001 - an annotation naming something not importable: check what resolves
+    except Exception:  # an annotation naming something not importable here: resolve field by field
         module = vars(__import__(cls.__module__, fromlist=["_"]))
         out = {}
         for f in dataclasses.fields(cls):
-            try:
-                # noqa below: these are annotations of our own dataclasses
-                out[f.name] = eval(f.type, module, {}) if isinstance(f.type, str) else f.type  # noqa: S307
-            except Exception:  # noqa: BLE001
+            try:  # eval of our own dataclasses' annotation strings, as typing.get_type_hints does
+                out[f.name] = eval(f.type, module, {}) if isinstance(f.type, str) else f.type
+            except Exception:
                 out[f.name] = Any
         return out
 

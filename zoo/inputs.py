@@ -95,7 +95,8 @@ def check_targets(
             f"{name} must be an integer tensor of ids (never floats: they would be truncated); got {describe(targets)}"
         )
     if tuple(targets.shape) != tuple(shape):
-        raise ValueError(f"{name} must be shaped {tuple(shape)}; got {tuple(targets.shape)}")
+        legend = "[b, t]" if len(shape) == 2 else "[b]" if len(shape) == 1 else "shaped"
+        raise ValueError(f"{name} must be {legend} = {tuple(shape)}; got {tuple(targets.shape)}")
     scored = targets[targets != IGNORE_INDEX] if ignore else targets
     if scored.numel() and (int(scored.min()) < 0 or int(scored.max()) >= n_values):
         allowed = f"[0, {what}={n_values})" + (f" or {IGNORE_INDEX} (not scored)" if ignore else "")

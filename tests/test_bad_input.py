@@ -149,9 +149,10 @@ def test_max_len_must_be_positive(name, max_len):
 def test_target_ids_outside_the_vocabulary_are_refused(name, bad):
     model = tiny(name)
     targets = lm_targets(model, 2, 8)
-    targets[0, ...] = bad if model.config.kind != "classifier" else targets[0, ...]
-    if model.config.kind == "classifier":
+    if model.config.kind == "classifier":  # outside [0, n_classes)
         targets[0] = bad if bad < 0 else model.config.n_classes
+    else:  # outside [0, vocab_size) and not the ignore index
+        targets[0] = bad
     clear_error(lambda: call(model, ids(2, 8), targets), "targets")
 
 

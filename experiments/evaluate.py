@@ -5,6 +5,11 @@ segment across the whole split.
 
     python experiments/evaluate.py outputs/.../checkpoints/best.pt --split test
     python experiments/evaluate.py CKPT --split val --batches 50 --data-path /elsewhere/enwik8
+    python experiments/evaluate.py CKPT --protocol memory --seq-len 80 --mem-len 2100 --clamp-len 820
+    python experiments/evaluate.py CKPT --protocol sliding --seq-len 512 --stride 1   # Al-Rfou et al.
+
+--protocol segment|memory|sliding (zoo/eval_protocols.py); a run of experiment=paper/* defaults to
+its paper's protocol and settings (paper.eval), which the flags override.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from zoo.app.run import load_run  # noqa: E402
+from zoo.eval_protocols import add_protocol_arguments, evaluate_protocol, protocol_settings  # noqa: E402
 from zoo.trainer import evaluate_model, pick_device  # noqa: E402
 
 
@@ -32,12 +38,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-path", default="", help="the data file, if it moved since training (data.path)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="", help="also write the result as JSON here")
+    add_protocol_arguments(parser)
     args = parser.parse_args(argv)
     _, task, model, ckpt = load_run(args.checkpoint, data={"path": args.data_path} if args.data_path else None, batch_size=args.batch_size or None)
     device = pick_device(args.device)
     model.to(device)
     start = time.perf_counter()
-    result = evaluate_model(model, task, args.split, args.batches, device=device)
+    settings = protocol_settings(args, ckpt.get("config") or {})
+    if settings is not None:
+        result = evaluate_protocol(model, task, args.split, settings, max_batches=args.batches, device=device)
+    else:
+        result = evaluate_model(model, task, args.split, args.batches, device=device)
     result.update(checkpoint=str(args.checkpoint), step=ckpt["step"], model=model.config.name, data=task.registry_name, seconds=time.perf_counter() - start, memory_carried=bool(task.contiguous))
     print(json.dumps(result, indent=2))
     if args.out:

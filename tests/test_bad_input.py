@@ -590,3 +590,20 @@ def test_the_app_names_the_file_or_key_when_the_task_is_built(case, tmp_path):
     cfg = compose(["experiment=tiny", "data=char_lm", f"data.path={path}", "trainer.device=cpu", *overrides])
     expected = {"empty": str(path), "binary_chars": "data.vocab", "overlapping_split": "data.split"}[case]
     clear_error(lambda: build(cfg), expected)
+
+
+ADAPTIVE = {"cutoffs": [8, 16], "div_val": 2}
+
+
+def test_adaptive_softmax_lm_refuses_float_targets_and_empty_input_and_scores_padding_as_zero():
+    """The adaptive input/softmax head goes through the same checks as the full softmax."""
+    model = tiny("vanilla_lm", adaptive=ADAPTIVE).train()
+    tokens = ids(2, 8)
+    clear_error(lambda: model(tokens, tokens.float()), "targets")
+    clear_error(lambda: model(tokens, tokens + 100), "targets")
+    clear_error(lambda: model(ids(2, 0)), "tokens")
+    clear_error(lambda: model(tokens.float()), "tokens")
+    out = model(tokens, torch.full_like(tokens, -100))
+    assert float(out.loss.detach()) == 0.0 and int(out.stats["scored"]) == 0
+    out = model(tokens, tokens, pad_mask=torch.ones(2, 8, dtype=torch.bool))
+    assert int(out.stats["scored"]) == 16 and torch.isfinite(out.loss)

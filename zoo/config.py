@@ -171,6 +171,9 @@ class ModelConfig:
     residual: dict = field(default_factory=lambda: {"name": "post_norm"})
     stack: dict = field(default_factory=lambda: {"name": "sequential"})
     position: dict = field(default_factory=lambda: {"name": "sinusoidal"})
+    # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
+    # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/adaptive.py
+    adaptive: dict = field(default_factory=dict)
     # classifier head
     n_classes: int = 2
     pooling: str = "mean"
@@ -208,6 +211,8 @@ class ModelConfig:
         require(self.activation in ("relu", "gelu"), f"activation must be relu or gelu, got {self.activation!r}")
         require(self.pooling in ("mean", "first"), f"pooling must be mean or first, got {self.pooling!r}")
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        adaptive_ok = not self.adaptive or self.kind == "lm"
+        require(adaptive_ok, f"adaptive (input + softmax) is an LM option; kind is {self.kind!r}")
         if self.kind == "seq2seq":  # decoding writes these ids into the target sequence
             for key in ("pad_id", "bos_id", "eos_id"):
                 value = getattr(self, key)

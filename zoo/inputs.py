@@ -129,6 +129,12 @@ def check_sampling(*, temperature: Any, top_k: Any, greedy: Any, generator: Any)
         raise ArgumentTypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
+def count_scored(targets: Tensor, pad_mask: Tensor | None) -> Tensor:
+    """How many targets enter the loss: not -100 and not padding."""
+    scored = targets != IGNORE_INDEX
+    return (scored & pad_mask).sum() if pad_mask is not None else scored.sum()
+
+
 def scored_loss(loss_sum: Tensor, scored: Tensor, logits: Tensor) -> Tensor:
     """Mean loss over ``scored`` targets; 0 (attached to ``logits``' graph) when none was scored."""
     return torch.where(scored > 0, loss_sum / scored.clamp_min(1), logits.sum() * 0.0)

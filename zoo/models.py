@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.adaptive import adaptive_input_and_softmax
 from zoo.blocks import merge_into
 from zoo.build import attention_class, build_stack, create_position, split_part
 from zoo.config import ModelConfig, check_type, merge_config
-from zoo.inputs import IGNORE_INDEX, check_count, check_embeds, check_pad_mask, check_same_batch, check_sampling, check_targets, check_tokens, scored_loss
+from zoo.inputs import IGNORE_INDEX, check_count, check_embeds, check_pad_mask, check_same_batch, check_sampling, check_targets, check_tokens, count_scored, scored_loss
 from zoo.positional import LearnedPosition
 from zoo.registry import MODEL, RESIDUAL, STACK
 
@@ -199,13 +200,17 @@ class ZooModel(nn.Module):
 class CausalLM(ZooModel):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
-        self.embed = TokenEmbedding(config.vocab_size, config.d_model)
+        adaptive = adaptive_input_and_softmax(config) if config.adaptive else None  # zoo/adaptive.py
+        self.embed = adaptive[0] if adaptive else TokenEmbedding(config.vocab_size, config.d_model)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers)
         self.norm = self.final_norm()
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False) if config.head == "linear" else None
-        if config.tie_embeddings and self.head is not None:
+        if adaptive:
+            self.head = adaptive[1]
+        else:
+            self.head = nn.Linear(config.d_model, config.vocab_size, bias=False) if config.head == "linear" else None
+        if config.tie_embeddings and self.head is not None and not adaptive:
             self.head.weight = self.embed.weight
 
     def init_state(self, batch_size: int) -> ModelState:
@@ -227,11 +232,18 @@ class CausalLM(ZooModel):
         x = self.drop(self.position(x, offset))
         out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
         hidden = self.norm(out.x)
-        logits = self.output_head(hidden)
         loss, stats = None, out.stats
-        if targets is not None:
-            loss, scored = token_loss(logits, targets, pad_mask, self.config.label_smoothing)
-            stats = {**stats, "scored": scored}
+        if self.config.adaptive:  # full log-probabilities only outside training steps ([b, t, 0] there)
+            if targets is not None:
+                check_targets(targets, (b, t), self.config.vocab_size)
+                stats = {**stats, "scored": count_scored(targets, pad_mask)}
+            full = not (self.training and targets is not None)
+            logits, loss = self.head(hidden, targets, pad_mask=pad_mask, full=full)
+        else:
+            logits = self.output_head(hidden)
+            if targets is not None:
+                loss, scored = token_loss(logits, targets, pad_mask, self.config.label_smoothing)
+                stats = {**stats, "scored": scored}
         new_state = None
         if out.state is not None or state is not None:
             new_state = ModelState(out.state, offset + t, b, self.signature)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.app.schema import LoggerOptions, options_defaults, to_options
 from zoo.data import TASK, Task, create_task
+from zoo.paper import check_paper_data
 from zoo.registry import ATTENTION
 from zoo.trainer import MetricsFile, OptimOptions, Trainer, TrainerOptions, build_model_for_task, seed_everything
 
@@ -85,6 +86,7 @@ def optim_options(cfg: dict[str, Any]) -> OptimOptions:
 def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     """(resolved config dict, task, model) for a composed config."""
     resolved = as_dict(cfg)
+    check_paper_data(resolved)  # a paper's configuration on another dataset is refused (zoo/paper.py)
     seed_everything(int(resolved.get("seed", 0)))
     task = make_task(resolved)
     preset, overrides = model_overrides(resolved)

@@ -175,6 +175,7 @@ class RootSchema:
     name: str = ""  # run name (default: made from the command-line overrides)
     data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
     experiment: str | None = None  # set by experiment/* configs, for the record
+    paper: Any = None  # experiment/paper/* configs: the paper's figures and protocol (zoo/paper.py)
 
 
 def register_schemas() -> None:

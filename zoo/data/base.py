@@ -36,14 +36,20 @@ class DataFileNotFound(FileNotFoundError):
     """A data file a task needs is missing; the message names the path and the config key."""
 
 
-def resolve_path(path: str | Path, key: str = "data.path") -> Path:
-    """Find ``path``: as given (absolute or relative to the working directory), else relative to
-    the project root (so ``../shared/data/...`` works from anywhere). Missing -> a clear error."""
-    if not path:
-        raise DataFileNotFound(f"no data file given: set {key}=/path/to/file")
+def path_candidates(path: str | Path) -> list[Path]:
+    """Where ``path`` may be: as given (absolute or relative to the working directory), else
+    relative to the project root (so ``../shared/data/...`` works from anywhere)."""
     candidates = [Path(path).expanduser()]
     if not candidates[0].is_absolute():
         candidates.append(PROJECT_ROOT / candidates[0])
+    return candidates
+
+
+def resolve_path(path: str | Path, key: str = "data.path") -> Path:
+    """Find the file ``path`` (see :func:`path_candidates`). Missing -> a clear error."""
+    if not path:
+        raise DataFileNotFound(f"no data file given: set {key}=/path/to/file")
+    candidates = path_candidates(path)
     for candidate in candidates:
         if candidate.is_file():
             return candidate

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from zoo.config import require
 from zoo.data.base import SPLITS, TASK, Task, check_split, resolve_path
+from zoo.data.splits import find_split_files, read_char_splits, resolve_directory
 
 
 def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[int, int]]:
@@ -56,7 +57,7 @@ class TextLMTask(Task):
 
     @dataclass
     class Options:
-        path: str = ""  # the text file (relative paths: to the working directory, then the project)
+        path: str = ""  # a text file, or a directory of train/valid/test files (relative: cwd, then project)
         vocab: str = "bytes"  # bytes | chars
         split: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])  # fractions or token counts
 
@@ -65,6 +66,13 @@ class TextLMTask(Task):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        directory = resolve_directory(self.options.path)
+        if directory is not None:  # separate split files (zoo/data/splits.py); data.split is not used
+            self.path = directory
+            self.data, self.bounds, self.itos = read_char_splits(find_split_files(directory), self.options.vocab)
+            self.vocab_size = 256 if self.itos is None else len(self.itos)
+            self.stoi = {c: i for i, c in enumerate(self.itos or [])}
+            return
         path = resolve_path(self.options.path, "data.path")
         self.path = path
         require(path.stat().st_size > 1, f"data file {path} is empty: a text LM needs at least two tokens (data.path)")

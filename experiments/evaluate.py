@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 from zoo.app.run import load_run  # noqa: E402
 from zoo.eval_protocols import add_protocol_arguments, evaluate_protocol, protocol_settings  # noqa: E402
-from zoo.trainer import evaluate_model, pick_device  # noqa: E402
+from zoo.metrics import evaluate_model  # noqa: E402
+from zoo.trainer import pick_device  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

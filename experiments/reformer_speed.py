@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from zoo.bench import Variant, build
+from zoo.bench import build, named_variant
 
 
 def main() -> None:
@@ -28,17 +28,18 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--variants", default="reformer,peer:reformer-pytorch")
+    parser.add_argument("--variants", default="reformer,peer:reformer-pytorch",
+                        help="comma-separated presets and peer:<name>")
     parser.add_argument("--out", default="results/reformer_memory/speed")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape = dict(d_model=256, heads=4, layers=2, vocab=256, batch=1, d_ff=1024)
     models = {}
     for label in args.variants.split(","):
-        variant = Variant(label, "peer", label[5:]) if label.startswith("peer:") else Variant(label, "model", label)
+        variant = named_variant(label)
         module, loss_fn = build(variant, args.length, shape, {})
         module.train()
-        models[label] = (module, loss_fn)
+        models[variant.label] = (module, loss_fn)
     tokens = torch.randint(0, 256, (1, args.length + 1), generator=torch.Generator().manual_seed(0))
     rows = []
     for pair in range(-1, args.pairs):  # pair -1: warm-up, not recorded

@@ -6,8 +6,10 @@ levels. Here every round times one step of each variant back to back, so each ro
 ratio under (nearly) the same load; the median over rounds is reported with its spread.
 Variants are built by ``zoo.bench.build`` (same shapes, same peers as the harness).
 
-    python experiments/sparse_local_paired.py --variants local_1d --peers local-attention \
+    python experiments/sparse_local_paired.py --attention local_1d --peers local-attention \
         --baseline peer:local-attention --length 8192 --rounds 5 --out results/sparse_local/paired_8k
+
+Variants are given as to ``zoo.bench``: ``--attention``, ``--model``, ``--variant key=value ...``, ``--peers``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,19 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 import zoo  # noqa: F401  (registers mechanisms)
-from zoo.bench import Variant, _quote, _split_top, build, parse_spec
+from zoo.bench import _quote, add_variant_arguments, build, variants_from_args
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", required=True, help="comma-separated mechanisms name(key=value,...) in the vanilla_lm skeleton")
-    parser.add_argument("--peers", default="", help="comma-separated peers from zoo.bench.PEERS")
+    add_variant_arguments(parser)
     parser.add_argument("--baseline", required=True, help="label the ratios are taken against, e.g. peer:local-attention")
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=5)
@@ -35,8 +37,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    variants = [Variant(s.strip(), "attention", *parse_spec(s)) for s in _split_top(args.variants) if s.strip()]
-    variants += [Variant(f"peer:{p.strip()}", "peer", p.strip()) for p in _split_top(args.peers) if p.strip()]
+    variants = variants_from_args(args)
     shape = dict(d_model=256, heads=4, layers=2, vocab=256, batch=1, d_ff=1024)
     built = {v.label: build(v, args.length, shape, {}) for v in variants}
     tokens = torch.randint(0, shape["vocab"], (1, args.length + 1), generator=torch.Generator().manual_seed(0))
@@ -65,7 +66,7 @@ def main() -> None:
     lines = [
         f"# Paired training steps at length {args.length} (2 layers, d 256, 4 heads, vocab 256, batch 1, {args.threads} threads)",
         "",
-        "Command: `python experiments/sparse_local_paired.py " + " ".join(f"--{k.replace('_', '-')} {_quote(str(v))}" for k, v in vars(args).items() if v not in ("", None)) + "`",
+        "Command: `python experiments/sparse_local_paired.py " + " ".join(_quote(a) for a in sys.argv[1:]) + "`",
         "",
         f"| variant | median ms | speed-up over {args.baseline}: median of per-round ratios | min / max ratio |",
         "|---|---|---|---|",

@@ -1,5 +1,6 @@
-"""(Re)write conf/attention/<name>.yaml for every registered attention and conf/model/<preset>.yaml
-for every registered preset lacking one, from the registries (see zoo/app/sync.py).
+"""(Re)write conf/<axis>/<name>.yaml for every registered attention, residual, stack and position,
+and conf/model/<preset>.yaml for every registered preset lacking one, from the registries
+(see zoo/app/sync.py).
 
     python experiments/sync_configs.py            # write
     python experiments/sync_configs.py --check    # exit 1 listing mismatches, write nothing

@@ -40,6 +40,11 @@ def main(cfg: DictConfig) -> float:
     except Exception as exc:  # noqa: BLE001
         import json
 
+        from zoo.rundir import RunDirError
+
+        if isinstance(exc, RunDirError):  # the directory holds another run (or a link): write nothing into it
+            print(f"run refused: {exc}", file=sys.stderr)
+            return float("nan")
         out = Path(HydraConfig.get().runtime.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "error.txt").write_text(traceback.format_exc())

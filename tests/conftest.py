@@ -1,5 +1,6 @@
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,3 +13,12 @@ torch.set_num_threads(int(os.environ.get("ZOO_TEST_THREADS", "1")))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """A 20,000-character random lowercase text (the char_lm / enwik8 tasks read it by path)."""
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    rng = np.random.default_rng(0)
+    path.write_bytes(bytes(rng.integers(97, 123, 20_000).astype(np.uint8)))
+    return path

@@ -24,7 +24,8 @@ from zoo.app.schema import named_schema, options_defaults, schema_type  # noqa: 
 from zoo.config import merge_config  # noqa: E402
 from zoo.data import list_tasks  # noqa: E402
 
-GROUPS = ["model", "attention", "data", "optim", "trainer", "logger", "experiment", "sweep"]
+GROUPS = ["model", "attention", "residual", "stack", "position", "data", "optim", "trainer", "logger", "experiment",
+          "sweep"]
 
 
 def options(group: str) -> list[str]:
@@ -57,7 +58,10 @@ def test_launcher_yamls_compose_when_plugin_installed():
 
 
 def test_registry_names_and_conf_stems_agree_both_ways():
-    assert options("attention") == zoo.list_attention()
+    from zoo.app.schema import PART_GROUPS
+
+    for axis, registry in PART_GROUPS.items():  # attention, residual, stack, position
+        assert options(axis) == registry.list(), axis
     assert options("model") == zoo.list_models()
     assert sync.check(CONF_DIR) == [], "run experiments/sync_configs.py"
     import yaml
@@ -73,12 +77,18 @@ def test_sync_is_idempotent_and_repairs(tmp_path):
     (conf / "attention" / "vanilla.yaml").write_text("name: vanilla\n")  # stale
     (conf / "model" / "vanilla_lm.yaml").unlink()  # missing
     (conf / "attention" / "gone.yaml").write_text(sync.GENERATED + " from nowhere\nname: gone\n")  # unregistered
+    (conf / "residual" / "gru_gate.yaml").write_text("name: gru_gate\ngate_bias: 2.0\n")  # stale: filled with a default
+    (conf / "stack" / "universal.yaml").unlink()  # missing
+    (conf / "position" / "gone.yaml").write_text(sync.GENERATED + " from nowhere\nname: gone\n")  # unregistered
     problems = sync.check(conf)
     assert any("stale" in p and "vanilla.yaml" in p for p in problems)
     assert any("missing" in p and "vanilla_lm.yaml" in p for p in problems)
     assert any("gone.yaml" in p for p in problems)
+    assert any("stale" in p and "gru_gate.yaml" in p for p in problems)
+    assert any("missing" in p and "universal.yaml" in p for p in problems)
     changes, left = sync.sync(conf)
-    assert len(changes) == 3 and left == []
+    assert len(changes) == 6 and left == []
+    assert "gate_bias: null" in (conf / "residual" / "gru_gate.yaml").read_text()  # null = unset: the preset's value
     assert sync.check(conf) == [] and sync.sync(conf) == ([], [])
     (conf / "model" / "not_a_preset.yaml").write_text("preset: not_a_preset\n")
     assert any("not_a_preset" in p and "vanilla_lm" in p for p in sync.check(conf))
@@ -132,7 +142,7 @@ def test_attention_group_swaps_and_tweaks_the_mechanism():
     # picking the preset's own mechanism keeps its options except what is set
     cfg = zoo.app.run.as_dict(compose(base + ["attention=vanilla", "attention.max_cache=5"]))
     _, overrides = model_overrides(cfg)
-    assert overrides["attention"] == {"name": "vanilla", "max_cache": 5}  # only what differs from the defaults
+    assert overrides["attention"] == {"name": "vanilla", "max_cache": 5}  # only what was set
     preset_values = {"attention": {"name": "vanilla", "bias": False}}  # a preset with tuned options
     assert merge_config(preset_values, {"attention": overrides["attention"]})["attention"] == {"name": "vanilla", "bias": False, "max_cache": 5}
     assert merge_config(preset_values, {"attention": {"name": "additive"}})["attention"] == {"name": "additive"}

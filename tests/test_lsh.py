@@ -72,7 +72,7 @@ def test_attending_across_buckets_in_one_chunk_is_full_attention_with_self_mask(
     torch.testing.assert_close(attn(x).out, expected, atol=1e-5, rtol=1e-4)
     # and it matches shared_qk, the dense full-attention mechanism with the same parameters
     full = zoo.create_attention("shared_qk", d_model=D, n_heads=H, causal=causal).eval()
-    full.load_state_dict(attn.state_dict())
+    full.load_state_dict({k: v for k, v in attn.state_dict().items() if k != "hash_step"})  # LSH's rotation step
     torch.testing.assert_close(full(x).out, expected, atol=1e-5, rtol=1e-4)
 
 

@@ -64,7 +64,7 @@ def test_state_dict_round_trip_through_stored_config(name, tmp_path):
     batch.pop("targets")
     path = tmp_path / "ckpt.pt"
     torch.save({"config": model.config.to_dict(), "model": model.state_dict()}, path)
-    ckpt = torch.load(path, weights_only=False)
+    ckpt = torch.load(path, weights_only=True)
     rebuilt = zoo.create_model(**ckpt["config"]).eval()
     rebuilt.load_state_dict(ckpt["model"])
     assert rebuilt.config == model.config

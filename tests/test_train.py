@@ -14,7 +14,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,29 +21,13 @@ pytest.importorskip("hydra")
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
+from zoo.checkpoint import write_checksum  # noqa: E402
 from zoo.data import DataFileNotFound  # noqa: E402
 from zoo.trainer import CheckpointError, TrainingDiverged, load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["experiment=tiny", "logger=csv", "trainer.max_steps=4", "trainer.eval_every=2", "trainer.eval_batches=1", "trainer.batch_size=2",
         "trainer.seq_len=16", "trainer.progress=false", "model.d_model=32", "model.d_ff=64", "model.n_heads=2", "trainer.device=cpu"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and far faster than two on a shared, loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "corpus.txt"
-    rng = np.random.default_rng(0)
-    path.write_bytes(bytes(rng.integers(97, 123, 20_000).astype(np.uint8)))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +103,22 @@ def test_resume_equals_straight_run(tmp_path, text_file):
     assert result(tmp_path / "straight")["final_metric"] == result(tmp_path / "resumed")["final_metric"]
 
 
+def test_nan_weights_are_never_saved_and_the_sound_checkpoint_is_named(tmp_path):
+    """Weights poisoned after step 2: the step-2 save is refused (last.pt keeps step 1, finite) and
+    the error names that file. (Before: last.pt was overwritten with NaN and called "good".)"""
+    def poison(trainer, step):
+        if step == 2:
+            with torch.no_grad():
+                next(trainer.model.parameters()).fill_(float("nan"))
+
+    with pytest.raises(TrainingDiverged) as info:
+        train(tmp_path, "trainer.checkpoint_every=1", "trainer.eval_every=0", callbacks=(poison,))
+    message, last = str(info.value), tmp_path / "checkpoints" / "last.pt"
+    assert "step 2" in message and f"newest sound checkpoint: {last}" in message
+    saved = load_checkpoint(last)
+    assert saved["step"] == 1 and all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
 def test_nan_loss_stops_naming_step_and_checkpoint(tmp_path):
     def poison(trainer, step):
         if step == 1:
@@ -127,9 +126,8 @@ def test_nan_loss_stops_naming_step_and_checkpoint(tmp_path):
                 next(trainer.model.parameters()).fill_(float("nan"))
 
     with pytest.raises(TrainingDiverged) as info:
-        train(tmp_path, "trainer.checkpoint_every=1", callbacks=(poison,))
-    message = str(info.value)
-    assert "step 2" in message and str(tmp_path / "checkpoints" / "last.pt") in message
+        train(tmp_path, "trainer.checkpoints=false", callbacks=(poison,))
+    assert "loss is nan at step 2" in str(info.value)
 
 
 def test_corrupt_and_mismatched_checkpoints_are_refused(tmp_path):
@@ -141,9 +139,13 @@ def test_corrupt_and_mismatched_checkpoints_are_refused(tmp_path):
         train(tmp_path / "b", "data.eval_size=50", f"trainer.resume={good}")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(good.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="no checksum file corrupt.pt.sha256"):
+        train(tmp_path / "c", f"trainer.resume={corrupt}")
+    write_checksum(corrupt)  # a truncated file whose checksum was (wrongly) refreshed: the reader still refuses it
     with pytest.raises(CheckpointError, match="cannot read"):
         train(tmp_path / "c", f"trainer.resume={corrupt}")
     torch.save({"weights": 1}, tmp_path / "foreign.pt")
+    write_checksum(tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="not a transformer-zoo checkpoint"):
         train(tmp_path / "c", f"trainer.resume={tmp_path / 'foreign.pt'}")
 
@@ -296,7 +298,7 @@ def test_resume_restores_carried_memory(tmp_path, text_file, memory_attention):
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "split", *common, callbacks=(_interrupt_at(2),))
     saved = load_checkpoint(tmp_path / "split" / "checkpoints" / "last.pt")
-    assert saved["state"] is not None and saved["state"].offset == 32  # two 16-token segments carried
+    assert saved["state"] is not None and saved["state"]["offset"] == 32  # two 16-token segments carried
     train(tmp_path / "resumed", *common, f"trainer.resume={tmp_path / 'split' / 'checkpoints' / 'last.pt'}")
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")

@@ -7,6 +7,8 @@ Public API::
     model = zoo.create_model("vanilla_lm", vocab_size=256, d_model=64, n_layers=2, n_heads=4)
     zoo.list_attention()                   # mechanisms
     attn = zoo.create_attention("vanilla", d_model=64, n_heads=4, causal=True)
+    zoo.save(model, "my-model/"); zoo.load("my-model/")   # model.safetensors + config.json
+    zoo.load_checkpoint("run/checkpoints/last.pt")       # a training checkpoint, read as data only
 """
 
 from zoo import attention as _attention  # noqa: F401  (registers mechanisms)
@@ -19,7 +21,9 @@ from zoo import stacks as _stacks  # noqa: F401
 from zoo import universal as _universal  # noqa: F401
 from zoo.attention.base import Attention, AttnOutput
 from zoo.build import create_attention
+from zoo.checkpoint import CheckpointError, load_checkpoint
 from zoo.config import ModelConfig
+from zoo.export import load, save
 from zoo.models import ModelOutput, ModelState, create_model, list_models, preset_config
 from zoo.registry import ATTENTION, POSITION, RESIDUAL, STACK, UnknownNameError
 
@@ -45,6 +49,7 @@ def list_positions(pattern: str = "*") -> list[str]:
 __all__ = [
     "Attention",
     "AttnOutput",
+    "CheckpointError",
     "ModelConfig",
     "ModelOutput",
     "ModelState",
@@ -56,5 +61,8 @@ __all__ = [
     "list_positions",
     "list_residuals",
     "list_stacks",
+    "load",
+    "load_checkpoint",
     "preset_config",
+    "save",
 ]

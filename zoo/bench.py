@@ -14,11 +14,16 @@ then fits the log-log slope of time and memory against length (the complexity cl
 length from which each variant beats the baseline, and writes ``bench.csv``, ``bench.md`` and a
 log-log ``bench.png`` into ``--out``.
 
-Examples::
+Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
+``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
+merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:`zoo.registry.PEER`).
+``--set key=value`` goes on top of every zoo variant. Examples::
 
     python -m zoo.bench --attention vanilla --lengths 256,512,1024
-    python -m zoo.bench --attention vanilla,lsh(n_hashes=4) --lengths 1024,4096,8192 --peers reformer-pytorch
+    python -m zoo.bench --attention vanilla --variant attention=lsh attention.n_hashes=4 --lengths 1024,4096 \
+        --peers reformer-pytorch
     python -m zoo.bench --model reformer,vanilla_lm --layers 2,4,8,12 --lengths 1024 --set residual=pre_norm
+    python -m zoo.bench --model reformer --variant model=reformer stack=sequential --layers 2,4,8 --lengths 1024
 """
 
 from __future__ import annotations
@@ -42,48 +47,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.meter import ActivationMeter
+from zoo.registry import PEER
+
 # -- variants -----------------------------------------------------------------------------------
 
 
 @dataclass
 class Variant:
-    """One thing to measure. ``kind``: ``attention`` (mechanism in the ``model`` skeleton),
-    ``model`` (a preset as configured), or ``peer`` (another library, see :data:`PEERS`)."""
+    """One thing to measure: ``kind`` ``zoo`` (preset ``name`` with ``overrides`` merged over it by
+    :func:`zoo.config.merge_config`, e.g. ``{"attention": {"name": "lsh", "n_hashes": 8}}``) or
+    ``peer`` (another library's model, ``name`` registered in :data:`PEER`)."""
 
     label: str
     kind: str
     name: str
-    options: dict[str, Any] = field(default_factory=dict)
-    model: str = "vanilla_lm"
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``lsh(n_hashes=4,bucket_size=64)`` -> ("lsh", {"n_hashes": 4, "bucket_size": 64})."""
-    spec = spec.strip()
-    if "(" not in spec:
-        return spec, {}
-    if not spec.endswith(")"):
-        raise ValueError(f"bad variant spec {spec!r}: expected name(key=value,...)")
-    name, inner = spec[:-1].split("(", 1)
-    options = {}
-    for item in filter(None, (p.strip() for p in _split_top(inner))):
-        key, _, value = item.partition("=")
-        options[key.strip()] = _literal(value.strip())
-    return name.strip(), options
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    return parts + [current]
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def _literal(text: str) -> Any:
@@ -91,67 +70,94 @@ def _literal(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         lowered = text.lower()
-        return {"true": True, "false": False, "none": None}.get(lowered, text)
+        return {"true": True, "false": False, "none": None, "null": None}.get(lowered, text)
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
-    """``["attention.n_hashes=4", "residual=pre_norm"]`` -> nested override dict."""
+    """Dotted ``key=value`` items (the app's syntax) -> the nested dict :func:`merge_config` takes.
+
+    ``["attention=lsh", "attention.n_hashes=4", "residual=pre_norm"]`` ->
+    ``{"attention": {"name": "lsh", "n_hashes": 4}, "residual": "pre_norm"}``: a part named and
+    then given options (in either order) becomes one ``{"name": ..., **options}``."""
     overrides: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        target = overrides
+        if not sep or not key.strip():
+            raise ValueError(f"expected key=value (dotted keys for options: attention.n_hashes=4), got {item!r}")
         *parents, leaf = key.strip().split(".")
+        target = overrides
         for parent in parents:
-            target = target.setdefault(parent, {})
-        target[leaf] = _literal(value.strip())
+            node = target.get(parent)
+            target[parent] = {"name": node} if isinstance(node, str) else node if isinstance(node, dict) else {}
+            target = target[parent]
+        parsed = _literal(value.strip())
+        if isinstance(target.get(leaf), dict) and isinstance(parsed, str):
+            target[leaf] = {**target[leaf], "name": parsed}
+        else:
+            target[leaf] = parsed
     return overrides
 
 
-# -- peers: other libraries' models, same shape of step -----------------------------------------
+def names(text: str | None, flag: str) -> list[str]:
+    """A comma-separated list of names; options go in ``--variant``, never in parentheses."""
+    out = [n.strip() for n in (text or "").split(",") if n.strip()]
+    for name in out:
+        if not name.replace("-", "_").isidentifier():
+            raise ValueError(f"{flag}: {name!r} is not a name; give options as one variant of dotted key=value items, "
+                             "e.g. --variant attention=lsh attention.n_hashes=4 (model=<preset> picks the preset)")
+    return out
 
+
+def peer_variant(name: str) -> Variant:
+    """``x-transformers`` or ``x_transformers`` (the pip name or the registry's); labelled as given."""
+    key = name.replace("-", "_")
+    PEER.get(key)  # an unknown peer: the valid ones, and the closest
+    return Variant(f"peer:{name}", "peer", key)
+
+
+def named_variant(label: str) -> Variant:
+    """``peer:<name>`` -> that peer; anything else -> that preset as registered."""
+    return peer_variant(label[len("peer:"):]) if label.startswith("peer:") else Variant(label, "zoo", label)
+
+
+# -- peers: other libraries' models, same shape of step -----------------------------------------
+# Each entry builds ``module(tokens) -> logits`` from ``(length, shape)``; its docstring's first line
+# describes it in tables and --help. Install them with ``pip install transformer-zoo[peers]``.
+
+@PEER.register("x_transformers")
 def _peer_x_transformers(length: int, shape: dict[str, int]) -> nn.Module:
+    """x-transformers Decoder, attn_flash=True (SDPA)"""
     from x_transformers import Decoder, TransformerWrapper
 
     return TransformerWrapper(num_tokens=shape["vocab"], max_seq_len=length, attn_layers=Decoder(dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], attn_flash=True))
 
 
+@PEER.register("local_attention")
 def _peer_local_attention(length: int, shape: dict[str, int]) -> nn.Module:
+    """local-attention LocalTransformer, window 128"""
     from local_attention import LocalTransformer
 
     return LocalTransformer(num_tokens=shape["vocab"], max_seq_len=length, dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], causal=True, local_attn_window_size=128)
 
 
+@PEER.register("reformer_pytorch")
 def _peer_reformer_pytorch(length: int, shape: dict[str, int]) -> nn.Module:
+    """reformer-pytorch ReformerLM, 4 hashes, bucket 64, reversible"""
     from reformer_pytorch import ReformerLM
 
     return ReformerLM(num_tokens=shape["vocab"], dim=shape["d_model"], depth=shape["layers"], max_seq_len=length, heads=shape["heads"], bucket_size=64, n_hashes=4, causal=True)
 
 
-PEERS: dict[str, tuple[Callable[[int, dict[str, int]], nn.Module], str]] = {
-    "x-transformers": (_peer_x_transformers, "x-transformers Decoder, attn_flash=True (SDPA)"),
-    "local-attention": (_peer_local_attention, "local-attention LocalTransformer, window 128"),
-    "reformer-pytorch": (_peer_reformer_pytorch, "reformer-pytorch ReformerLM, 4 hashes, bucket 64, reversible"),
-}
-
-
-def register_peer(name: str, builder: Callable[[int, dict[str, int]], nn.Module], description: str) -> None:
-    """Add a peer library's model: ``builder(length, shape) -> module(tokens) -> logits``."""
-    if name in PEERS:
-        raise ValueError(f"peer {name!r} already registered")
-    PEERS[name] = (builder, description)
-
-
 # -- building and stepping ----------------------------------------------------------------------
 
 def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any]) -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
-    """The module and a ``loss(tokens)`` closure for one training step."""
+    """The module and a ``loss(tokens)`` closure for one training step.
+
+    A zoo variant's config: its preset, then the bench's sizes, then the variant's overrides, then
+    ``overrides`` (``--set``, for every variant), each merged by :func:`zoo.config.merge_config`."""
     torch.manual_seed(0)
     if variant.kind == "peer":
-        if variant.name not in PEERS:
-            raise ValueError(f"unknown peer {variant.name!r}; valid: {', '.join(sorted(PEERS))}")
-        module = PEERS[variant.name][0](length, shape)
+        module = PEER.get(variant.name)(length, shape)
 
         def peer_loss(tokens: Tensor) -> Tensor:
             logits = module(tokens[:, :-1])
@@ -163,13 +169,10 @@ def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[
     from zoo.training import total_loss
 
     sizing = dict(vocab_size=shape["vocab"], d_model=shape["d_model"], n_heads=shape["heads"], n_layers=shape["layers"], d_ff=shape["d_ff"], dropout=0.0, max_len=max(length, 16))
-    cfg = merge_config(sizing, overrides) if overrides else sizing
-    if variant.kind == "attention":
-        cfg = merge_config(cfg, {"attention": {"name": variant.name, **variant.options}})
-        module = zoo.create_model(variant.model, **cfg)
-    else:
-        cfg = merge_config(cfg, variant.options)
-        module = zoo.create_model(variant.name, **cfg)
+    config = zoo.preset_config(variant.name).to_dict()
+    for layer in (sizing, variant.overrides, overrides):
+        config = merge_config(config, layer)
+    module = zoo.create_model(**config)
 
     def zoo_loss(tokens: Tensor) -> Tensor:
         return total_loss(module(tokens[:, :-1], tokens[:, 1:]))
@@ -177,28 +180,8 @@ def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[
     return module, zoo_loss
 
 
-class SavedTensorMeter:
-    """Counts bytes of tensors autograd saves for backward: unique storages, parameters excluded."""
-
-    def __init__(self, module: nn.Module):
-        self.param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
-        self.seen: dict[int, int] = {}
-
-    def pack(self, tensor: Tensor) -> Tensor:
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in self.param_storages and ptr not in self.seen:
-            self.seen[ptr] = storage.nbytes()
-        return tensor
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.seen.values())
-
-
 def activation_bytes(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor) -> int:
-    meter = SavedTensorMeter(module)
-    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+    with ActivationMeter(module) as meter:
         loss = loss_fn(tokens)
     del loss  # the count is complete once forward has run; a backward here would only cost time
     return meter.bytes
@@ -451,33 +434,39 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any], b
     return paths
 
 
+def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
+    """--attention, --model, --variant, --peers: what to measure (shared with the paired-timing scripts)."""
+    parser.add_argument("--attention", help="comma-separated mechanisms, each in the --model skeleton (vanilla_lm)")
+    parser.add_argument("--model", help="comma-separated presets; with --attention, a single preset is the skeleton")
+    parser.add_argument("--variant", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="one variant as dotted config overrides, e.g. "
+                             "--variant attention=lsh attention.n_hashes=8; "
+                             "model=<preset> picks the preset (default: the skeleton); repeat for more variants")
+    parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(PEER.list())}")
+
+
 def variants_from_args(args: argparse.Namespace) -> list[Variant]:
-    variants: list[Variant] = []
-    models = [m for m in _split_top(args.model or "") if m.strip()]
+    models = names(args.model, "--model")
     skeleton = "vanilla_lm"
-    if args.attention:
-        if len(models) == 1:
-            skeleton = parse_spec(models[0])[0]
-            models = []
-        for spec in _split_top(args.attention):
-            name, options = parse_spec(spec)
-            variants.append(Variant(spec.strip(), "attention", name, options, skeleton))
-    for spec in models:
-        name, options = parse_spec(spec)
-        variants.append(Variant(spec.strip(), "model", name, options))
-    for spec in _split_top(args.peers or ""):
-        if spec.strip():
-            variants.append(Variant(f"peer:{spec.strip()}", "peer", spec.strip()))
+    if args.attention and len(models) == 1:
+        skeleton = models.pop()
+    variants = [Variant(name, "zoo", skeleton, {"attention": name}) for name in names(args.attention, "--attention")]
+    variants += [Variant(name, "zoo", name) for name in models]
+    for items in args.variant:
+        overrides = parse_set(items)
+        variants.append(Variant(" ".join(items), "zoo", str(overrides.pop("model", skeleton)), overrides))
+    variants += [peer_variant(name) for name in names(args.peers, "--peers")]
     if not variants:
-        raise SystemExit("nothing to measure: give --attention and/or --model (and optionally --peers)")
+        raise SystemExit("nothing to measure: give --attention, --model and/or --variant (and optionally --peers)")
+    labels = [v.label for v in variants]
+    if len(set(labels)) < len(labels):
+        raise SystemExit(f"two variants share a label: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
     return variants
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--attention", help="comma-separated mechanisms, each optionally name(key=value,...), run in the --model skeleton (default vanilla_lm)")
-    parser.add_argument("--model", help="comma-separated presets (each optionally preset(key=value,...)); with --attention, a single preset is the skeleton")
-    parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(sorted(PEERS))}")
+    add_variant_arguments(parser)
     parser.add_argument("--lengths", default="256,512,1024", help="comma-separated sequence lengths")
     parser.add_argument("--layers", default="2", help="comma-separated depths (several with one length = a depth sweep)")
     parser.add_argument("--d-model", type=int, default=256)
@@ -485,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d-ff", type=int, default=0, help="feed-forward width (default 4 * d_model)")
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every zoo variant, e.g. residual=pre_norm or attention.n_hashes=4")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override on top of every zoo variant, "
+                             "e.g. residual=pre_norm or attention.n_hashes=4")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (0: activation memory and RSS only, no timing)")
@@ -501,10 +492,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import zoo  # noqa: F401  (registers everything before variants are checked)
 
-    variants = variants_from_args(args)
+    try:
+        variants = variants_from_args(args)
+        overrides = parse_set(args.set)
+    except ValueError as error:  # a bad name or item: the message says what is allowed
+        parser.error(str(error))
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     layers = [int(x) for x in args.layers.split(",") if x.strip()]
-    overrides = parse_set(args.set)
     command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = dict(title=args.title or "zoo.bench: one training step", command=command, machine=_machine(), torch=torch.__version__, threads=args.threads, batch=args.batch, d_model=args.d_model, heads=args.heads, vocab=args.vocab)
     rows = run(variants, lengths, layers=layers, d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None, overrides=overrides, threads=args.threads, warmup=args.warmup, repeats=args.repeats, max_seconds=args.max_seconds, rss=not args.no_rss)

@@ -1,9 +1,9 @@
 """Name -> part registries for every axis of a variant (timm-style).
 
-Each axis (attention, residual, stack, position, model) is one :class:`Registry`. Parts register
-under a name with a decorator; the builders look them up by name, and every unknown name raises an
-error that lists the valid names and suggests the closest one, so a typo in a config never ends in
-a ``KeyError`` from deep inside the library.
+Each axis (attention, residual, stack, position, model; and the benchmark's peer libraries) is one
+:class:`Registry`. Parts register under a name with a decorator; the builders look them up by name,
+and every unknown name raises an error that lists the valid names and suggests the closest one, so
+a typo in a config never ends in a ``KeyError`` from deep inside the library.
 """
 
 from __future__ import annotations
@@ -95,3 +95,4 @@ RESIDUAL: Registry[Any] = Registry("residual")
 STACK: Registry[Any] = Registry("stack")
 POSITION: Registry[Any] = Registry("position")
 MODEL: Registry[Any] = Registry("model")
+PEER: Registry[Any] = Registry("peer")  # other libraries' models, for zoo.bench: (length, shape) -> module

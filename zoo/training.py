@@ -9,6 +9,7 @@ mechanisms declare (``after_optimizer_step``, e.g. clamping a learned span).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -19,11 +20,16 @@ from torch import Tensor, nn
 from zoo.models import ModelOutput
 
 
-def adam(model: nn.Module, lr: float = 1.0, *, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """The paper's Adam; with the Noam schedule ``lr`` is a multiplier (1.0 = the paper)."""
-    if weight_decay:
+def adam(model: nn.Module, lr: float = 1.0, *, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9,
+         weight_decay: float = 0.0, decoupled: bool = False) -> torch.optim.Optimizer:
+    """The paper's Adam; with the Noam schedule ``lr`` is a multiplier (1.0 = the paper).
+
+    ``weight_decay`` is Adam's L2 penalty (added to the gradient, so it passes through the moment
+    estimates), or with ``decoupled=True`` AdamW's decay (Loshchilov & Hutter 2019, applied to the
+    weights directly). The optimiser built is the one named: Adam stays Adam."""
+    if decoupled:
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps)
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 def noam_lambda(d_model: int, warmup: int) -> Callable[[int], float]:
@@ -86,19 +92,64 @@ def detach_state(state: Any) -> Any:
     return map_tensors(state, lambda t: t.detach())
 
 
-def train_step(model: nn.Module, batch: dict[str, Tensor], optimizer: torch.optim.Optimizer, *, scheduler: Any = None, clip: float = 1.0, state: Any = None) -> tuple[ModelOutput, Tensor]:
-    """One optimisation step on ``batch`` (keys: the model's call arguments). Returns the output
-    (its ``state`` detached, ready to carry into the next step) and the total loss."""
-    model.train()
-    out = model(**batch, state=state) if state is not None else model(**batch)
-    loss = total_loss(out)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+def carries_memory(model: nn.Module) -> bool:
+    """True when ``model`` is a language model whose every attention keeps bounded segment memory
+    (XL memory, the adaptive-span cache) and whose stack threads it: then training, evaluation
+    and sampling carry its state from segment to segment, as the library's own loops do."""
+    from zoo.attention.base import Attention
+
+    keeps = getattr(model, "attentions_keep_state", None)
+    if getattr(getattr(model, "config", None), "kind", None) != "lm" or not callable(keeps) or not keeps():
+        return False
+    attentions = [m for m in model.modules() if isinstance(m, Attention)]
+    return bool(attentions) and all(a.carries_segment_memory() for a in attentions)
+
+
+def initial_state(model: nn.Module, batch_size: int) -> Any:
+    """The state a stream starts from: ``model.init_state(batch_size)`` for a model that carries
+    memory (:func:`carries_memory`), else None."""
+    return model.init_state(batch_size) if carries_memory(model) else None
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss (or the weights, or an evaluation) became NaN or infinite."""
+
+
+def forward_backward(model: nn.Module, batch: dict[str, Tensor], *, state: Any = None, scale: float = 1.0,
+                     context: Callable[[], Any] = contextlib.nullcontext) -> tuple[ModelOutput, Tensor]:
+    """Forward ``batch`` (keys: the model's call arguments) under ``context()`` (autocast, an
+    activation meter) and backpropagate ``scale`` x the total loss (task loss + weighted aux
+    losses). A NaN/inf loss raises :class:`TrainingDiverged` before any gradient is touched.
+    Returns the output (``state`` detached) and the unscaled total loss."""
+    with context():
+        out = model(**batch, state=state) if state is not None else model(**batch)
+        loss = total_loss(out)
+    if not torch.isfinite(loss):
+        raise TrainingDiverged(f"loss is {float(loss.detach())}")
+    (loss * scale if scale != 1.0 else loss).backward()
+    out.state = detach_state(out.state)
+    return out, loss.detach()
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
+                   clip: float = 1.0) -> Tensor:
+    """Clip the gradient norm to ``clip`` (0 = no clipping), step the optimiser and the schedule,
+    run the post-step hooks. Returns the gradient norm before clipping."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
     after_optimizer_step(model)
-    out.state = detach_state(out.state)
-    return out, loss.detach()
+    return grad_norm
+
+
+def train_step(model: nn.Module, batch: dict[str, Tensor], optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
+               clip: float = 1.0, state: Any = None) -> tuple[ModelOutput, Tensor]:
+    """One optimisation step on ``batch`` (keys: the model's call arguments). Returns the output
+    (its ``state`` detached, ready to carry into the next step) and the total loss.
+    :class:`zoo.trainer.Trainer` runs the same two halves with gradient accumulation between them."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    out, loss = forward_backward(model, batch, state=state)
+    optimizer_step(model, optimizer, scheduler=scheduler, clip=clip)
+    return out, loss

@@ -6,11 +6,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.app.schema import register_schemas
+from zoo.app.schema import PART_GROUPS, register_schemas
 from zoo.registry import did_you_mean
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -64,21 +63,45 @@ def explain_unknown_key(exc: BaseException, overrides: list[str], conf_dir: str 
         cfg = compose(keep, conf_dir=conf_dir)
     except Exception:
         return None
+    axis = parent.removeprefix("model.")
+    if axis in PART_GROUPS and OmegaConf.select(cfg, parent) is None:
+        return unset_part_message(full_key, axis, key, cfg)
     keys = _node_keys(cfg, parent)
     if keys is None:
         group_dir = Path(conf_dir) / parent
         if parent and "." not in parent and group_dir.is_dir() and OmegaConf.select(cfg, parent) is None:
             choices = sorted(p.stem for p in group_dir.glob("*.yaml"))
             example = choices[0] if choices else "<name>"
-            if parent == "attention":  # the preset's own mechanism is the natural one to tweak
-                with contextlib.suppress(Exception):
-                    from zoo.models import preset_config
-
-                    example = preset_config(cfg.model.preset).attention["name"]
-            return f"cannot set {full_key!r}: '{parent}' is null (the preset's own choice); pick one first, e.g. {parent}={example} {full_key}=...; choices: {', '.join(choices)}"
+            return (f"cannot set {full_key!r}: '{parent}' is null; pick one first, "
+                    f"e.g. {parent}={example} {full_key}=...; choices: {', '.join(choices)}")
         return None
     where = f"'{parent}'" if parent else "the top level"
     return f"unknown config key {full_key!r}: {where} has no key {key!r}; valid: {', '.join(keys)}.{did_you_mean(key, keys)}"
+
+
+def unset_part_message(full_key: str, axis: str, key: str, cfg: DictConfig) -> str:
+    """An option of a part axis set before its group was picked (``residual.gate_bias=0`` or
+    ``model.residual.gate_bias=0``): name the group choice to make, preferring the preset's own
+    part, and the parts that have that option."""
+    import dataclasses
+
+    from zoo.models import preset_config
+
+    registry = PART_GROUPS[axis]
+    having = [n for n in registry.list() if key in {f.name for f in dataclasses.fields(registry.get(n).Options)}]
+    own = None
+    with contextlib.suppress(Exception):
+        own = getattr(preset_config(cfg.model.preset), axis)["name"]
+    choices = ", ".join(registry.list())
+    if not having:
+        options = sorted({f.name for n in registry.list() for f in dataclasses.fields(registry.get(n).Options)})
+        return (f"cannot set {full_key!r}: no {axis} has an option {key!r}; options: {', '.join(options) or '(none)'}."
+                f"{did_you_mean(key, options)} Pick the part with {axis}=<name> ({choices}), then {axis}.<option>=...")
+    example = own if own in having else having[0]
+    own_group = full_key.startswith(axis)
+    where = f"'{axis}' is null (the preset's own choice)" if own_group else f"'{axis}' is a config group of its own"
+    return (f"cannot set {full_key!r}: {where}; pick the part first: {axis}={example} {axis}.{key}=... "
+            f"({key!r} is an option of: {', '.join(having)}; {axis} choices: {choices})")
 
 
 def first_choice_overrides(overrides: list[str]) -> list[str]:
@@ -108,7 +131,3 @@ def precheck(argv: list[str], conf_dir: str | Path = CONF_DIR) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any composition problem: explain what we can, let Hydra report the rest
         return explain_unknown_key(exc, overrides, conf_dir)
     return None
-
-
-def cfg_to_dict(cfg: Any) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)

@@ -8,47 +8,50 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.app.schema import LoggerOptions, options_defaults, to_options
+from zoo.app.schema import PART_GROUPS, LoggerOptions, to_options
+from zoo.checkpoint import load_checkpoint, seed_everything
 from zoo.data import TASK, Task, create_task
+from zoo.distributed import from_env
+from zoo.loggers import MetricsFile, WandbLogger
 from zoo.paper import check_paper_data
-from zoo.registry import ATTENTION
-from zoo.trainer import MetricsFile, OptimOptions, Trainer, TrainerOptions, build_model_for_task, seed_everything
+from zoo.rundir import claim, run_id, write_text
+from zoo.trainer import OptimOptions, Trainer, TrainerOptions, build_model_for_task
 
-GROUP_NODES = ("model", "attention", "data", "optim", "trainer", "logger")
+# conf/config.yaml ends hydra.run.dir and hydra.sweep.dir with ${zoo_run_id:}: two runs started in the
+# same second get two directories (one token per process, shared with its torchrun ranks and jobs)
+OmegaConf.register_new_resolver("zoo_run_id", run_id, replace=True)
 
 
 def as_dict(cfg: DictConfig | dict) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
-def attention_override(attention: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The ``attention`` group node -> a model override.
+def part_override(axis: str, node: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A part group's node -> a model override: its ``name`` and the options that were set.
 
-    Only options that differ from the mechanism's ``Options`` defaults are passed, so picking the
-    mechanism a preset already uses keeps the preset's tuned values (``attention=lsh
-    attention.n_hashes=8`` on ``reformer`` changes n_hashes only), while picking another mechanism
-    swaps it in with its defaults plus what the user set."""
-    if not attention:
+    Options are null unless set (the generated ``conf/<axis>/*.yaml`` leave them null), so every
+    option that is not null was asked for and is passed on, even one equal to the ``Options``
+    default; a null one keeps the preset's value when the preset uses that part (``attention=lsh
+    attention.n_hashes=8`` on ``reformer`` changes n_hashes only) and the part's default otherwise."""
+    if not node:
         return None
-    attention = dict(attention)
-    name = attention.pop("name")
-    cls = ATTENTION.get(name)
-    defaults = options_defaults(cls.Options)
-    changed = {k: v for k, v in attention.items() if k not in defaults or defaults[k] != v}
-    return {"name": name, **to_options(cls.Options, changed)}
+    options = dict(node)
+    name = options.pop("name")
+    cls = PART_GROUPS[axis].get(name)
+    return {"name": name, **to_options(cls.Options, {k: v for k, v in options.items() if v is not None})}
 
 
 def model_overrides(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(preset, overrides) from the ``model`` and ``attention`` nodes; null = the preset's value.
+    """(preset, overrides) from the ``model`` node and the part groups; null = the preset's value.
 
     ``model.tiny=true`` starts from the preset's registered tiny variant (its vocabulary excepted:
-    the task sets it); the user's ``model.*`` keys and the ``attention`` group go on top."""
+    the task sets it); the user's ``model.*`` keys and then the part groups (``attention``,
+    ``residual``, ``stack``, ``position``) go on top, so a key the user set always wins."""
     from zoo.config import merge_config
     from zoo.models import get_preset, preset_config
 
@@ -59,12 +62,14 @@ def model_overrides(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if tiny:
         base = {k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"}
         overrides = merge_config(base, overrides)
-    attention = attention_override(cfg.get("attention"))
-    if attention is not None:
-        current = overrides.get("attention")
-        if isinstance(current, dict) and "name" not in current:  # tweaks of the preset's own mechanism
-            overrides["attention"] = {"name": preset_config(preset).attention["name"], **current}
-        overrides = merge_config(overrides, {"attention": attention})
+    for axis in PART_GROUPS:
+        part = part_override(axis, cfg.get(axis))
+        if part is None:
+            continue
+        current = overrides.get(axis)
+        if isinstance(current, dict) and "name" not in current:  # tweaks of the preset's own part
+            overrides[axis] = {"name": getattr(preset_config(preset), axis)["name"], **current}
+        overrides = merge_config(overrides, {axis: part})
     return preset, overrides
 
 
@@ -94,32 +99,7 @@ def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     return resolved, task, model
 
 
-# -- loggers --------------------------------------------------------------------------------------
-
-class WandbLogger:
-    """wandb, ``mode=offline`` by default (no network, no account): the run is named from the
-    command-line overrides, carries the full config, and a sweep's runs share a group."""
-
-    def __init__(self, options: LoggerOptions, *, run_dir: Path, name: str, group: str, config: dict[str, Any]):
-        os.environ.setdefault("WANDB_SILENT", "true")
-        import wandb
-
-        self.wandb = wandb
-        self.run = wandb.init(
-            project=options.project, entity=options.entity or None, mode=options.mode, dir=str(run_dir), name=name,
-            group=options.group or group or None, tags=list(options.tags) or None, config=config, reinit="finish_previous",
-            settings=wandb.Settings(silent=True, console="off"),
-        )
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        for key, value in summary.items():
-            if isinstance(value, (int, float, str, bool)) or value is None:
-                self.run.summary[key] = value
-        self.run.finish()
-
+# -- loggers and the run directory -------------------------------------------------------------
 
 def hydra_context() -> tuple[Path, str, str]:
     """(run directory, run name from the overrides, sweep group) from Hydra, when running under it."""
@@ -139,8 +119,6 @@ def hydra_context() -> tuple[Path, str, str]:
 
 
 def make_loggers(resolved: dict[str, Any], run_dir: Path, name: str, group: str) -> list[Any]:
-    from zoo.distributed import from_env
-
     options = LoggerOptions(**resolved["logger"])
     if not from_env().is_main or options.name == "none":
         return []
@@ -159,27 +137,32 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
     trainer_opts = trainer_options(resolved)
     if trainer_opts.resume and trainer_opts.resume != "auto":
         trainer_opts = dataclasses.replace(trainer_opts, resume=str(Path(trainer_opts.resume).expanduser()))
+    if from_env().is_main:  # before any logger touches the directory (the trainer checks again)
+        claim(run_dir, resuming=bool(trainer_opts.resume))
     loggers = make_loggers(resolved, run_dir, name, group)
-    trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir, seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)
+    trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir,
+                      seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)
     if trainer.dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps({"run": name, "config": resolved, "model_config": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters())}, indent=2, default=str))
+        info = {"run": name, "config": resolved, "model_config": model.config.to_dict(),
+                "params": sum(p.numel() for p in model.parameters())}
+        write_text(run_dir, run_dir / "config.json", json.dumps(info, indent=2, default=str))
     summary = trainer.fit()
     return float(summary["final_metric"])
 
 
-def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None, batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
+def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None,
+             batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
     """(app config, task, model with the checkpoint's weights, checkpoint) for evaluate/sample.
 
     ``data`` overrides data options (e.g. ``{"path": ...}`` when the file moved)."""
     from zoo.models import create_model
-    from zoo.trainer import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     cfg = ckpt.get("config") or {}
     task_info = ckpt["task"]
     options = {**task_info["options"], **(data or {})}
-    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"], seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
+    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"],
+                       seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt

@@ -5,8 +5,13 @@ Every config group node is backed by a dataclass registered in Hydra's ConfigSto
 OmegaConf then type-checks values and, because structured configs are closed, refuses a key the
 schema lacks at compose time (``attention.n_hashs=8``). The schemas are generated, never hand-written:
 
-- ``schema/attention/<name>``: ``name`` + the fields of ``ATTENTION.get(name).Options``;
-- ``schema/data/<name>``: ``name`` + the fields of ``TASK.get(name).Options``;
+- ``schema/<axis>/<name>`` for each part axis (``attention``, ``residual``, ``stack``, ``position``):
+  ``name`` + the fields of ``<REGISTRY>.get(name).Options``, every one optional with default null.
+  Null means *unset*: the preset's own value when the preset uses that part, else the part's
+  default. Anything else is a value the user (or an experiment file) set, and it reaches the model
+  even when it equals the default ("set == runs");
+- ``schema/data/<name>``: ``name`` + the fields of ``TASK.get(name).Options`` (filled: a task has
+  no preset to defer to);
 - ``schema/model``: ``preset`` + every ``ModelConfig`` field as optional (null = the preset's value);
 - ``schema/trainer``, ``schema/optim``, ``schema/logger``: :mod:`zoo.trainer`'s option dataclasses.
 
@@ -26,10 +31,16 @@ from omegaconf import MISSING as REQUIRED  # '???': a value the config must supp
 
 from zoo.config import ModelConfig
 from zoo.data import TASK
-from zoo.registry import ATTENTION
+from zoo.registry import ATTENTION, POSITION, RESIDUAL, STACK, Registry
 from zoo.trainer import OptimOptions, TrainerOptions
 
 SIMPLE = (int, float, bool, str)
+
+# the part axes that are config groups of their own: attention=lsh, residual=gru_gate, ... (the
+# decoder's cross_attention stays a model key: model.cross_attention={name: ..., ...})
+PART_GROUPS: dict[str, Registry[Any]] = {
+    "attention": ATTENTION, "residual": RESIDUAL, "stack": STACK, "position": POSITION,
+}
 
 
 def schema_type(tp: Any) -> Any:
@@ -111,13 +122,21 @@ def _as_field(default: Any) -> Any:
     return field(default=default)
 
 
-def named_schema(kind: str, name: str, options_cls: type) -> type:
-    """A dataclass ``name`` + the options of one registered part."""
+def optional(tp: Any) -> Any:
+    """``tp`` that also accepts null (Any already does)."""
+    return tp if tp is Any else Optional[tp]  # noqa: UP045 - a runtime type for OmegaConf
+
+
+def named_schema(kind: str, name: str, options_cls: type, *, unset: bool = False) -> type:
+    """A dataclass ``name`` + the options of one registered part.
+
+    ``unset=True`` (the part groups): every option is optional with default null = not set, so
+    only what a user sets is passed on; else the ``Options`` defaults fill the node."""
     fields = [("name", str, field(default=name))]
     for fname, tp, default in options_fields(options_cls):
         if fname == "name":
             raise ValueError(f"{kind} {name!r}: an Options field may not be called 'name' (the config key that picks the part)")
-        fields.append((fname, tp, _as_field(default)))
+        fields.append((fname, optional(tp), field(default=None)) if unset else (fname, tp, _as_field(default)))
     return make_dataclass(f"{kind.capitalize()}Schema_{name}", fields)
 
 
@@ -131,8 +150,7 @@ def model_schema() -> type:
         if f.name == "name":
             continue
         tp = schema_type(hints[f.name])
-        tp = Any if tp in (dict[str, Any], Any) else Optional[tp]  # noqa: UP045 - a runtime type for OmegaConf
-        fields.append((f.name, tp, field(default=None)))
+        fields.append((f.name, Any if tp == dict[str, Any] else optional(tp), field(default=None)))
     return make_dataclass("ModelSchema", fields)
 
 
@@ -167,6 +185,9 @@ class RootSchema:
 
     model: Any = REQUIRED
     attention: Any = None  # null: the preset's mechanism; a choice swaps it
+    residual: Any = None  # null: the preset's residual policy; likewise
+    stack: Any = None  # null: the preset's stack; likewise
+    position: Any = None  # null: the preset's position signal; likewise
     data: Any = REQUIRED
     optim: Any = REQUIRED
     trainer: Any = REQUIRED
@@ -188,8 +209,10 @@ def register_schemas() -> None:
     cs.store(group="schema", name="trainer", node=simple_schema(TrainerOptions, "TrainerSchema"))
     cs.store(group="schema", name="optim", node=simple_schema(OptimOptions, "OptimSchema"))
     cs.store(group="schema", name="logger", node=simple_schema(LoggerOptions, "LoggerSchema"))
-    for name in ATTENTION.list():
-        cs.store(group="schema/attention", name=name, node=named_schema("attention", name, ATTENTION.get(name).Options))
+    for axis, registry in PART_GROUPS.items():
+        for name in registry.list():
+            schema = named_schema(axis, name, registry.get(name).Options, unset=True)
+            cs.store(group=f"schema/{axis}", name=name, node=schema)
     for name in TASK.list():
         cs.store(group="schema/data", name=name, node=named_schema("data", name, TASK.get(name).Options))
 

@@ -106,6 +106,12 @@ class Attention(nn.Module):
         """An empty state that makes the mechanism start caching (``None``: it keeps none)."""
         return None
 
+    def carries_segment_memory(self) -> bool:
+        """True when the state kept across calls is bounded segment memory that training and
+        evaluation carry from segment to segment (XL memory, span cache); an unbounded decoding
+        cache answers False."""
+        return self.supports_memory
+
     # -- shared input checks -----------------------------------------------------------------
     def check_inputs(self, x: Tensor, context: Tensor | None, pad_mask: Tensor | None, state: Any) -> None:
         """Clear errors for wrong shapes/dtypes instead of a shape error deep inside torch."""

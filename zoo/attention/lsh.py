@@ -114,7 +114,7 @@ class LSHAttention(SharedQKProjections):
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         # advanced after each optimiser step: the rotations are a function of it (see module doc)
-        self.register_buffer("hash_step", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("hash_step", torch.zeros((), dtype=torch.long))  # saved, so resume replays the rotations
         self._rotation_cache: tuple[tuple, Tensor] | None = None
 
     @classmethod

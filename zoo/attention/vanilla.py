@@ -69,6 +69,9 @@ class VanillaAttention(Attention):
     def init_state(self, batch_size: int) -> KVCache:
         return KVCache()
 
+    def carries_segment_memory(self) -> bool:
+        return self.options.max_cache > 0  # an unbounded KV cache is for decoding, not carried in training
+
     def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]

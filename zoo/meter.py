@@ -1,0 +1,52 @@
+"""Activation memory: bytes of the tensors autograd saves for backward.
+
+One meter for the trainer's ``mem/activations_mb`` and ``zoo.bench``'s ``act_mib``: a
+``saved_tensors_hooks`` pack hook sees every tensor saved for backward; each storage is counted
+once (views share one), and the module's parameters are left out (they are not activations)::
+
+    meter = ActivationMeter(model)
+    with meter:
+        loss = model(tokens, targets).loss
+    meter.bytes, meter.megabytes
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+class ActivationMeter:
+    """Counts unique storages saved for backward while the meter is entered (parameters excluded)."""
+
+    def __init__(self, module: nn.Module | None = None):
+        params = module.parameters() if module is not None else ()
+        self.param_storages = {p.untyped_storage().data_ptr() for p in params}
+        self.seen: dict[int, int] = {}
+        self._hooks: Any = None
+
+    def pack(self, tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self.param_storages and ptr not in self.seen:
+            self.seen[ptr] = storage.nbytes()
+        return tensor
+
+    def __enter__(self) -> ActivationMeter:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.seen.values())
+
+    @property
+    def megabytes(self) -> float:
+        return self.bytes / 2**20

@@ -203,3 +203,67 @@ def test_lsh_learns_to_copy_at_long_range():
     keep = batch["targets"] != -100
     accuracy = (logits.argmax(-1)[keep] == batch["targets"][keep]).float().mean().item()
     assert accuracy > 0.5, accuracy  # chance is 1/16
+
+
+# -- the chunk kernel: its hand-written backward, and the two key layouts (issue 15, item 1) ---------
+
+from zoo.attention.lsh import _ChunkAttention, _lead_chunk, _look_back, _static_masks  # noqa: E402
+
+
+def chunk_case(dtype, B=2, R=2, n=3, c=4, k=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, keys, values = (torch.randn(B, R, n, c, k, generator=g, dtype=dtype) for _ in range(3))
+    buckets = torch.randint(0, 2, (B, R, n, c), generator=g)
+    masked = (_look_back(buckets)[..., None, :] != buckets[..., :, None]) | _static_masks(n, c, True, q.device)
+    return q, keys, values, masked
+
+
+def lead(x):
+    return _lead_chunk(x.reshape(-1, x.shape[-1]), x.shape[-2])
+
+
+@pytest.mark.parametrize("layout", ["look_back", "lead_chunk"])
+def test_chunk_attention_backward_passes_gradcheck(layout):
+    """Both outputs (values and log-sum-exp normalisers) differentiated, float64."""
+    q, keys, values, masked = chunk_case(torch.float64)
+    if layout == "lead_chunk":
+        keys, values = lead(keys), lead(values)
+    else:
+        keys, values = _look_back(keys), _look_back(values)
+    inputs = tuple(x.requires_grad_(True) for x in (q, keys, values))
+    assert torch.autograd.gradcheck(lambda q, k, v: _ChunkAttention.apply(q, k, v, masked, 0.0), inputs)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_lead_chunk_layout_equals_look_back_copies(dropout):
+    """The strided windows over one flat sequence give what the rolled-and-concatenated key blocks
+    give (chunk 0's look-back is masked, so the filler never counts), values and gradients."""
+    q, keys, values, masked = chunk_case(torch.float32, n=5, c=8, k=8, seed=1)
+    weight_out, weight_lse = torch.randn(q.shape), torch.randn(q.shape[:-1])
+    results = []
+    for layout in ("look_back", "lead_chunk"):
+        xs = [x.clone().requires_grad_(True) for x in (q, keys, values)]
+        k_in, v_in = (lead(x) for x in xs[1:]) if layout == "lead_chunk" else (_look_back(x) for x in xs[1:])
+        torch.manual_seed(3)
+        out, lse = _ChunkAttention.apply(xs[0], k_in, v_in, masked, dropout)
+        grads = torch.autograd.grad((out * weight_out).sum() + (lse * weight_lse).sum(), xs)
+        results.append((out, lse, grads))
+    (out_a, lse_a, grads_a), (out_b, lse_b, grads_b) = results
+    torch.testing.assert_close(out_b, out_a)
+    torch.testing.assert_close(lse_b, lse_a)
+    for name, got, want in zip("qkv", grads_b, grads_a):
+        torch.testing.assert_close(got, want, msg=lambda m, name=name: f"d/d{name}: {m}")
+
+
+def test_unit_keys_are_scaled_normalised_queries_in_the_lead_chunk_layout():
+    from zoo.attention.lsh import _UnitKeys
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    q[0, 0, 0] = 0.0  # a zero query: the clamped norm, as F.normalize
+    q.requires_grad_(True)
+    keys = _UnitKeys.apply(q, 0.3)
+    torch.testing.assert_close(keys, lead(F.normalize(q, dim=-1) * 0.3))
+    # gradients away from the clamp (finite differences at a zero query cross it)
+    smooth = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: _UnitKeys.apply(x, 0.3), (smooth,))

@@ -17,6 +17,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 import zoo
 from zoo.attention.base import guard_empty_rows, reference_attention
+from zoo.meter import ActivationMeter
 
 # -- the papers' sets, as dense [t, t] masks (i = query row, j = key column) ---------------------
 
@@ -279,3 +280,40 @@ def test_saved_activations_grow_subquadratically(name, options, max_slope):
     small, large = saved_bytes(attn, 1024), saved_bytes(attn, 4096)
     slope = math.log(large / small) / math.log(4)
     assert slope < max_slope, f"{name}: saved activations grow as t^{slope:.2f}"
+
+
+# -- local_2d on a sequence shorter than its image (issue 15, item 2) -----------------------------
+
+IMAGE_PRESET_2D = dict(height=32, width=96, query_height=8, query_width=32, flange_height=8, flange_width=32)
+
+
+def unique_saved_bytes(attn, t):
+    """Exact bytes autograd keeps for backward (each storage once, parameters excluded)."""
+    with ActivationMeter(attn) as meter:
+        attn(torch.randn(1, t, 32, requires_grad=True))
+    return meter.bytes
+
+
+def test_local_2d_prefix_pads_to_query_block_rows_not_the_image():
+    """The Image Transformer preset's 32 x 96 geometry: 256 tokens (3 rows) are padded to one
+    query-block row (8 rows), not to the whole image, so they cost about a quarter of 3,072."""
+    attn = build("local_2d", True, **IMAGE_PRESET_2D).train()
+    short, image = unique_saved_bytes(attn, 256), unique_saved_bytes(attn, 3072)
+    assert short < 0.3 * image, f"256 tokens save {short} bytes, the whole 3,072-token image {image}"
+
+
+def test_local_2d_prefix_of_the_preset_geometry_equals_dense_reference(caplog):
+    attn = build("local_2d", True, **IMAGE_PRESET_2D)
+    for t in (256, 8 * 96 + 5):  # inside one query-block row; just past it
+        allowed = local_2d_set(t, 96, 8, 32, 8, 32, True).expand(4, t, t)
+        check_against_reference(attn, t, allowed, padding(2, t), dk=4)
+
+
+def test_local_2d_says_once_what_shape_it_expects(caplog):
+    attn = build("local_2d", True, height=5, width=7, query_height=2, query_width=3)
+    with caplog.at_level("WARNING", logger="zoo.attention.local"):
+        for t in (20, 21, 13):
+            attn(torch.randn(1, t, 32))
+        attn(torch.randn(1, 35, 32))  # the whole image: nothing to say
+    notes = [r.getMessage() for r in caplog.records if "local_2d expects" in r.getMessage()]
+    assert len(notes) == 1 and "5 x 7 = 35" in notes[0] and "first 3 rows" in notes[0]

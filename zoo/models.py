@@ -181,7 +181,7 @@ class ZooModel(nn.Module):
                 "ask for fewer or raise max_len"
             )
 
-    def check_state(self, state: Any, batch_size: int, cls: type = None) -> None:
+    def check_state(self, state: Any, batch_size: int, cls: type = None, *, stack: nn.Module | None = None) -> None:
         cls = cls or ModelState
         if state is None:
             return
@@ -191,6 +191,14 @@ class ZooModel(nn.Module):
             raise ValueError(f"state comes from a different model ({state.signature}); this model is {self.signature}")
         if state.batch_size != batch_size:
             raise ValueError(f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh with state=None or model.init_state({batch_size})")
+        if state.offset and stack is not None and not stack.keeps_state:
+            # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
+            raise ValueError(
+                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence "
+                f"at offset {state.offset}: "
+                "the new tokens would not see the earlier ones; feed the whole prefix with state=None "
+                "(attentions_keep_state() is False for this stack, so generate() does)"
+            )
 
     @property
     def num_parameters(self) -> int:
@@ -227,10 +235,10 @@ class CausalLM(ZooModel):
         x = self.input_vectors(self.embed, tokens, embeds)
         b, t = x.shape[:2]
         check_pad_mask(pad_mask, x[..., 0])
-        self.check_state(state, b)
+        self.check_state(state, b, stack=self.stack)
         offset = state.offset if state is not None else 0
         x = self.drop(self.position(x, offset))
-        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
+        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None)
         hidden = self.norm(out.x)
         loss, stats = None, out.stats
         if self.config.adaptive:  # full log-probabilities only outside training steps ([b, t, 0] there)
@@ -396,7 +404,7 @@ class EncoderDecoder(ZooModel):
         b, t = y.shape[:2]
         if state is None:
             check_same_batch(src=src if src is not None else src_embeds, tgt=y)
-        self.check_state(state, b, Seq2SeqState)
+        self.check_state(state, b, Seq2SeqState, stack=self.decoder)
         encoder_aux: dict[str, Tensor] = {}
         encoder_stats: dict[str, Tensor] = {}
         if state is None:
@@ -405,7 +413,8 @@ class EncoderDecoder(ZooModel):
         else:
             memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
         check_pad_mask(tgt_pad_mask, y[..., 0], "tgt_pad_mask")
-        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask, offset=offset)
+        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory,
+                           context_pad_mask=memory_pad_mask)
         hidden = self.decoder_norm(out.x)
         logits = self.output_head(hidden)
         loss, scored = None, None

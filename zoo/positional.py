@@ -50,6 +50,11 @@ class Position(nn.Module):
         self.d_model, self.max_len = d_model, max_len
         self.options = build_options(self.Options, options, f"position {self.registry_name!r}")
 
+    @classmethod
+    def contract_options(cls) -> dict:
+        """Options under which tests/test_position_contract.py exercises this signal (d_model 16)."""
+        return {}
+
 
 @POSITION.register("sinusoidal")
 class SinusoidalPosition(Position):

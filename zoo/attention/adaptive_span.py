@@ -25,12 +25,17 @@ can carry weight. The queries are cut into blocks of ``a`` positions; block n at
 ``a + reach`` keys that end at its last query, gathered with ``unfold`` from the (cache + segment)
 keys, and the soft mask enters as log m_z added to the scores (softmax(s + log m) is exactly
 eq. (4)), so the fused SDPA kernel does the work. Time and memory are O(t (a + reach)), falling as
-the spans shrink; no t x s matrix exists (a dense masked version lives in the tests only).
+the spans shrink; no t x s matrix exists (a dense masked version lives in the tests only). The
+span gradient keeps SDPA off its fused backward (the mask is a float tensor with a gradient), so
+the layer keeps only q, k, v and the spans and recomputes the band in backward
+(``recompute.py``): saved activations are no larger than fused dense attention's.
 
 State: like Transformer-XL and the paper's code, a cache of the last ``cache_size`` *inputs* of
 this layer (detached) carries context across segments; keys and values of the cropped cache are
-projected again with the current weights each call. The cache must hold at least S past inputs,
-else a head could learn a span it can never see (refused at build time).
+projected again with the current weights each call (in a pre-norm block the cache holds the raw
+stream and the block's current LayerNorm is applied to it, see ``LayerInput``). The cache must
+hold at least S past inputs, else a head could learn a span it can never see (refused at build
+time).
 
 Deviations: (1) the paper's model uses learned relative position embeddings for keys; here the
 model's absolute position signal (sinusoidal by default, with the stream offset) is used, since
@@ -60,7 +65,16 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, StateContract, join_key_padding
+from zoo.attention.base import (
+    Attention,
+    AttnOutput,
+    LayerInput,
+    StateContract,
+    join_key_padding,
+    remembered,
+    to_remember,
+)
+from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -185,6 +199,7 @@ class AdaptiveSpanAttention(Attention):
     supports_memory = True  # cache of past inputs, like Transformer-XL's memory
     supports_cross = False
     causal_only = True
+    remembers_inputs = True  # the cache holds past layer inputs, normalised by the block on every call
 
     @dataclass
     class Options:
@@ -240,12 +255,17 @@ class AdaptiveSpanAttention(Attention):
     # -- spans ---------------------------------------------------------------------------------
     def spans(self, x: Tensor) -> Tensor:
         """Spans in tokens: [h] (learned, fixed) or [b, h, t] (dynamic)."""
+        return self.span_fractions(x) * self.options.max_span
+
+    def span_fractions(self, x: Tensor) -> Tensor:
+        """z / S in [0, 1]: [h] (learned, fixed) or [b, h, t] (dynamic, a view of the sigmoid's
+        output, which autograd keeps anyway: the attention's recomputation keeps the same storage)."""
         o = self.options
         if o.mode == "learned":
-            return self.span_param.clamp(0.0, 1.0) * o.max_span
+            return self.span_param.clamp(0.0, 1.0)
         if o.mode == "fixed":
-            return torch.full((self.n_heads,), float(o.max_span), device=x.device, dtype=x.dtype)
-        return rearrange(torch.sigmoid(self.span_proj(x)) * o.max_span, "b t h -> b h t")
+            return torch.ones(self.n_heads, device=x.device, dtype=x.dtype)
+        return rearrange(torch.sigmoid(self.span_proj(x)), "b t h -> b h t")
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -257,7 +277,8 @@ class AdaptiveSpanAttention(Attention):
         return SpanCache()
 
     # -- forward -------------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: SpanCache | None = None) -> AttnOutput:
+    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None,
+                state: SpanCache | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         o = self.options
         b, t, _ = x.shape
@@ -266,24 +287,32 @@ class AdaptiveSpanAttention(Attention):
                 raise ValueError(f"adaptive_span: state must be a SpanCache (from init_state or a previous call), got {type(state).__name__}")
             if state.x is not None and (state.x.shape[0] != b or state.x.shape[2] != self.d_model):
                 raise ValueError(f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is [b={b}, t, d={self.d_model}]")
-        spans = self.spans(x)
+        fractions = self.span_fractions(x)
+        spans = fractions * o.max_span
         real = pad_mask
         if spans.dim() == 3 and real is not None:  # padded tokens' spans neither crop nor pay
-            spans_real = spans.masked_fill(~real[:, None, :], 0.0)
+            spans_real = spans.detach().masked_fill(~real[:, None, :], 0.0)
         else:
-            spans_real = spans
+            spans_real = spans.detach()
         reach = min(span_reach(float(spans_real.detach().max()), o.ramp), o.max_span)  # the paper's window is S
 
         # keys: the cropped cache (only the last `reach` inputs can be seen) + this segment
         past = state.x if state is not None and state.x is not None else None
         kept = 0 if past is None else min(past.shape[1], reach)
-        inputs = x if kept == 0 else torch.cat([past[:, past.shape[1] - kept:], x], dim=1)
+        inputs = x if kept == 0 else torch.cat([remembered(past[:, past.shape[1] - kept:], layer_input), x], dim=1)
         cached_pad = state.pad_mask if state is not None else None
         kept_pad = None if cached_pad is None else cached_pad[:, cached_pad.shape[1] - kept:]
         key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
-        out = blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None) -> Tensor:
+            spans = fractions * o.max_span
+            return blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=dropout)
+
+        # the band's weights (and its blocked key copies) are recomputed in backward, not kept
+        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, stochastic=dropout > 0)
         out = self.to_out(self.merge_heads(out))
 
         aux, stats = {}, {}
@@ -292,14 +321,16 @@ class AdaptiveSpanAttention(Attention):
                 penalty = spans.mean()
             elif pad_mask is not None:
                 weight = pad_mask[:, None, :].to(spans.dtype)
-                penalty = (spans * weight).sum() / (weight.sum() * self.n_heads).clamp_min(1.0)
+                # on the fractions, whose storage autograd keeps already (spans * weight would keep spans)
+                penalty = o.max_span * (fractions * weight).sum() / (weight.sum() * self.n_heads).clamp_min(1.0)
             else:
                 penalty = spans.mean()
             aux["span_l1"] = o.l1 * penalty  # (lambda / M) sum_h z_h for this layer
         with torch.no_grad():
             per_head = spans if spans.dim() == 1 else spans_real.sum((0, 2)) / (pad_mask.sum() if pad_mask is not None else b * t)
             stats = {"span": per_head.detach().clone(), "span_mean": per_head.mean(), "span_max": spans_real.max().detach(), "span_reach": torch.tensor(float(reach))}
-        return AttnOutput(out, state=None if state is None else self._next_cache(past, state.pad_mask, x, pad_mask), aux=aux, stats=stats)
+        cache = None if state is None else self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask)
+        return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
     def _next_cache(self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None) -> SpanCache:
         """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""

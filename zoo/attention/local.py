@@ -26,11 +26,14 @@ block in the rows above it are therefore visible, those on the query's own row a
 not. Channels are not special: an RGB image enters as a raster of width 3 * W, as in the paper.
 With ``height`` = 0 any number of rows is accepted (the last one may be partial). When
 ``height`` is set, a bidirectional layer needs exactly height * width positions and a causal one
-accepts a raster prefix (for generation); anything longer is refused.
+accepts a raster prefix (for generation, or text fed to an image preset: said once in the log) and
+computes only the rows the prefix covers, padded to whole query-block rows; anything longer is
+refused.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -42,6 +45,8 @@ from torch import Tensor
 from zoo.attention.blocked import PatternAttention, attend_groups, banded_attention, key_validity, pad_time, padded_length
 from zoo.config import require
 from zoo.registry import ATTENTION
+
+log = logging.getLogger(__name__)
 
 
 @ATTENTION.register("local_1d")
@@ -76,6 +81,22 @@ class Local1DAttention(PatternAttention):
         return out[:, :, :t]
 
 
+_noted_shapes: set[tuple[int, int]] = set()
+
+
+def note_not_an_image(t: int, height: int, width: int) -> None:
+    """Say once per image shape (not once per layer or step) that a sequence is read as a raster prefix."""
+    if (height, width) in _noted_shapes:
+        return
+    _noted_shapes.add((height, width))
+    log.warning(
+        "local_2d expects images of height x width = %d x %d = %d positions in raster order (an RGB image as a "
+        "raster of width 3 x its width); a sequence of %d positions is read as the first %d rows of one. Set "
+        "attention.height=0 and attention.width=... for sequences that are not images.",
+        height, width, height * width, t, -(-t // width),
+    )
+
+
 @ATTENTION.register("local_2d")
 class Local2DAttention(PatternAttention):
     @dataclass
@@ -99,7 +120,10 @@ class Local2DAttention(PatternAttention):
         return {"width": 5, "query_height": 2, "query_width": 2, "flange_height": 1, "flange_width": 1}
 
     def rows_for(self, t: int) -> int:
-        """Raster rows of a length-t sequence; refuses lengths the configured image cannot hold."""
+        """Raster rows of a length-t sequence; refuses lengths the configured image cannot hold.
+
+        A causal prefix of the image keeps only the rows it covers (the caller pads them to whole
+        query-block rows), never the whole image: 256 tokens of a 32 x 96 preset cost 8 rows, not 32."""
         width, height = self.options.width, self.options.height
         if height:
             size = height * width
@@ -107,7 +131,8 @@ class Local2DAttention(PatternAttention):
                 require(1 <= t <= size, f"local_2d: sequence length {t} does not fit the image height x width = {height} x {width} = {size} (a causal layer accepts up to {size} positions, a raster prefix)")
             else:
                 require(t == size, f"local_2d: sequence length {t} is not height x width = {height} x {width} = {size}; a bidirectional 2D layer needs the whole image")
-            return height
+            if t != size:
+                note_not_an_image(t, height, width)
         return -(-t // width)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:

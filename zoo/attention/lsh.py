@@ -19,7 +19,11 @@ Per head and per hash round r:
 
 Complexity: O(t * chunk) memory and time per head and round, plus the O(t log t) sort. Nothing of
 size t x t is ever built: the scores live in blocks [b*h, rounds, n_chunks, chunk, 2*chunk],
-computed with one batched matmul, not a Python loop.
+computed with one batched matmul, not a Python loop. In the causal case (the LM) the look-back
+keys and values are not copied: all rounds' sorted chunks sit in one flat sequence behind a filler
+chunk, and each chunk's key block (previous chunk, own chunk) is an overlapping strided window of
+it, read in place by the matmul (chunk 0's look-back is masked whole, so what precedes it in the
+flat sequence never counts).
 
 Deviations (each on purpose, each tested):
 
@@ -138,7 +142,7 @@ class LSHAttention(SharedQKProjections):
 
     def rotations(self, n_buckets: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """[h, k, R, n_buckets/2] random rotations, a pure function of (seed, layer, step)."""
-        key = (int(self.hash_step), self.options.n_hashes, n_buckets, device, dtype)
+        key = (int(self.hash_step), self.layer_index, self.options.n_hashes, n_buckets, device, dtype)
         if self._rotation_cache is None or self._rotation_cache[0] != key:
             seed = (self.options.seed * 1_000_003 + self.layer_index * 10_007 + key[0]) % (2**63)
             g = torch.Generator().manual_seed(seed)
@@ -187,26 +191,40 @@ class LSHAttention(SharedQKProjections):
 
         q_sorted = _Gather.apply(rearrange(qk, "b h t k -> (b h t) k"), sort_rows, undo_rows, R, tp).view(B, R, n, c, k)
         v_sorted = _Gather.apply(rearrange(v, "b h t k -> (b h t) k"), sort_rows, undo_rows, R, tp).view(B, R, n, c, k)
-        k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
         bucket_sorted = rearrange(buckets, "b h r t -> (b h) r t").gather(-1, order).view(B, R, n, c)
         pos_sorted = order.view(B, R, n, c)
 
-        keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, w, k], w = 2c (c if n == 1)
         across = self.options.attend_across_buckets
-        self_slot, static_masked = _static_masks(n, c, self.causal and not across, x.device)
-        if across:  # keys of any bucket: causality and padding by position, per element
-            real_sorted = rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t").gather(-1, order.view(B, R * tp)).view(B, R, n, c)
-            masked = ~_look_back(real_sorted)[..., None, :]
-            if self.causal:
-                masked = masked | (_look_back(pos_sorted)[..., None, :] > pos_sorted[..., :, None])
+        causal_in_bucket = self.causal and not across
+        static_masked = _static_masks(n, c, causal_in_bucket, x.device)
+        dropout = self.dropout if self.training else 0.0
+        if causal_in_bucket and n > 1:
+            # The causal LM case: chunk 0's look-back (the round's wrapped-around end) is masked
+            # whole, so what it holds does not matter. The chunks of every round then sit in one
+            # flat sequence behind one leading filler chunk, and chunk i's keys (chunk i - 1, then
+            # chunk i) are a strided window of it: no look-back copy of keys, values or buckets.
+            keys = _UnitKeys.apply(q_sorted, k**-0.5)  # scaled unit keys, in the lead-chunk layout
+            values = _lead_chunk(rearrange(v_sorted, "B r n c k -> (B r n c) k"), c)
+            bucket_keys = _lead_chunk(bucket_sorted.reshape(-1), c).as_strided((B, R, n, 2 * c), (R * n * c, n * c, c, 1))
+            masked = (bucket_keys[..., None, :] != bucket_sorted[..., :, None]) | static_masked
         else:
-            # Same bucket only. Within a bucket the sorted order is the position order, so causality,
-            # the window and oneself are fixed slot patterns (static_masked, self_slot); padding sits
-            # in its own bucket, so the bucket test alone keeps real queries off padded keys.
-            masked = _look_back(bucket_sorted)[..., None, :] != bucket_sorted[..., :, None]
-            if static_masked is not None:
-                masked = masked | static_masked
-        out_sorted, lse = _ChunkAttention.apply(q_sorted * k**-0.5, keys, values, masked, self_slot, self.dropout if self.training else 0.0)
+            k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
+            keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, w, k], w = 2c (c if n == 1)
+            if across:  # keys of any bucket: causality and padding by position, per element
+                real_sorted = rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t").gather(-1, order.view(B, R * tp)).view(B, R, n, c)
+                masked = ~_look_back(real_sorted)[..., None, :]
+                if self.causal:
+                    masked = masked | (_look_back(pos_sorted)[..., None, :] > pos_sorted[..., :, None])
+            else:
+                # Same bucket only. Within a bucket the sorted order is the position order, so
+                # causality, the window and oneself are fixed slot patterns (static_masked; oneself
+                # is a diagonal, see _ChunkAttention); padding sits in its own bucket, so the
+                # bucket test alone keeps real queries off padded keys.
+                masked = _look_back(bucket_sorted)[..., None, :] != bucket_sorted[..., :, None]
+                if static_masked is not None:
+                    masked = masked | static_masked
+            q_sorted = q_sorted * k**-0.5  # (the lead-chunk keys carry the scale instead)
+        out_sorted, lse = _ChunkAttention.apply(q_sorted, keys, values, masked, dropout)
 
         # un-sort: position p came from sorted slot undo[p]
         out = _Gather.apply(out_sorted.reshape(B * R * tp, k), undo_rows, order_rows, 1, tp).view(B, R, tp, k)
@@ -241,6 +259,63 @@ class _Gather(torch.autograd.Function):
         return picked, None, None, None, None
 
 
+def _lead_chunk(x: Tensor, c: int) -> Tensor:
+    """[N c, ...] -> [(N + 1) c, ...]: one filler chunk (zeros) in front, so that the windows
+    (chunk i - 1, chunk i) of all N chunks are one strided view (see :func:`_windows`)."""
+    out = x.new_empty((x.shape[0] + c, *x.shape[1:]))
+    out[:c] = 0  # F.pad would fill the whole output first, one more pass over it
+    out[c:] = x
+    return out
+
+
+class _UnitKeys(torch.autograd.Function):
+    """Shared-QK keys scale * q / |q| (|q| clamped at 1e-12, as F.normalize), written straight
+    into the lead-chunk layout: one pass instead of normalise, scale the queries, then copy.
+
+    q [..., c, k] (sorted chunks, contiguous) -> [(N + 1) c, k] with N = q.numel() / (c k)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, scale: float):
+        c, k = q.shape[-2:]
+        norm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)
+        inverse = scale / norm.clamp_min(1e-12)
+        keys = q.new_empty(q.numel() // k + c, k)
+        keys[:c] = 0
+        torch.mul(q.reshape(-1, k), inverse.reshape(-1, 1), out=keys[c:])
+        ctx.scale = scale
+        ctx.save_for_backward(q, norm)
+        return keys
+
+    @staticmethod
+    def backward(ctx, d_keys: Tensor):
+        q, norm = ctx.saved_tensors
+        c, k = q.shape[-2:]
+        d_keys = d_keys[c:].view(q.shape)  # the filler chunk comes from nowhere
+        # d(s q / |q|) = s / |q| (dk - q (q . dk) / |q|^2), and s / 1e-12 dk where the norm is clamped
+        clamped = norm <= 1e-12
+        inverse = ctx.scale / norm.clamp_min(1e-12)
+        along = torch.where(clamped, 0.0, inverse * (q * d_keys).sum(-1, keepdim=True) / norm.clamp_min(1e-12) ** 2)
+        return torch.addcmul(d_keys * inverse, q, along, value=-1), None
+
+
+def _windows(x: Tensor, c: int) -> Tensor:
+    """Strided (overlapping) view of a :func:`_lead_chunk` layout [(N + 1) c, k] as [N, 2c, k]:
+    window i = rows i c ... (i + 2) c - 1, i.e. the chunk before chunk i, then chunk i."""
+    n_chunks, k = x.shape[0] // c - 1, x.shape[1]
+    return x.as_strided((n_chunks, 2 * c, k), (c * k, k, 1))
+
+
+def _unwindow(own: Tensor, previous: Tensor) -> Tensor:
+    """Gradient of :func:`_windows`: own / previous [N, c, k] (the window's two halves) ->
+    [(N + 1) c, k]; chunk j collects its own half of window j and the previous half of window j + 1."""
+    n_chunks, c, k = own.shape
+    grad = own.new_empty((n_chunks + 1) * c, k)
+    grad[n_chunks * c :] = own[-1]
+    torch.add(own.reshape(n_chunks * c, k)[: (n_chunks - 1) * c], previous.reshape(n_chunks * c, k)[c:], out=grad[c : n_chunks * c])
+    grad[:c] = previous[0]
+    return grad
+
+
 def _look_back(x: Tensor) -> Tensor:
     """Keys of each chunk: the previous chunk (wrapping around) then its own. [B, R, n, c, ...] ->
     [B, R, n, 2c, ...]; with one chunk only its own (the "previous" would be itself twice)."""
@@ -249,45 +324,58 @@ def _look_back(x: Tensor) -> Tensor:
     return torch.cat([x.roll(1, dims=2), x], dim=3)
 
 
-_MASK_CACHE: dict[tuple, tuple[Tensor, Tensor | None]] = {}
+_MASK_CACHE: dict[tuple, Tensor | None] = {}
 
 
-def _static_masks(n: int, c: int, causal_in_bucket: bool, device: torch.device) -> tuple[Tensor, Tensor | None]:
+def _static_masks(n: int, c: int, causal_in_bucket: bool, device: torch.device) -> Tensor | None:
     """Slot patterns of a query chunk against its key block, fixed by the sorted layout.
 
     Key slots: with n > 1, 0..c-1 are the previous chunk and c..2c-1 the own one; with n == 1 only
-    the own. Returns (self_slot [c, w]: the query's own key; masked [n, c, w] or None). When
-    ``causal_in_bucket`` (causal, same-bucket keys only) a same-bucket key is in the query's past
-    exactly when its sorted slot is earlier, so masked = later slots | slots more than c places
-    back (the window) | the wrapped-around "previous" chunk of chunk 0 (it holds the round's end)."""
+    the own, so the query's own key is at slot (w - c) + its own slot (one diagonal of the block).
+    Returns masked [n, c, w] or None. When ``causal_in_bucket`` (causal, same-bucket keys only) a
+    same-bucket key is in the query's past exactly when its sorted slot is earlier, so masked =
+    later slots | slots more than c places back (the window) | the wrapped-around "previous" chunk
+    of chunk 0 (it holds the round's end)."""
     key = (n, c, causal_in_bucket, device)
     if key not in _MASK_CACHE:
         a = torch.arange(c, device=device)[:, None]  # query slot
         own = c if n > 1 else 0  # slot of the query's own chunk start in the key block
         j = torch.arange(own + c, device=device)[None, :]  # key slot
-        self_slot = j == own + a
         masked = None
         if causal_in_bucket:
             masked = (j > own + a) | (j < a if n > 1 else torch.zeros_like(j, dtype=torch.bool))
             masked = masked.expand(n, c, own + c).clone()
             if n > 1:
                 masked[0, :, :c] = True
-        _MASK_CACHE[key] = (self_slot, masked)
+        _MASK_CACHE[key] = masked
     return _MASK_CACHE[key]
 
 
 class _ChunkAttention(torch.autograd.Function):
     """softmax(q k^T + masks) v over the sorted blocks, returning the log-sum-exp normalisers too.
 
-    q [..., c, k] (already scaled), keys/values [..., w, k], masked bool broadcastable to
-    [..., c, w], self_slot bool [c, w]. Hand-written backward so that only the probabilities are
-    kept (not scores and probabilities, as autograd through logsumexp + exp would) and one exp
-    pass serves both outputs: lse = max(s) - log(max(p)), since p_max = exp(max(s) - lse)."""
+    q [..., c, k]; keys/values [..., w, k] or, in the lead-chunk layout, [(N + 1) c, k] with N the
+    number of query chunks, read through :func:`_windows` (w = 2c); q . k is the score, so the
+    1 / sqrt(d_k) scale is already on q (look-back blocks) or on the keys (lead-chunk layout).
+    masked bool broadcastable to [..., c, w]; a query's own key (score SELF_SCORE) is the diagonal
+    at offset w - c of its block. Hand-written backward so that only the probabilities are kept
+    (not scores and probabilities, as autograd through logsumexp + exp would) and one exp pass
+    serves both outputs: lse = max(s) - log(max(p)), since p_max = exp(max(s) - lse)."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, masked: Tensor, self_slot: Tensor, dropout: float):
-        scores = torch.matmul(q, keys.transpose(-1, -2))
-        scores.masked_fill_(self_slot, SELF_SCORE).masked_fill_(masked, MASKED_SCORE)
+    def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, masked: Tensor, dropout: float):
+        ctx.q_shape, ctx.lead_chunk, ctx.dropout = q.shape, keys.dim() == 2, dropout
+        ctx.set_materialize_grads(False)
+        c = q.shape[-2]
+        if ctx.lead_chunk:  # one batch axis, so that the strided windows go to bmm as they are
+            q = q.reshape(-1, c, q.shape[-1])
+            masked = masked.reshape(q.shape[0], c, 2 * c)
+        keys_w, values_w = (_windows(keys, c), _windows(values, c)) if ctx.lead_chunk else (keys, values)
+        scores = torch.matmul(q, keys_w.transpose(-1, -2))
+        # oneself: one diagonal of each [c, w] block, written through a view rather than a
+        # masked pass over all scores
+        scores.diagonal(offset=keys_w.shape[-2] - c, dim1=-2, dim2=-1).fill_(SELF_SCORE)
+        scores.masked_fill_(masked, MASKED_SCORE)
         top = scores.amax(-1, keepdim=True)
         probs = torch.softmax(scores, dim=-1)
         del scores
@@ -295,32 +383,41 @@ class _ChunkAttention(torch.autograd.Function):
         keep = None
         if dropout > 0:
             keep = torch.rand_like(probs) >= dropout
-            out = torch.matmul(probs * keep / (1 - dropout), values)
+            out = torch.matmul(probs * keep / (1 - dropout), values_w)
         else:
-            out = torch.matmul(probs, values)
-        ctx.dropout = dropout
+            out = torch.matmul(probs, values_w)
         ctx.save_for_backward(q, keys, values, probs, keep)
-        ctx.set_materialize_grads(False)
-        return out, lse
+        return out.view(*ctx.q_shape[:-1], out.shape[-1]), lse.view(ctx.q_shape[:-1])
 
     @staticmethod
     def backward(ctx, d_out: Tensor | None, d_lse: Tensor | None):
         q, keys, values, probs, keep = ctx.saved_tensors
+        c = q.shape[-2]
+        keys_w, values_w = (_windows(keys, c), _windows(values, c)) if ctx.lead_chunk else (keys, values)
         if d_out is None:
             d_out = torch.zeros(*probs.shape[:-1], values.shape[-1], dtype=probs.dtype, device=probs.device)
-        d_probs = torch.matmul(d_out, values.transpose(-1, -2))
+        d_out = d_out.reshape(*probs.shape[:-1], d_out.shape[-1])
+        d_probs = torch.matmul(d_out, values_w.transpose(-1, -2))
+        weights = probs
         if keep is not None:
             scale = keep / (1 - ctx.dropout)
-            d_values = torch.matmul((probs * scale).transpose(-1, -2), d_out)
+            weights = probs * scale
             d_probs = d_probs * scale
-        else:
-            d_values = torch.matmul(probs.transpose(-1, -2), d_out)
-        # softmax backward, plus d lse / d scores = probs
-        shift = (probs * d_probs).sum(-1, keepdim=True)
+        # softmax backward in one fused kernel, plus d lse / d scores = probs
+        d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
         if d_lse is not None:
-            shift = shift - d_lse[..., None]
-        d_scores = probs * (d_probs - shift)
-        return torch.matmul(d_scores, keys), torch.matmul(d_scores.transpose(-1, -2), q), d_values, None, None, None
+            d_scores.addcmul_(probs, d_lse.reshape(probs.shape[:-1])[..., None])
+        # the own key's score is the constant SELF_SCORE, not q . k: no gradient flows through it
+        # (it matters where oneself is all a query sees: there its weight is 1)
+        d_scores.diagonal(offset=probs.shape[-1] - c, dim1=-2, dim2=-1).zero_()
+        d_q = torch.matmul(d_scores, keys_w).view(ctx.q_shape)
+        if not ctx.lead_chunk:
+            return d_q, torch.matmul(d_scores.transpose(-1, -2), q), torch.matmul(weights.transpose(-1, -2), d_out), None, None
+        # each window's two halves separately, folded back onto the lead-chunk layout
+        own, previous = slice(c, None), slice(None, c)
+        d_keys = _unwindow(*(torch.matmul(d_scores[..., half].transpose(-1, -2), q) for half in (own, previous)))
+        d_values = _unwindow(*(torch.matmul(weights[..., half].transpose(-1, -2), d_out) for half in (own, previous)))
+        return d_q, d_keys, d_values, None, None
 
 
 @ATTENTION.register("shared_qk")

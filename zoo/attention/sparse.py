@@ -29,7 +29,8 @@ attention to the c * R summary keys, passed once and shared by all blocks (GQA);
 queries at the end of a block need a per-query mask (they see their own block's summaries up to
 themselves), the rest use one mask row per block. The merged head computes the scores of both
 parts (A2 restricted to keys outside A1, so nothing is counted twice) and normalises them
-together with one softmax.
+together with one softmax. Its scores cannot go through a fused kernel, so only q, k, v are kept
+for backward and the scores are recomputed there (``recompute.py``).
 
 Deviations: a query whose set is empty (causal fixed A2 for the first l - c positions, or all its
 keys padded) outputs 0, as the dense masked reference does; the paper does not say. ``stride=0``
@@ -40,6 +41,7 @@ SDPA is the fast path (see BENCHMARKS.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -48,6 +50,7 @@ from einops import rearrange
 from torch import Tensor
 
 from zoo.attention.blocked import PatternAttention, attend_groups, banded_attention, joint_softmax, key_validity, pad_time, padded_length, windows
+from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -93,7 +96,9 @@ class FactorisedSparseAttention(PatternAttention):
         padded = pad_mask is not None
         combine = self.options.combine
         if combine == "union":
-            out = self.merged(q, k, v, valid, stride)
+            # the two explicit score tensors are recomputed in backward, not kept for every layer
+            merged = functools.partial(self.merged, stride=stride)
+            out = recompute_in_backward(merged, q, k, v, valid, stochastic=self.training and self.dropout > 0)
         elif combine == "interleaved":
             part = self.first if self.layer_index % 2 == 0 else self.second
             out = part(q, k, v, valid, stride, padded)

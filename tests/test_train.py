@@ -67,7 +67,7 @@ def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
     res = result(tmp_path)
     assert res["status"] == "finished" and res["steps"] == 4 and res["final_metric"] == value and math.isfinite(value)
     assert res["metric"] == {"char_lm": "bpc", "enwik8": "bpc"}.get(task, "accuracy")
-    assert res["tokens_per_s"] > 0 and res["params"] > 0 and res["activations_mb"] > 0
+    assert res["tokens_per_s"] > 0 and res["params"] > 0 and res["act_mib"] > 0
     assert (tmp_path / "checkpoints" / "last.pt").is_file() and (tmp_path / "checkpoints" / "best.pt").is_file()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("train/loss" in r for r in rows) and any(f"val/{res['metric']}" in r for r in rows)

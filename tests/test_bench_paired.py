@@ -134,3 +134,15 @@ def test_compile_flag_adds_a_compiled_twin_per_variant():
     variants = bench.variants_from_args(args)
     assert [(v.label, v.compile) for v in variants] == [
         ("vanilla", False), ("vanilla+compile", True), ("lsh", False), ("lsh+compile", True)]
+
+
+def test_compiled_twin_is_compared_with_its_own_eager_run(monkeypatch):
+    # compile replaced by the identity (compilation itself is covered by the slow test): the
+    # summary and the markdown carry each twin's speed-up over its own eager variant
+    monkeypatch.setattr(torch, "compile", lambda module: module)
+    variants = [bench.Variant("vanilla", "zoo", "vanilla_lm"), bench.Variant("vanilla+compile", "zoo", "vanilla_lm", compile=True)]
+    _, summary = bench.run_paired(variants, [16], "vanilla", rounds=2, d_model=16, heads=2, threads=1, progress=lambda s: None)
+    twin = next(s for s in summary if s["variant"] == "vanilla+compile")
+    assert twin["compile_speedup_min"] <= twin["compile_speedup"] <= twin["compile_speedup_max"]
+    meta = dict(command="x", machine="m", device="cpu", torch="t", threads=1, batch=1, d_model=16, heads=2, layers=2, vocab=256, load="0")
+    assert "| vanilla | " in bench.paired_markdown(summary, meta).split("torch.compile against eager")[1]

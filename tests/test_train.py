@@ -352,3 +352,45 @@ def test_aux_losses_are_added_and_logged_by_name(tmp_path):
     assert len(aux) == 4 and aux[0] == pytest.approx(2 * 0.5)  # two layers, 0.5 * |1| each, at step 1
     assert aux[-1] < aux[0]  # the aux loss was part of the objective: the gates shrank
     assert any("train/stats/layer0/gate" in r for r in rows)
+
+
+def test_compile_option_reaches_the_trainer(tmp_path, monkeypatch):
+    """trainer.compile=true trains through torch.compile(model) (here a stand-in that counts calls, so
+    nothing compiles: the real compilation is test_compile_option_trains_two_steps); default: eager."""
+    calls = []
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, *args, **kwargs):
+            calls.append(1)
+            return self.inner(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", Compiled)
+    seen = {}
+
+    def look(trainer, step):
+        seen.setdefault(trainer.run_dir.name, type(trainer.net).__name__)
+
+    train(tmp_path / "eager", "trainer.max_steps=2", "trainer.checkpoints=false", callbacks=[look])
+    assert seen["eager"] != "Compiled" and not calls
+    train(tmp_path / "compiled", "trainer.max_steps=2", "trainer.checkpoints=false", "trainer.compile=true", callbacks=[look])
+    assert seen["compiled"] == "Compiled" and len(calls) == 2  # one training forward per step
+    assert result(tmp_path / "compiled")["steps"] == 2
+
+
+@pytest.mark.slow  # torch.compile takes over a minute on the shared 2-core machine
+def test_compile_option_trains_two_steps(tmp_path):
+    seen = {}
+
+    def look(trainer, step):
+        seen[step] = (type(trainer.net).__name__, trainer.tokens_per_s[-1])
+
+    train(tmp_path, "trainer.compile=true", "trainer.max_steps=2", "trainer.eval_every=0", callbacks=[look])
+    res = result(tmp_path)
+    assert res["status"] == "finished" and res["steps"] == 2 and math.isfinite(res["final_metric"])
+    assert seen[1][0] == seen[2][0] == "OptimizedModule"
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert math.isfinite(first["train/loss"])

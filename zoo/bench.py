@@ -151,6 +151,13 @@ def _peer_reformer_pytorch(length: int, shape: dict[str, int]) -> nn.Module:
 
 # -- building and stepping ----------------------------------------------------------------------
 
+def split_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """[batch, length + 1] -> inputs and targets [batch, length], each its own tensor as in a training
+    batch: a slice would keep the whole [batch, length + 1] storage alive, and the activation meter
+    (which counts storages) would report more than the trainer does for the same step."""
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
 def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any],
           device: torch.device | str = "cpu") -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
     """The module (on ``device``) and a ``loss(tokens)`` closure for one training step.
@@ -164,8 +171,9 @@ def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[
         forward = torch.compile(module) if variant.compile else module
 
         def peer_loss(tokens: Tensor) -> Tensor:
-            logits = forward(tokens[:, :-1])
-            return nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            inputs, targets = split_batch(tokens)
+            logits = forward(inputs)
+            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
         return module, peer_loss
     import zoo
@@ -180,7 +188,7 @@ def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[
     forward = torch.compile(module) if variant.compile else module
 
     def zoo_loss(tokens: Tensor) -> Tensor:
-        return total_loss(forward(tokens[:, :-1], tokens[:, 1:]))
+        return total_loss(forward(*split_batch(tokens)))
 
     return module, zoo_loss
 
@@ -459,6 +467,11 @@ def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, ro
                          speedup=ratios[label]["ratio"], speedup_min=ratios[label]["ratio_min"],
                          speedup_max=ratios[label]["ratio_max"], act_mib=acts[label], rounds=len(recorded),
                          device=str(device), threads=threads)
+            eager = label.removesuffix("+compile")
+            if label != eager and eager in built:  # --compile: the compiled twin against its own eager run
+                own = paired_ratios(recorded, eager)[label]
+                entry.update(compile_speedup=own["ratio"], compile_speedup_min=own["ratio_min"],
+                             compile_speedup_max=own["ratio_max"])
             count = step_flops(module, length, shape) if flops else None
             if count is not None:  # bound = FLOPs at the round's matmul rate; share = bound / step time
                 shares = [count["total"] / (probe_flops / r["matmul_probe"]) / r[label] for r in recorded]
@@ -488,6 +501,12 @@ def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                      else " |") if has_flops else ""
             lines.append(f"| {s['variant']} | {s['median_ms']:,.1f} | {s['speedup']:.2f}x | {s['speedup_min']:.2f}-{s['speedup_max']:.2f} "
                          f"| {s['act_mib']:,.1f} |{share}")
+        twins = [s for s in summary if s["length"] == length and "compile_speedup" in s]
+        if twins:
+            lines += ["", "torch.compile against eager (eager time / compiled time per round; compilation happens in "
+                      "the warm-up round):", "", "| variant | speed-up from compile | min-max |", "|---|---|---|"]
+            lines += [f"| {s['variant'].removesuffix('+compile')} | {s['compile_speedup']:.2f}x | "
+                      f"{s['compile_speedup_min']:.2f}-{s['compile_speedup_max']:.2f} |" for s in twins]
         for s in (s for s in summary if s["length"] == length and "gflop" in s):
             lines += ["", f"FLOP bound of one `{s['variant']}` step: {s['gflop']:.1f} GFLOP ({s['flop_parts']}); share = "
                       "that many FLOPs at the round's matmul rate ([t, d] x [d, d_ff] probe) / the step's time."]

@@ -128,6 +128,8 @@ class Trainer:
         if self.dist.enabled:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+        if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
+            self.net = torch.compile(self.net)
         self.optimizer = make_optimizer(self.model, optim)
         warmup = max(1, optim.warmup) if optim.schedule == "noam" else optim.warmup
         self.scheduler = schedule(self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup,

@@ -14,6 +14,14 @@ then fits the log-log slope of time and memory against length (the complexity cl
 length from which each variant beats the baseline, and writes ``bench.csv``, ``bench.md`` and a
 log-log ``bench.png`` into ``--out``.
 
+``--paired`` instead times the variants in alternating rounds in one run (the order rotated each
+round, a warm-up round unrecorded) and reports each one's median speed-up over ``--baseline`` with
+its min-max over rounds: the only timing that holds on a machine whose load drifts (``paired.csv``,
+``paired_rounds.csv``, ``paired.md``, ``paired.png``); ``--flops`` adds the share of the matmul FLOP
+bound reached where the count is known (the Reformer). ``--device`` (auto: CUDA when present)
+measures on a GPU (synchronised clocks; ``gpu_peak_mib`` = ``torch.cuda.max_memory_allocated``);
+``--compile`` adds every variant under ``torch.compile`` as ``<label>+compile``.
+
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
 ``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
 merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:`zoo.registry.PEER`).
@@ -24,6 +32,8 @@ merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:
         --peers reformer-pytorch
     python -m zoo.bench --model reformer,vanilla_lm --layers 2,4,8,12 --lengths 1024 --set residual=pre_norm
     python -m zoo.bench --model reformer --variant model=reformer stack=sequential --layers 2,4,8 --lengths 1024
+    python -m zoo.bench --paired --flops --model reformer,vanilla_lm --peers reformer-pytorch \
+        --baseline peer:reformer-pytorch --lengths 8192 --rounds 5
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import functools
 import json
 import math
 import os
@@ -453,7 +464,8 @@ def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, ro
         built = {v.label: build(v, length, shape, overrides or {}, device) for v in variants}
         tokens = bench_tokens(vocab, batch, length, device)
         acts = {label: activation_bytes(module, loss_fn, tokens) / 2**20 for label, (module, loss_fn) in built.items()}
-        steps = {label: (lambda m=module.train(), f=loss_fn: timed_step(m, f, tokens)) for label, (module, loss_fn) in built.items()}
+        steps = {label: functools.partial(timed_step, module.train(), loss_fn, tokens)
+                 for label, (module, loss_fn) in built.items()}
         probe, probe_flops = matmul_probe(length, shape, device) if flops else (None, 0.0)
         progress(f"length {length}: {rounds} rounds after a warm-up round")
         recorded = paired_rounds(steps, rounds, probe=probe, progress=progress)
@@ -706,7 +718,7 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any], b
 
 
 def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
-    """--attention, --model, --variant, --peers: what to measure (shared with the paired-timing scripts)."""
+    """--attention, --model, --variant, --peers, --compile: what to measure."""
     parser.add_argument("--attention", help="comma-separated mechanisms, each in the --model skeleton (vanilla_lm)")
     parser.add_argument("--model", help="comma-separated presets; with --attention, a single preset is the skeleton")
     parser.add_argument("--variant", action="append", nargs="+", default=[], metavar="KEY=VALUE",

@@ -60,7 +60,8 @@ def test_paired_end_to_end_on_cpu(tmp_path):
     assert code == 0
     rows = {r["variant"]: r for r in csv.DictReader(open(out / "paired.csv"))}
     assert set(rows) == {"vanilla", "local_1d"} and float(rows["vanilla"]["speedup"]) == 1.0
-    assert float(rows["local_1d"]["speedup_min"]) <= float(rows["local_1d"]["speedup"]) <= float(rows["local_1d"]["speedup_max"])
+    local = {k: float(rows["local_1d"][k]) for k in ("speedup_min", "speedup", "speedup_max")}
+    assert local["speedup_min"] <= local["speedup"] <= local["speedup_max"]
     assert all(r["device"] == "cpu" for r in rows.values()) and float(rows["local_1d"]["act_mib"]) > 0
     recorded = list(csv.DictReader(open(out / "paired_rounds.csv")))
     assert len(recorded) == 4 and {r["round"] for r in recorded} == {"0", "1"}
@@ -104,8 +105,9 @@ def test_reformer_flop_count_and_share():
     # linear in length at a fixed chunk (hashing grows with the bucket count: left out of this check)
     longer = bench.reformer_step_flops(512, d=64, d_ff=128)
     assert longer["lsh_attention"] == 2 * bench.reformer_step_flops(256, d=64, d_ff=128)["lsh_attention"]
-    summary = bench.run_paired([bench.named_variant("reformer"), bench.named_variant("vanilla_lm")], [64], "vanilla_lm",
-                               rounds=1, d_model=64, heads=4, d_ff=128, flops=True, threads=1, progress=lambda s: None)[1]
+    summary = bench.run_paired([bench.named_variant("reformer"), bench.named_variant("vanilla_lm")], [64],
+                               "vanilla_lm", rounds=1, d_model=64, heads=4, d_ff=128, flops=True, threads=1,
+                               progress=lambda s: None)[1]
     by_label = {s["variant"]: s for s in summary}
     assert by_label["reformer"]["flop_share"] > 0 and "flop_share" not in by_label["vanilla_lm"]
 
@@ -140,9 +142,12 @@ def test_compiled_twin_is_compared_with_its_own_eager_run(monkeypatch):
     # compile replaced by the identity (compilation itself is covered by the slow test): the
     # summary and the markdown carry each twin's speed-up over its own eager variant
     monkeypatch.setattr(torch, "compile", lambda module: module)
-    variants = [bench.Variant("vanilla", "zoo", "vanilla_lm"), bench.Variant("vanilla+compile", "zoo", "vanilla_lm", compile=True)]
-    _, summary = bench.run_paired(variants, [16], "vanilla", rounds=2, d_model=16, heads=2, threads=1, progress=lambda s: None)
+    variants = [bench.Variant("vanilla", "zoo", "vanilla_lm"),
+                bench.Variant("vanilla+compile", "zoo", "vanilla_lm", compile=True)]
+    _, summary = bench.run_paired(variants, [16], "vanilla", rounds=2, d_model=16, heads=2, threads=1,
+                                  progress=lambda s: None)
     twin = next(s for s in summary if s["variant"] == "vanilla+compile")
     assert twin["compile_speedup_min"] <= twin["compile_speedup"] <= twin["compile_speedup_max"]
-    meta = dict(command="x", machine="m", device="cpu", torch="t", threads=1, batch=1, d_model=16, heads=2, layers=2, vocab=256, load="0")
+    meta = dict(command="x", machine="m", device="cpu", torch="t", threads=1, batch=1, d_model=16, heads=2, layers=2,
+                vocab=256, load="0")
     assert "| vanilla | " in bench.paired_markdown(summary, meta).split("torch.compile against eager")[1]

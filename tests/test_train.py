@@ -376,7 +376,8 @@ def test_compile_option_reaches_the_trainer(tmp_path, monkeypatch):
 
     train(tmp_path / "eager", "trainer.max_steps=2", "trainer.checkpoints=false", callbacks=[look])
     assert seen["eager"] != "Compiled" and not calls
-    train(tmp_path / "compiled", "trainer.max_steps=2", "trainer.checkpoints=false", "trainer.compile=true", callbacks=[look])
+    train(tmp_path / "compiled", "trainer.max_steps=2", "trainer.checkpoints=false", "trainer.compile=true",
+          callbacks=[look])
     assert seen["compiled"] == "Compiled" and len(calls) == 2  # one training forward per step
     assert result(tmp_path / "compiled")["steps"] == 2
 

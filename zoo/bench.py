@@ -223,7 +223,8 @@ def pick_device(name: str = "auto") -> torch.device:
     try:
         return trainer_pick_device(name)
     except ValueError as error:
-        raise ValueError(str(error).replace("trainer.device", "--device").replace("trainer.device=auto", "--device auto")) from None
+        message = str(error).replace("trainer.device=auto", "--device auto")
+        raise ValueError(message.replace("trainer.device", "--device")) from None
 
 
 def timed_step(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor) -> float:
@@ -289,7 +290,11 @@ def _rss_child(payload: str) -> None:
 
 # -- the run ------------------------------------------------------------------------------------
 
-def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None = None, d_model: int = 256, heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None, overrides: dict[str, Any] | None = None, threads: int = 2, warmup: int = 1, repeats: int = 3, max_seconds: float = 60.0, rss: bool = True, device: torch.device | str = "cpu", progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None = None, d_model: int = 256,
+        heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None,
+        overrides: dict[str, Any] | None = None, threads: int = 2, warmup: int = 1, repeats: int = 3,
+        max_seconds: float = 60.0, rss: bool = True, device: torch.device | str = "cpu",
+        progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Measure every variant at every (length, depth) on ``device``; returns one row per point.
 
     On CUDA the memory figure beside ``act_mib`` is ``gpu_peak_mib`` (``torch.cuda.max_memory_allocated``
@@ -311,7 +316,9 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
         for length in lengths:
             for variant in variants:
                 shape = dict(d_model=d_model, heads=heads, layers=depth, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
-                row: dict[str, Any] = dict(variant=variant.label, kind=variant.kind, length=length, layers=depth, batch=batch, d_model=d_model, heads=heads, threads=threads, device=str(device))
+                row: dict[str, Any] = dict(variant=variant.label, kind=variant.kind, length=length, layers=depth,
+                                           batch=batch, d_model=d_model, heads=heads, threads=threads,
+                                           device=str(device))
                 if stop_reason[variant.label]:
                     rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
                     continue
@@ -452,7 +459,8 @@ def matmul_probe(length: int, shape: dict[str, int], device: torch.device) -> tu
 def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, rounds: int = 5, d_model: int = 256,
                heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None, layers: int = 2,
                overrides: dict[str, Any] | None = None, threads: int = 2, device: torch.device | str = "cpu",
-               flops: bool = False, progress: Callable[[str], None] = print) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+               flops: bool = False, progress: Callable[[str], None] = print,
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Alternating rounds at each length (see :func:`paired_rounds`). Returns (one row per round and
     variant: ms, speed-up over ``baseline`` in that round, load; one summary row per length and
     variant: median ms, median speed-up with min-max, activation MiB, FLOP-bound share where known)."""
@@ -489,7 +497,8 @@ def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, ro
                 shares = [count["total"] / (probe_flops / r["matmul_probe"]) / r[label] for r in recorded]
                 entry.update(gflop=count["total"] / 1e9, flop_share=statistics.median(shares),
                              flop_share_min=min(shares), flop_share_max=max(shares),
-                             flop_parts=", ".join(f"{k.replace('_', ' ')} {v / 1e9:.1f}" for k, v in count.items() if k != "total"))
+                             flop_parts=", ".join(f"{k.replace('_', ' ')} {v / 1e9:.1f}"
+                                                  for k, v in count.items() if k != "total"))
             summary.append(entry)
         del built
     return round_rows, summary
@@ -497,22 +506,27 @@ def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, ro
 
 def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     baseline = summary[0]["baseline"]
-    lines = [f"# {meta.get('title') or 'zoo.bench --paired: alternating rounds'}", "", f"Command: `{meta['command']}`", "",
+    lines = [f"# {meta.get('title') or 'zoo.bench --paired: alternating rounds'}", "",
+             f"Command: `{meta['command']}`", "",
              f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}, {meta['threads']} threads; "
              f"batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, {meta['layers']} layers, "
              f"vocab {meta['vocab']}; load average at the end {meta['load']}. One training step = forward + backward; "
-             "every round times each variant once, in an order rotated each round, after one unrecorded warm-up round.", ""]
+             "every round times each variant once, in an order rotated each round, after one unrecorded "
+             "warm-up round.", ""]
     has_flops = any("flop_share" in s for s in summary)
     for length in dict.fromkeys(s["length"] for s in summary):
         lines += [f"## Length {length:,}", "",
-                  f"| variant | median ms | speed-up over `{baseline}` (median of per-round ratios) | min-max | activation MiB |"
+                  f"| variant | median ms | speed-up over `{baseline}` (median of per-round ratios) | min-max "
+                  "| activation MiB |"
                   + (" FLOP-bound share (min-max) |" if has_flops else ""),
                   "|---|---|---|---|---|" + ("---|" if has_flops else "")]
         for s in (s for s in summary if s["length"] == length):
-            share = (f" {s['flop_share']:.2f} ({s['flop_share_min']:.2f}-{s['flop_share_max']:.2f}) |" if "flop_share" in s
-                     else " |") if has_flops else ""
-            lines.append(f"| {s['variant']} | {s['median_ms']:,.1f} | {s['speedup']:.2f}x | {s['speedup_min']:.2f}-{s['speedup_max']:.2f} "
-                         f"| {s['act_mib']:,.1f} |{share}")
+            share = ""
+            if has_flops:
+                share = (f" {s['flop_share']:.2f} ({s['flop_share_min']:.2f}-{s['flop_share_max']:.2f}) |"
+                         if "flop_share" in s else " |")
+            lines.append(f"| {s['variant']} | {s['median_ms']:,.1f} | {s['speedup']:.2f}x "
+                         f"| {s['speedup_min']:.2f}-{s['speedup_max']:.2f} | {s['act_mib']:,.1f} |{share}")
         twins = [s for s in summary if s["length"] == length and "compile_speedup" in s]
         if twins:
             lines += ["", "torch.compile against eager (eager time / compiled time per round; compilation happens in "
@@ -520,7 +534,8 @@ def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             lines += [f"| {s['variant'].removesuffix('+compile')} | {s['compile_speedup']:.2f}x | "
                       f"{s['compile_speedup_min']:.2f}-{s['compile_speedup_max']:.2f} |" for s in twins]
         for s in (s for s in summary if s["length"] == length and "gflop" in s):
-            lines += ["", f"FLOP bound of one `{s['variant']}` step: {s['gflop']:.1f} GFLOP ({s['flop_parts']}); share = "
+            lines += ["", f"FLOP bound of one `{s['variant']}` step: {s['gflop']:.1f} GFLOP ({s['flop_parts']}); "
+                      "share = "
                       "that many FLOPs at the round's matmul rate ([t, d] x [d, d_ff] probe) / the step's time."]
         lines.append("")
     return "\n".join(lines)
@@ -555,10 +570,13 @@ def paired_plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_paired(round_rows: list[dict[str, Any]], summary: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> dict[str, Path]:
-    """``paired.csv`` (one row per length and variant), ``paired_rounds.csv`` (every round), ``paired.md``, ``paired.png``."""
+def write_paired(round_rows: list[dict[str, Any]], summary: list[dict[str, Any]], out: Path,
+                 meta: dict[str, Any]) -> dict[str, Path]:
+    """``paired.csv`` (one row per length and variant), ``paired_rounds.csv`` (every round),
+    ``paired.md``, ``paired.png``."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out / "paired.csv", "rounds": out / "paired_rounds.csv", "md": out / "paired.md", "png": out / "paired.png"}
+    paths = {"csv": out / "paired.csv", "rounds": out / "paired_rounds.csv", "md": out / "paired.md",
+             "png": out / "paired.png"}
     for key, rows in (("csv", summary), ("rounds", round_rows)):
         with open(paths[key], "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
@@ -633,7 +651,9 @@ def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: di
     labels = list(dict.fromkeys(r["variant"] for r in rows))
     baseline = baseline if baseline in labels else labels[0]
     lines = [f"# {meta.get('title', 'zoo.bench')}", "", f"Command: `{meta['command']}`", ""]
-    lines.append(f"Machine: {meta['machine']}; device {meta.get('device', 'cpu')}; torch {meta['torch']}, {meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up.")
+    lines.append(f"Machine: {meta['machine']}; device {meta.get('device', 'cpu')}; torch {meta['torch']}, "
+                 f"{meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, "
+                 f"vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up.")
     lines.append("")
 
     def table(key: str, title: str, fmt: str) -> None:
@@ -772,13 +792,15 @@ def main(argv: list[str] | None = None) -> int:
                              "with its min-max over rounds (paired.csv, paired_rounds.csv, paired.md, paired.png)")
     parser.add_argument("--rounds", type=int, default=5, help="--paired: recorded rounds")
     parser.add_argument("--flops", action="store_true",
-                        help="--paired: the share of the matmul FLOP bound each step reaches, where the count is known "
-                             "(the Reformer: LSH attention in a reversible stack), against a matmul probe timed each round")
+                        help="--paired: the share of the matmul FLOP bound each step reaches, where the count is "
+                             "known (the Reformer: LSH attention in a reversible stack), against a matmul probe "
+                             "timed each round")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (0: activation memory and RSS only, no timing)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="a step slower than this is measured once and the variant skips larger points")
     parser.add_argument("--baseline", default=None,
-                        help="variant label the crossover (or --paired's speed-up) is measured against (default: the first)")
+                        help="variant label the crossover (or --paired's speed-up) is measured against "
+                             "(default: the first)")
     parser.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS measurement")
     parser.add_argument("--title", default=None)
     parser.add_argument("--out", default="results/bench", help="output folder for bench.csv, bench.md, bench.png")
@@ -798,20 +820,27 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     layers = [int(x) for x in args.layers.split(",") if x.strip()]
     command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = dict(title=args.title or "zoo.bench: one training step", command=command, machine=_machine(), torch=torch.__version__, threads=args.threads, batch=args.batch, d_model=args.d_model, heads=args.heads, vocab=args.vocab, device=str(device))
+    meta = dict(title=args.title or "zoo.bench: one training step", command=command, machine=_machine(),
+                torch=torch.__version__, threads=args.threads, batch=args.batch, d_model=args.d_model,
+                heads=args.heads, vocab=args.vocab, device=str(device))
+    sizes = dict(d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None,
+                 overrides=overrides, threads=args.threads, device=device)
     if args.paired:
         labels = [v.label for v in variants]
         baseline = args.baseline or labels[0]
         if baseline not in labels or len(layers) != 1 or args.rounds < 1:
             parser.error(f"--paired needs one --layers value, --rounds >= 1 and --baseline among the variants "
-                         f"({', '.join(labels)}); got --layers {args.layers}, --rounds {args.rounds}, --baseline {baseline}")
-        round_rows, summary = run_paired(variants, lengths, baseline, rounds=args.rounds, d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None, layers=layers[0], overrides=overrides, threads=args.threads, device=device, flops=args.flops)
+                         f"({', '.join(labels)}); got --layers {args.layers}, --rounds {args.rounds}, "
+                         f"--baseline {baseline}")
+        round_rows, summary = run_paired(variants, lengths, baseline, rounds=args.rounds, layers=layers[0],
+                                         flops=args.flops, **sizes)
         meta.update(title=args.title, layers=layers[0], load=", ".join(f"{x:.2f}" for x in os.getloadavg()))
         paths = write_paired(round_rows, summary, Path(args.out), meta)
         print(paths["md"].read_text())
         print(f"wrote {', '.join(str(p) for p in paths.values())}")
         return 0
-    rows = run(variants, lengths, layers=layers, d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None, overrides=overrides, threads=args.threads, warmup=args.warmup, repeats=args.repeats, max_seconds=args.max_seconds, rss=not args.no_rss, device=device)
+    rows = run(variants, lengths, layers=layers, warmup=args.warmup, repeats=args.repeats,
+               max_seconds=args.max_seconds, rss=not args.no_rss, **sizes)
     paths = write_outputs(rows, Path(args.out), meta, args.baseline)
     print(paths["md"].read_text())
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")

@@ -70,8 +70,14 @@ from zoo.train_options import (  # noqa: F401  (re-exported)
     make_optimizer,
     pick_device,
 )
-from zoo.training import (TrainingDiverged, forward_backward, initial_state, optimizer_step, schedule,
-                          set_training_progress)
+from zoo.training import (
+    TrainingDiverged,
+    forward_backward,
+    initial_state,
+    optimizer_step,
+    schedule,
+    set_training_progress,
+)
 
 log = logging.getLogger(__name__)
 

@@ -149,3 +149,22 @@ def test_bad_options_and_stacks_are_refused():
         tiny_model(stack={"name": "universal"})
     with pytest.raises(ValueError, match="progress"):
         tiny_model().aux_heads.set_progress(1.5)
+
+
+def test_a_copy_and_a_reload_compute_the_same_losses_from_their_own_layers():
+    """The hooks and the shared head belong to each model: a deep copy records its own blocks, and the
+    character-after-next classifier is saved in the state dict."""
+    import copy
+
+    model = tiny_model()
+    tokens, targets = batch()
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.stack.blocks[0].parameters():
+            p.add_(0.1)
+    assert not torch.allclose(twin(tokens, targets).aux_losses["intermediate_l1"],
+                              model(tokens, targets).aux_losses["intermediate_l1"])
+    rebuilt = create_model(**model.config.to_dict()).train()
+    rebuilt.load_state_dict(model.state_dict())
+    for name, value in model(tokens, targets).aux_losses.items():
+        torch.testing.assert_close(rebuilt(tokens, targets).aux_losses[name], value)

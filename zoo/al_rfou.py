@@ -7,9 +7,9 @@ The paper's three losses, as a language model here computes them:
    (``ModelOutput.loss``, the mean over all positions), so nothing is added for it.
 2. Intermediate layers: the output of each layer l < L (L = n_layers, l counted from 1) also
    predicts the next character, through the model's own final norm and output projection. Layer
-   l's loss counts only while training progress (fraction of the planned steps) is below l / (2L):
-   the paper's "the l-th intermediate layer stops contributing any losses after finishing l/2n of
-   the training", so the lowest layers drop out first and all are gone at half of training.
+   l's loss counts only while training progress (fraction of the planned steps) is below l / (2L),
+   the paper's schedule (with n layers, layer l stops contributing after l/2n of training): the
+   lowest layers drop out first and all are gone by half of training.
    Entry ``intermediate_l{l}`` = ``intermediate_weight`` x that layer's loss.
 3. Multiple targets: each position also predicts the character after next (targets shifted by one
    more; the last position has none), through a separate classifier (the paper adds one per extra
@@ -46,8 +46,10 @@ class AuxLossOptions:
     multi_target: float = 0.0  # weight of the character-after-next loss; 0 = off, the paper: 0.5
 
     def __post_init__(self) -> None:
-        require(isinstance(self.intermediate, bool), f"aux_losses.intermediate must be true or false, got {self.intermediate!r}")
-        require(self.intermediate_weight > 0, f"aux_losses.intermediate_weight must be > 0, got {self.intermediate_weight}")
+        require(isinstance(self.intermediate, bool),
+                f"aux_losses.intermediate must be true or false, got {self.intermediate!r}")
+        require(self.intermediate_weight > 0,
+                f"aux_losses.intermediate_weight must be > 0, got {self.intermediate_weight}")
         require(self.multi_target >= 0, f"aux_losses.multi_target must be >= 0 (0 = off), got {self.multi_target}")
 
 
@@ -92,7 +94,8 @@ class AlRfouLosses(nn.Module):
         (training with targets), else record nothing (evaluation, decoding)."""
         self._hidden = [] if active and self.options.intermediate else None
 
-    def losses(self, hidden: Tensor, targets: Tensor, pad_mask: Tensor | None, label_smoothing: float) -> dict[str, Tensor]:
+    def losses(self, hidden: Tensor, targets: Tensor, pad_mask: Tensor | None,
+               label_smoothing: float) -> dict[str, Tensor]:
         """Weighted auxiliary losses from the final ``hidden`` [b, t, d] (after the final norm) and
         the intermediate outputs recorded; ``targets`` [b, t] are the next characters."""
         from zoo.models import token_loss

@@ -120,7 +120,8 @@ def test_save_load_safetensors_round_trip(tmp_path, preset):
     assert sorted(f.name for f in (tmp_path / "export").iterdir()) == ["config.json", "model.safetensors"]
     loaded = zoo.load(tmp_path / "export").eval()
     assert loaded.config == model.config
-    tokens = torch.randint(0, p.tiny["vocab_size"], (2, p.example_length))
+    pair = model.config.kind == "pair_classifier"  # two documents per row: [b, 2, t]
+    tokens = torch.randint(0, p.tiny["vocab_size"], (2, 2, p.example_length) if pair else (2, p.example_length))
     args = (tokens, tokens) if model.config.kind == "seq2seq" else (tokens,)
     with torch.no_grad():
         assert torch.equal(model(*args).logits, loaded(*args).logits)
@@ -168,9 +169,16 @@ def test_divergence_names_a_checkpoint_that_evaluates_finite(tmp_path):
 # -- 3. resume is exact for every preset ----------------------------------------------------------------
 
 def preset_overrides(preset, text_file):
+    from zoo.data.layouts import write_aan
+
     kind = zoo.preset_config(preset).kind
+    if kind == "pair_classifier":  # AAN-style document pairs, written in the released TSV layout
+        aan = text_file.parent / "aan"
+        if not aan.exists():
+            write_aan(aan)
     data = {"lm": ["data=char_lm", f"data.path={text_file}"],
             "classifier": ["data=listops", "data.min_length=4", "data.max_length=16", "data.eval_size=4"],
+            "pair_classifier": ["data=aan", f"data.path={text_file.parent / 'aan'}"],
             "seq2seq": ["data=reverse", "data.eval_size=4"]}[kind]
     return [f"model={preset}", *data, "model.dropout=0.1", "trainer.eval_every=0", "trainer.log_every=1"]
 

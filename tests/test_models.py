@@ -28,6 +28,9 @@ def batch_for(model, name, b=4, seed=0):
         src = torch.randint(3, cfg.vocab_size, (b, t), generator=g)
         tgt = torch.cat([torch.full((b, 1), cfg.bos_id), src.flip(1)], 1)
         return dict(src=src, tgt=tgt[:, :-1], targets=tgt[:, 1:])
+    if cfg.kind == "pair_classifier":  # two documents per row: [b, 2, t]
+        pair = torch.randint(0, cfg.vocab_size, (b, 2, t), generator=g)
+        return dict(tokens=pair, targets=(pair[:, 0, 0] % cfg.n_classes))
     tokens = torch.randint(0, cfg.vocab_size, (b, t + 1), generator=g)
     if cfg.kind == "classifier":
         return dict(tokens=tokens[:, :-1], targets=(tokens[:, 0] % cfg.n_classes))

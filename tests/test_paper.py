@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo.app.compose import cfg_to_dict, compose
+from zoo.app.compose import compose
+from zoo.app.run import as_dict
 from zoo.paper import describe, params_within
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
@@ -35,7 +36,7 @@ REQUIRED = {
 def test_every_required_row_exists_with_the_issue_counts():
     assert set(REQUIRED) <= set(PAPERS)
     for name, count in REQUIRED.items():
-        paper = cfg_to_dict(compose([f"experiment=paper/{name}"]))["paper"]
+        paper = as_dict(compose([f"experiment=paper/{name}"]))["paper"]
         if count is not None:
             assert paper["params"] == count, name
         for key in ("citation", "table", "metric", "value", "dataset", "eval", "toy"):
@@ -107,6 +108,10 @@ def toy_data(dataset: str, tmp_path: Path) -> list[str]:
         path = tmp_path / dataset
         path.write_bytes(data)
         return [f"data.path={path}"]
+    if dataset == "cifar10":  # the python pickle batches, synthetic images
+        from zoo.data.images import synthetic_cifar10
+
+        return [f"data.path={synthetic_cifar10(tmp_path / 'cifar-10-batches-py', per_batch=4)}"]
     directory = tmp_path / dataset
     directory.mkdir()
     for split in ("train", "valid", "test"):
@@ -136,10 +141,12 @@ def test_paper_config_runs_end_to_end_at_toy_size(name, tmp_path):
     from zoo.app.run import build, run
     from zoo.eval_protocols import ProtocolSettings, evaluate_protocol
 
-    paper = cfg_to_dict(compose([f"experiment=paper/{name}"]))["paper"]
+    paper = as_dict(compose([f"experiment=paper/{name}"]))["paper"]
     overrides = [f"experiment=paper/{name}", *paper["toy"], *toy_data(paper["dataset"], tmp_path), *CPU_SMOKE]
     value = run(compose(overrides), run_dir=tmp_path / "run")
     assert math.isfinite(value)
+    if not paper.get("eval"):  # images: no text protocol; evaluate.py scores whole images
+        return
     _, task, model = build(compose(overrides))
     settings = dict(paper["eval"])
     toy_len = task.seq_len
@@ -158,7 +165,7 @@ def test_evaluate_cli_takes_the_paper_protocol_from_the_checkpoint(tmp_path):
 
     from zoo.app.run import run
 
-    paper = cfg_to_dict(compose(["experiment=paper/xl_enwik8_12l"]))["paper"]
+    paper = as_dict(compose(["experiment=paper/xl_enwik8_12l"]))["paper"]
     overrides = ["experiment=paper/xl_enwik8_12l", *paper["toy"], *toy_data("enwik8", tmp_path), *CPU_SMOKE]
     overrides = [o for o in overrides if o != "trainer.checkpoints=false"]
     run(compose(overrides), run_dir=tmp_path / "run")

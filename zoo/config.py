@@ -18,6 +18,7 @@ from typing import Any
 from zoo.registry import did_you_mean, unknown
 
 PART_AXES = ("attention", "cross_attention", "residual", "stack", "position")
+KINDS = ("lm", "classifier", "seq2seq", "pair_classifier")  # heads in zoo.models.HEADS (pair: zoo.two_tower)
 
 
 @dataclass
@@ -48,7 +49,8 @@ class ModelConfig:
     """Resolved configuration of a model: a head (``kind``) plus one choice per axis.
 
     ``kind``: ``lm`` (decoder-only causal LM), ``classifier`` (encoder + pooling), ``seq2seq``
-    (encoder-decoder). Defaults are the base Transformer of Vaswani et al. 2017.
+    (encoder-decoder), ``pair_classifier`` (LRA's two-tower retrieval model). Defaults are the base
+    Transformer of Vaswani et al. 2017.
     """
 
     name: str = "vanilla_lm"
@@ -88,7 +90,7 @@ class ModelConfig:
     eos_id: int = 2
 
     def __post_init__(self) -> None:
-        require(self.kind in ("lm", "classifier", "seq2seq"), f"kind must be lm, classifier or seq2seq, got {self.kind!r}")
+        require(self.kind in KINDS, f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         require(
             self.head in ("linear", "none"),
             f"head must be linear (output projection) or none (hidden states only), got {self.head!r}",

@@ -67,9 +67,10 @@ def nominal_vocab_size(data: dict[str, Any]) -> tuple[int, str]:
 
 
 def resolved_config(overrides: list[str]) -> dict[str, Any]:
-    from zoo.app.compose import cfg_to_dict, compose
+    from zoo.app.compose import compose
+    from zoo.app.run import as_dict
 
-    return cfg_to_dict(compose(list(overrides)))
+    return as_dict(compose(list(overrides)))
 
 
 def model_config_for(resolved: dict[str, Any]):

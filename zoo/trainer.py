@@ -470,6 +470,7 @@ def build_model_for_task(preset: str, task: Task, **overrides: Any) -> nn.Module
                              f"{task.kind}; pick a *_{task.kind} preset")
         raise ValueError(f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} is a "
                          "language-modelling task; pick an LM preset")
+    task.check_model(config)
     if "max_len" not in merged and config.max_len < task.seq_len:
         merged["max_len"] = task.seq_len
     return create_model(preset, **copy.deepcopy(merged))

@@ -57,6 +57,16 @@ def resolve_path(path: str | Path, key: str = "data.path") -> Path:
     raise DataFileNotFound(f"data file not found: {path} (looked at {tried}); set {key}=/path/to/file")
 
 
+def find_directory(path: str, key: str = "data.path") -> Path:
+    """The directory ``path`` (as given, else relative to the project root), or a clear error."""
+    if not path:
+        raise DataFileNotFound(f"no data directory given: set {key}=/path/to/dir")
+    for candidate in (Path(path).expanduser(), PROJECT_ROOT / path):
+        if candidate.is_dir():
+            return candidate
+    raise DataFileNotFound(f"data directory not found: {path}; set {key}=/path/to/dir")
+
+
 def seeded_generator(seed: int, *parts: Any) -> torch.Generator:
     """A torch generator seeded from ``(seed, *parts)`` by hashing, so (split, index, rank)
     streams never overlap and do not depend on the order batches are drawn in."""
@@ -119,6 +129,10 @@ class Task:
             out["n_classes"] = self.n_classes
         return out
 
+    def check_model(self, config: Any) -> None:
+        """Refuse a model config this task cannot feed (e.g. a 2D block shape that is not the
+        image's); called when the model is built for the task. Default: anything goes."""
+
     def decode(self, tokens: list[int]) -> str:
         """Token ids -> readable text (for sample.py)."""
         return " ".join(str(t) for t in tokens)
@@ -139,7 +153,7 @@ def metric_value(metric: str, nll_sum: float, correct: float, count: float) -> f
     """The task metric from summed statistics (nats, correct predictions, scored items)."""
     if count <= 0:
         return float("nan")
-    if metric == "bpc":
+    if metric in ("bpc", "bpd"):  # bits per character / per dimension (image intensities)
         return nll_sum / count / math.log(2)
     if metric == "ppl":
         return math.exp(min(nll_sum / count, 50.0))

@@ -71,6 +71,10 @@ class IMDbTask(Task):
             "val": self._encode([texts[i] for i in sorted(val)], [labels[i] for i in sorted(val)]),
             "test": self._encode(*raw["test"]),
         }
+        for split in ("val", "test"):  # member order is all neg then all pos: shuffle once (seeded), so
+            tokens, labels = self.splits[split]  # a partial evaluation (trainer.eval_batches) sees both classes
+            order = torch.randperm(len(labels), generator=seeded_generator(self.seed, f"imdb-{split}-order"))
+            self.splits[split] = (tokens[order], labels[order])
 
     def _encode(self, texts: list[bytes], labels: list[int]) -> tuple[Tensor, Tensor]:
         tokens = torch.zeros(len(texts), self.seq_len, dtype=torch.long)

@@ -1,0 +1,453 @@
+"""``sweep=lra``: every LRA task x every mechanism, ending in the layouts of LRA Tables 1 and 2.
+
+Tay et al. 2020 ("Long Range Arena", arXiv:2011.04006):
+
+- Table 1: test accuracy (%) per task (ListOps, Text, Retrieval, Image, Pathfinder, Path-X) and
+  their average over the first five (every model fails Path-X, so the paper averages without it).
+  Ours come from the sweep's ``result.json`` files; each mechanism that has a counterpart in the
+  paper (vanilla -> Transformer, local_1d -> Local Attention, sparse_* -> Sparse Trans.,
+  lsh -> Reformer) gets the paper's row beside it.
+- Table 2: training steps per second and peak memory on byte-level Text at 1K, 2K, 3K and 4K
+  tokens, each relative to vanilla. Measured here after the sweep: the model each mechanism trained
+  on Text (its stored config) is rebuilt at each length and timed for a few optimiser steps on
+  random bytes, alternating mechanisms within each round so machine load hits all alike. Memory is
+  the CUDA peak allocation where there is a GPU, else the bytes of tensors saved for backward.
+
+Outputs in the sweep directory (or ``out_dir``): ``lra_table1.{md,csv,png}`` and
+``lra_table2.{md,csv,png}``. ``experiments/lra_tables.py`` rebuilds them from finished sweeps.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+try:  # the callback base class; the module stays importable without Hydra
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover
+    Callback = object  # type: ignore[misc,assignment]
+
+# experiment name -> Table 1 column
+TASKS = {
+    "lra_listops": "ListOps",
+    "lra_text": "Text",
+    "lra_retrieval": "Retrieval",
+    "lra_image": "Image",
+    "lra_pathfinder": "Pathfinder",
+    "lra_pathx": "Path-X",
+}
+AVERAGED = ("ListOps", "Text", "Retrieval", "Image", "Pathfinder")  # the paper's average leaves Path-X out
+PAPER_ROW = {
+    "vanilla": "Transformer",
+    "local_1d": "Local Attention",
+    "sparse_fixed": "Sparse Trans.",
+    "sparse_strided": "Sparse Trans.",
+    "lsh": "Reformer",
+}
+
+# LRA Table 1 (test accuracy, %); None = FAIL (chance)
+PAPER_TABLE1 = {
+    "Transformer": (36.37, 64.27, 57.46, 42.44, 71.40, None, 54.39),
+    "Local Attention": (15.82, 52.98, 53.39, 41.46, 66.63, None, 46.06),
+    "Sparse Trans.": (17.07, 63.58, 59.59, 44.24, 71.71, None, 51.24),
+    "Reformer": (37.27, 56.10, 53.40, 38.07, 68.50, None, 50.67),
+}
+# LRA Table 2 (Text, TPU v3): steps per second, and peak memory in GB, at 1K, 2K, 3K, 4K
+PAPER_TABLE2 = {
+    "Transformer": ((8.1, 4.9, 2.3, 1.4), (0.85, 2.65, 5.51, 9.48)),
+    "Local Attention": ((9.2, 8.4, 7.4, 7.4), (0.42, 0.76, 1.06, 1.37)),
+    "Reformer": ((4.4, 2.2, 1.5, 1.1), (0.48, 0.99, 1.53, 2.28)),
+}
+PAPER_LENGTHS = (1024, 2048, 3072, 4096)
+
+
+def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
+    """One row per finished or failed run: experiment, attention, accuracy (None if failed), config."""
+    rows = []
+    for sweep_dir in sweep_dirs:
+        for result_path in sorted(Path(sweep_dir).rglob("result.json")):
+            result = json.loads(result_path.read_text())
+            config_path = result_path.with_name("config.json")
+            stored = json.loads(config_path.read_text()) if config_path.is_file() else {}
+            config = stored.get("config") or _hydra_config(result_path.parent)
+            experiment = config.get("experiment") or result.get("experiment")
+            attention = (
+                (stored.get("model_config") or {}).get("attention", {}).get("name")
+                or result.get("attention")
+                or (config.get("attention") or {}).get("name")
+            )
+            value = result.get("final_metric")
+            ok = (
+                str(result.get("status", "")).startswith("finished")
+                and isinstance(value, (int, float))
+                and not math.isnan(value)
+            )
+            rows.append(
+                {
+                    "experiment": experiment,
+                    "attention": attention,
+                    "accuracy": 100.0 * value if ok else None,
+                    "status": result.get("status"),
+                    "steps": result.get("steps"),
+                "tokens_per_s": result.get("tokens_per_s"),
+                "wall_s": result.get("wall_s"),
+                    "seq_len": (config.get("trainer") or {}).get("seq_len"),
+                    "model_config": stored.get("model_config"),
+                    "dir": str(result_path.parent),
+                }
+            )
+    return rows
+
+
+def _hydra_config(run_dir: Path) -> dict[str, Any]:
+    """The composed config Hydra saved for a run (``.hydra/config.yaml``): a run that failed before
+    writing config.json still says which experiment and attention it was."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return {}
+    import yaml
+
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _cell(value: float | None, failed: bool = False) -> str:
+    if value is None:
+        return "error" if failed else ""
+    return f"{value:.2f}"
+
+
+def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """(header, rows) in LRA Table 1's layout; ours then the paper's counterpart, per mechanism."""
+    header = ["Model", *TASKS.values(), "Avg"]
+    mechanisms = sorted({r["attention"] for r in rows if r["attention"]}, key=lambda m: (m != "vanilla", m))
+    out = []
+    for mech in mechanisms:
+        values, failed = {}, set()
+        for r in rows:
+            if r["attention"] == mech and r["experiment"] in TASKS:
+                column = TASKS[r["experiment"]]
+                if r["accuracy"] is None:
+                    failed.add(column)
+                else:
+                    values[column] = r["accuracy"]
+        scored = [values[c] for c in AVERAGED if c in values]
+        average = sum(scored) / len(scored) if len(scored) == len(AVERAGED) else None
+        out.append([f"{mech} (ours)", *(_cell(values.get(c), c in failed) for c in TASKS.values()), _cell(average)])
+        paper = PAPER_ROW.get(mech)
+        if paper:
+            figures = PAPER_TABLE1[paper]
+            out.append([f"{paper} (LRA paper)", *("FAIL" if v is None else f"{v:.2f}" for v in figures)])
+    return header, out
+
+
+def markdown(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+# -- Table 2: speed and memory on Text ------------------------------------------------------------------
+
+
+def _one_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], device: torch.device
+) -> tuple[float, float]:
+    """(seconds, memory MiB) of one optimiser step: CUDA peak allocation, else saved activations."""
+    from zoo.trainer import ActivationMeter
+
+    meter = ActivationMeter()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+        out = model(**batch)
+    out.loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return time.perf_counter() - start, torch.cuda.max_memory_allocated(device) / 2**20
+    return time.perf_counter() - start, meter.megabytes
+
+
+def measure_speed(
+    configs: dict[str, dict[str, Any]], lengths: list[int], *, batch_size: int, steps: int, device: str = "auto"
+) -> list[dict[str, Any]]:
+    """Median step time and memory of each mechanism's model at each length (alternating rounds)."""
+    from zoo.models import create_model
+    from zoo.trainer import pick_device
+
+    dev = pick_device(device)
+    out = []
+    for length in lengths:
+        built = {}
+        for mech, config in configs.items():
+            config = {**config, "max_len": max(int(config.get("max_len", 0)), length), "dropout": 0.0}
+            try:
+                model = create_model(**config).to(dev).train()
+            except ValueError as exc:  # a mechanism that cannot take this length says why
+                out.append(
+                    {
+                        "attention": mech,
+                        "length": length,
+                        "steps_per_s": None,
+                        "memory_mb": None,
+                        "error": str(exc)[:200],
+                    }
+                )
+                continue
+            generator = torch.Generator().manual_seed(length)
+            tokens = torch.randint(1, config["vocab_size"], (batch_size, length), generator=generator)
+            batch = {
+                "tokens": tokens.to(dev),
+                "targets": torch.randint(0, config["n_classes"], (batch_size,), generator=generator).to(dev),
+                "pad_mask": torch.ones(batch_size, length, dtype=torch.bool, device=dev),
+            }
+            built[mech] = (model, torch.optim.Adam(model.parameters(), lr=1e-4), batch, [], [])
+        for model, optimizer, batch, _, _ in built.values():  # warm-up
+            _one_step(model, optimizer, batch, dev)
+        for _ in range(steps):
+            for model, optimizer, batch, times, memory in built.values():
+                seconds, mb = _one_step(model, optimizer, batch, dev)
+                times.append(seconds)
+                memory.append(mb)
+        for mech, (_, _, _, times, memory) in built.items():
+            out.append(
+                {
+                    "attention": mech,
+                    "length": length,
+                    "steps_per_s": 1.0 / statistics.median(times),
+                    "memory_mb": max(memory),
+                    "error": "",
+                }
+            )
+        del built
+    return out
+
+
+def table2(measured: list[dict[str, Any]], lengths: list[int]) -> tuple[list[str], list[list[Any]]]:
+    """LRA Table 2's layout: steps/s (x vanilla) and memory (x vanilla) per length; paper beside."""
+    header = [
+        "Model",
+        *(f"steps/s {n // 1024 if n % 1024 == 0 else n}{'K' if n % 1024 == 0 else ''}" for n in lengths),
+        *(f"memory {n // 1024 if n % 1024 == 0 else n}{'K' if n % 1024 == 0 else ''}" for n in lengths),
+    ]
+    by = {(m["attention"], m["length"]): m for m in measured}
+    mechanisms = sorted({m["attention"] for m in measured}, key=lambda m: (m != "vanilla", m))
+    rows = []
+    for mech in mechanisms:
+        speed, memory = [], []
+        for n in lengths:
+            m, base = by.get((mech, n), {}), by.get(("vanilla", n), {})
+            if not m.get("steps_per_s"):
+                speed.append("error")
+                memory.append("error")
+                continue
+            rel = f" ({m['steps_per_s'] / base['steps_per_s']:.1f}x)" if base.get("steps_per_s") else ""
+            speed.append(f"{m['steps_per_s']:.2f}{rel}")
+            mb = f"{m['memory_mb']:.3g} MiB"
+            memory.append(f"{mb} ({m['memory_mb'] / base['memory_mb']:.2f}x)" if base.get("memory_mb") else mb)
+        rows.append([f"{mech} (ours)", *speed, *memory])
+        paper = PAPER_ROW.get(mech)
+        if paper in PAPER_TABLE2 and tuple(lengths) == PAPER_LENGTHS:
+            steps, gigabytes = PAPER_TABLE2[paper]
+            base_steps, base_gb = PAPER_TABLE2["Transformer"]
+            rows.append(
+                [
+                    f"{paper} (LRA paper)",
+                    *(f"{s} ({s / b:.1f}x)" for s, b in zip(steps, base_steps)),
+                    *(f"{g} GB ({g / b:.2f}x)" for g, b in zip(gigabytes, base_gb)),
+                ]
+            )
+    return header, rows
+
+
+# -- figures ------------------------------------------------------------------------------------------------
+
+
+def plot_table1(rows: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(TASKS.values())
+    mechanisms = sorted({r["attention"] for r in rows if r["attention"]}, key=lambda m: (m != "vanilla", m))
+    papers = sorted({PAPER_ROW[m] for m in mechanisms if m in PAPER_ROW}, key=list(PAPER_TABLE1).index)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), sharey=True)
+    for ax, names, title in ((axes[0], mechanisms, "ours (this sweep)"), (axes[1], papers, "LRA paper, Table 1")):
+        width = 0.8 / max(1, len(names))
+        for i, name in enumerate(names):
+            if ax is axes[0]:
+                values = {
+                    TASKS[r["experiment"]]: r["accuracy"]
+                    for r in rows
+                    if r["attention"] == name and r["experiment"] in TASKS
+                }
+                heights = [values.get(t) or 0.0 for t in tasks]
+            else:
+                heights = [v or 0.0 for v in PAPER_TABLE1[name][:6]]
+            ax.bar([k + i * width for k in range(len(tasks))], heights, width, label=name)
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(tasks))])
+        ax.set_xticklabels(tasks, fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        if names:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("test accuracy (%); 0 = not run / failed / FAIL")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def plot_table2(measured: list[dict[str, Any]], lengths: list[int], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(m["attention"], m["length"]): m for m in measured}
+    mechanisms = sorted({m["attention"] for m in measured}, key=lambda m: (m != "vanilla", m))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, key, paper_index, title in (
+        (axes[0], "steps_per_s", 0, "training speed relative to vanilla"),
+        (axes[1], "memory_mb", 1, "peak memory relative to vanilla"),
+    ):
+        for mech in mechanisms:
+            points = [
+                (n, by[(mech, n)][key] / by[("vanilla", n)][key])
+                for n in lengths
+                if (mech, n) in by and ("vanilla", n) in by and by[(mech, n)][key] and by[("vanilla", n)][key]
+            ]
+            if points:
+                line = ax.plot(*zip(*points), marker="o", label=f"{mech} (ours)")[0]
+                paper = PAPER_ROW.get(mech)
+                if paper in PAPER_TABLE2:
+                    base = PAPER_TABLE2["Transformer"][paper_index]
+                    ax.plot(
+                        PAPER_LENGTHS,
+                        [v / b for v, b in zip(PAPER_TABLE2[paper][paper_index], base)],
+                        linestyle="--",
+                        color=line.get_color(),
+                        label=f"{paper} (LRA)",
+                    )
+        ax.set_xlabel("sequence length (Text)")
+        ax.set_title(title, fontsize=10)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def speed_configs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The model config each mechanism trained on Text (else on any task, as a classifier)."""
+    configs: dict[str, dict[str, Any]] = {}
+    for prefer_text in (True, False):
+        for r in rows:
+            config = r.get("model_config")
+            if (
+                config
+                and r["attention"] not in configs
+                and (r["experiment"] == "lra_text" or not prefer_text)
+                and config.get("kind") == "classifier"
+            ):
+                configs[r["attention"]] = dict(config, vocab_size=257, n_classes=2)
+    return configs
+
+
+def write_lra_tables(
+    sweep_dirs: list[str | Path],
+    out_dir: str | Path,
+    *,
+    lengths: list[int] = PAPER_LENGTHS,
+    batch_size: int = 4,
+    steps: int = 3,
+    device: str = "auto",
+    scale: str = "",
+) -> dict[str, Path]:
+    """Tables 1 and 2 (markdown, CSV, PNG) for the runs under ``sweep_dirs``, into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = gather_runs(sweep_dirs)
+    note = f"\n\nScale: {scale}" if scale else ""
+    header, body = table1(rows)
+    paths = {
+        "table1_md": out_dir / "lra_table1.md",
+        "table1_csv": out_dir / "lra_table1.csv",
+        "table1_png": out_dir / "lra_table1.png",
+    }
+    lengths_run = sorted(
+        {(TASKS.get(r["experiment"]), r["seq_len"], r["steps"]) for r in rows if r["experiment"] in TASKS}, key=str
+    )
+    detail = "; ".join(f"{task}: length {n}, {s} steps" for task, n, s in lengths_run)
+    paths["table1_md"].write_text(
+        f"# LRA Table 1 layout: test accuracy (%)\n\nRuns: {detail}.{note}\n\n{markdown(header, body)}\n\n"
+        "Avg is over the first five tasks, as in the paper (which averages without Path-X, where every model FAILs).\n"
+    )
+    _write_csv(paths["table1_csv"], header, body)
+    paths["runs_csv"] = out_dir / "lra_runs.csv"
+    run_keys = ("experiment", "attention", "accuracy", "status", "steps", "seq_len", "tokens_per_s", "wall_s")
+    _write_csv(paths["runs_csv"], list(run_keys), [[r.get(k) for k in run_keys] for r in rows])
+    plot_table1(rows, paths["table1_png"])
+    configs = speed_configs(rows)
+    if configs:
+        measured = measure_speed(configs, list(lengths), batch_size=batch_size, steps=steps, device=device)
+        header2, body2 = table2(measured, list(lengths))
+        paths.update(
+            table2_md=out_dir / "lra_table2.md",
+            table2_csv=out_dir / "lra_table2.csv",
+            table2_png=out_dir / "lra_table2.png",
+        )
+        where = (
+            f"{torch.cuda.get_device_name()} (CUDA peak allocation)"
+            if torch.cuda.is_available() and device != "cpu"
+            else f"CPU, {torch.get_num_threads()} thread(s) (memory: tensors saved for backward)"
+        )
+        paths["table2_md"].write_text(
+            f"# LRA Table 2 layout: Text, steps per second and peak memory (relative to vanilla)\n\n"
+            f"Measured on {where}; batch {batch_size}, median of {steps} steps after one warm-up, mechanisms "
+            "alternating; "
+            f"models as trained on Text in this sweep.{note}\n\n{markdown(header2, body2)}\n"
+        )
+        _write_csv(
+            paths["table2_csv"],
+            ["attention", "length", "steps_per_s", "memory_mb", "error"],
+            [[m[k] for k in ("attention", "length", "steps_per_s", "memory_mb", "error")] for m in measured],
+        )
+        plot_table2(measured, list(lengths), paths["table2_png"])
+    return paths
+
+
+class LRATables(Callback):
+    """Hydra callback of ``sweep=lra``: writes both tables into the sweep directory at the end."""
+
+    def __init__(self, lengths: list[int] = PAPER_LENGTHS, batch_size: int = 4, steps: int = 3, scale: str = ""):
+        self.lengths, self.batch_size, self.steps, self.scale = list(lengths), batch_size, steps, scale
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = config.hydra.sweep.dir
+        paths = write_lra_tables(
+            [sweep_dir], sweep_dir, lengths=self.lengths, batch_size=self.batch_size, steps=self.steps, scale=self.scale
+        )
+        for key in ("table1_md", "table2_md"):
+            if key in paths:
+                print(f"\n{paths[key].read_text()}", flush=True)

@@ -131,11 +131,11 @@ def train(mode: str, args, train_ids, val_ids, vocab: int) -> dict:
         cpu.append(time.process_time() - c0)
         if mode == "dynamic":
             for i, block in enumerate(model.stack.blocks):
-                block.attention.last_spans = [float(z) for z in out.stats[f"layer{i}/span"]]
+                block.attention.last_spans = [float(z) for z in out.stats[f"layer{i}/attn/span"]]
         if step % args.log_every == 0 or step == args.steps:
             spans = span_table(model)
             flat = [z for row in spans for z in row]
-            reach = max(float(out.stats[f"layer{i}/span_reach"]) for i in range(args.layers))
+            reach = max(float(out.stats[f"layer{i}/attn/span_reach"]) for i in range(args.layers))
             point = dict(mode=mode, step=step, train_bpc=float(out.loss.detach()) / math.log(2), span_mean=statistics.mean(flat), span_max=max(flat), reach_max=reach, wall_ms=1e3 * statistics.median(wall[-args.log_every :]))
             curve.append(point)
             print(json.dumps(point), flush=True)

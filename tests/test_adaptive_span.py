@@ -279,8 +279,8 @@ def test_model_reports_spans_per_layer_and_carries_the_cache():
     model = zoo.create_model("adaptive_span_lm", **zoo.models.get_preset("adaptive_span_lm").tiny)
     tokens = torch.randint(0, 32, (2, 12))
     out = model(tokens, tokens, state=model.init_state(2))
-    assert {"layer0/span", "layer1/span_mean", "layer1/span_max"} <= set(out.stats)
-    assert out.stats["layer0/span"].shape == (4,)
+    assert {"layer0/attn/span", "layer1/attn/span_mean", "layer1/attn/span_max"} <= set(out.stats)
+    assert out.stats["layer0/attn/span"].shape == (4,)
     assert set(out.aux_losses) == {"span_l1"}
     assert out.state.layers[0].attention.length == 12
     out = model(tokens, tokens, state=out.state)

@@ -1,4 +1,7 @@
-"""Registries, positions, residual policies, feed-forward, config errors, training pieces."""
+"""Registries, positions, feed-forward, config errors, training pieces.
+
+Residuals, stacks and positions each have a contract suite over their registry
+(tests/test_residual_contract.py, test_stack_contract.py, test_position_contract.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +30,8 @@ def test_registry_rejects_duplicates_and_suggests():
 
 def test_public_listing_functions():
     assert "vanilla" in zoo.list_attention() and "vanilla_lm" in zoo.list_models()
-    assert {"post_norm", "pre_norm", "rezero"} <= set(zoo.list_residuals())
-    assert "sequential" in zoo.list_stacks()
-    assert {"sinusoidal", "learned", "none"} <= set(zoo.list_positions())
+    assert zoo.list_residuals() == zoo.RESIDUAL.list() and zoo.list_residuals()
+    assert zoo.list_stacks() == zoo.STACK.list() and zoo.list_positions() == zoo.POSITION.list()
     with pytest.raises(KeyError, match="Did you mean 'vanilla'"):
         zoo.create_attention("vanila", d_model=8, n_heads=2)
 
@@ -91,31 +93,6 @@ def test_sinusoid_matches_the_paper_formula():
             assert math.isclose(table[p, 2 * i].item(), math.sin(angle), abs_tol=1e-5)
             assert math.isclose(table[p, 2 * i + 1].item(), math.cos(angle), abs_tol=1e-5)
     assert torch.isfinite(sinusoid_table(torch.arange(10**6, 10**6 + 3), 512)).all()
-
-
-def test_positions_respect_offset():
-    pos = zoo.registry.POSITION.get("sinusoidal")(16, 100)
-    x = torch.zeros(1, 10, 16)
-    torch.testing.assert_close(pos(x)[:, 4:], pos(x[:, 4:], offset=4))
-
-
-def sublayer(x):
-    return 2.0 * x + 1.0
-
-
-def test_residual_policies_follow_their_formulas():
-    x = torch.randn(2, 3, 8)
-    reg = zoo.registry.RESIDUAL
-    post, pre, rz = reg.get("post_norm")(8), reg.get("pre_norm")(8), reg.get("rezero")(8)
-    torch.testing.assert_close(post(x, sublayer), torch.nn.functional.layer_norm(x + sublayer(x), (8,)))
-    torch.testing.assert_close(pre(x, sublayer), x + sublayer(torch.nn.functional.layer_norm(x, (8,))))
-    torch.testing.assert_close(rz(x, sublayer), x)  # alpha starts at 0: the identity
-    with torch.no_grad():
-        rz.alpha.fill_(0.5)
-    torch.testing.assert_close(rz(x, sublayer), x + 0.5 * sublayer(x))
-    assert pre.additive and rz.additive and not post.additive
-    with pytest.raises(TypeError, match="not additive"):
-        post.branch(x, sublayer)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])

@@ -1,4 +1,7 @@
-"""Reversible stack (RevNet coupling, Reformer Section 3) and the chunked feed-forward."""
+"""Reversible stack (RevNet coupling, Reformer Section 3) and the chunked feed-forward.
+
+Recomputed gradients equal stored ones for every additive residual: tests/test_residual_contract.py;
+aux losses and per-layer stats: tests/test_stack_contract.py."""
 
 from __future__ import annotations
 
@@ -17,37 +20,9 @@ def batch(b=2, t=30, vocab=40, seed=0):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-@pytest.mark.parametrize("residual", ["pre_norm", "rezero"])
-def test_recomputed_gradients_equal_stored_ones_with_dropout_on(residual):
-    """Same weights, same seed: the recomputing stack (RNG restored) and plain autograd through the
-    same coupling give the same loss and the same gradient for every parameter."""
-    ours = zoo.create_model("reformer", n_layers=2, residual=residual, **SMALL).train()
-    plain = zoo.create_model("reformer", n_layers=2, residual=residual, **{**SMALL, "stack": {"recompute": False}}).train()
-    plain.load_state_dict(ours.state_dict())
-    if residual == "rezero":  # alpha starts at 0 (identity blocks): move it so the branches matter
-        with torch.no_grad():
-            for m in (ours, plain):
-                for name, p in m.named_parameters():
-                    if name.endswith("alpha"):
-                        p.fill_(0.5)
-    tokens, targets = batch(t=20)
-    pad = torch.ones_like(tokens, dtype=torch.bool)
-    pad[1, -5:] = False
-    losses = []
-    for model in (ours, plain):
-        torch.manual_seed(123)
-        loss = model(tokens, targets, pad_mask=pad).loss
-        loss.backward()
-        losses.append(loss)
-    torch.testing.assert_close(losses[0], losses[1])
-    for (name, p), q in zip(ours.named_parameters(), plain.parameters()):
-        assert p.grad is not None and q.grad is not None, name
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
-    assert any(p.grad.abs().sum() > 0 for n, p in ours.named_parameters() if "stack.blocks.0" in n)
-
-
 def test_dropout_actually_differs_between_seeds():
-    """Guard for the test above: dropout is live, so equal gradients needed the RNG restore."""
+    """Guard for test_residual_contract's reversible-gradient check (run for every additive residual):
+    dropout is live, so equal gradients needed the RNG restore."""
     model = zoo.create_model("reformer", n_layers=2, **SMALL).train()
     tokens, targets = batch()
     torch.manual_seed(1)
@@ -129,12 +104,15 @@ def test_chunked_feed_forward_equals_unchunked():
 
 
 def test_refused_at_build_time_with_the_reason():
-    with pytest.raises(ValueError, match="additive.*post_norm"):
-        zoo.create_model("reformer", residual="post_norm", **SMALL)
+    not_additive = next(n for n in zoo.list_residuals() if not zoo.RESIDUAL.get(n).additive)
+    additive = next(n for n in zoo.list_residuals() if zoo.RESIDUAL.get(n).additive)
+    with pytest.raises(ValueError, match=f"additive.*{not_additive}"):
+        zoo.create_model("reformer", residual=not_additive, **SMALL)
     with pytest.raises(ValueError, match="supports_memory"):
         zoo.create_model("reformer", **{**SMALL, "attention": "vanilla"})
     with pytest.raises(ValueError, match="cross-attention"):
-        zoo.create_model("vanilla_seq2seq", d_model=32, n_heads=4, d_ff=32, n_layers=1, residual="pre_norm", stack="reversible", attention="shared_qk")
+        zoo.create_model("vanilla_seq2seq", d_model=32, n_heads=4, d_ff=32, n_layers=1, residual=additive,
+                         stack="reversible", attention="shared_qk")
     model = zoo.create_model("reformer", n_layers=1, **SMALL)
     with pytest.raises(ValueError, match="keeps no state"):
         model.stack(torch.randn(1, 8, 32), state=[object()])

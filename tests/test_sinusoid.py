@@ -50,10 +50,10 @@ def test_xl_relative_positional_keys_of_a_float64_model_at_4k():
 
 def test_universal_coordinate_signal_of_a_float64_model_at_4k():
     """P^t = position sinusoid + step sinusoid (Dehghani et al. 2019, eq. 3), summed in float64."""
-    config = ModelConfig(d_model=D, n_heads=4, d_ff=2 * D, stack={"name": "universal"})
+    config = ModelConfig(d_model=D, n_heads=4, d_ff=2 * D, position={"name": "none"}, stack={"name": "universal"})
     stack = build_stack(config, causal=True, cross=False, n_layers=3).double()
     step = 3
-    got = stack.signal(len(FAR), int(FAR[0]), step, torch.device("cpu"), torch.float64)
+    got = stack.signal(int(FAR[-1]) + 1, step, torch.device("cpu"), torch.float64)[FAR]  # positions 0 .. ~4K
     want = formula(FAR, D) + formula(torch.tensor([step]), D)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)

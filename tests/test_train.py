@@ -351,4 +351,4 @@ def test_aux_losses_are_added_and_logged_by_name(tmp_path):
     aux = [r["train/aux/toy_l1"] for r in rows if "train/aux/toy_l1" in r]
     assert len(aux) == 4 and aux[0] == pytest.approx(2 * 0.5)  # two layers, 0.5 * |1| each, at step 1
     assert aux[-1] < aux[0]  # the aux loss was part of the objective: the gates shrank
-    assert any("train/stats/layer0/gate" in r for r in rows)
+    assert any("train/stats/layer0/attn/gate" in r for r in rows)

@@ -18,7 +18,8 @@ D, H = 16, 2
 
 
 def make_stack(*, causal: bool = False, cross: bool = False, residual: str = "post_norm", n_layers: int = 4, **stack_options) -> UniversalStack:
-    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, residual={"name": residual}, stack={"name": "universal", **stack_options})
+    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, residual={"name": residual},
+                         position={"name": "none"}, stack={"name": "universal", **stack_options})
     stack = build_stack(config, causal=causal, cross=cross, n_layers=n_layers)
     return stack.eval()
 
@@ -178,8 +179,6 @@ def test_bad_input_is_refused_with_the_reason():
     stack = make_stack(causal=True)
     with pytest.raises(ValueError, match="keeps no state"):
         stack(torch.randn(1, 3, D), state=[stack.block.init_state(1)] * 4)
-    with pytest.raises(ValueError, match="offset"):
-        stack(torch.randn(1, 1, D), offset=3)
     lm = zoo.create_model("universal_transformer", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
     first = lm(torch.randint(0, 20, (1, 3)), state=lm.init_state(1))
     with pytest.raises(ValueError, match="cannot continue a sequence"):
@@ -223,3 +222,34 @@ def test_universal_act_learns_copy():
     test = algorithmic_batch("copy", 64, 5, 5, generator=g)
     char, _ = score(model.generate(test["src"], max_len=6, src_pad_mask=test["src_pad_mask"]), test["targets"])
     assert char > 0.9
+
+
+def test_each_step_runs_the_block_as_its_layer_so_interleaved_patterns_alternate():
+    """Sparse Transformer's interleaved combination puts A1 in even layers and A2 in odd ones; a
+    universal stack's step n is layer n - 1, so T steps equal a weight-shared sequential stack."""
+    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, position={"name": "none"},
+                         attention={"name": "sparse_strided", "stride": 3, "combine": "interleaved"},
+                         stack={"name": "universal", "position_signal": False, "timestep_signal": False})
+    stack = build_stack(config, causal=True, cross=False, n_layers=4).eval()
+    seen = []
+    stack.block.attention.register_forward_pre_hook(lambda module, args: seen.append(module.head_patterns()[0]))
+    x = torch.randn(2, 12, D)
+    out = stack(x)
+    assert seen == ["A1", "A2", "A1", "A2"]
+    sequential_config = ModelConfig(**{**config.to_dict(), "stack": {"name": "sequential"}})
+    sequential = build_stack(sequential_config, causal=True, cross=False, n_layers=4).eval()
+    for block in sequential.blocks:
+        block.load_state_dict(stack.block.state_dict())
+    torch.testing.assert_close(out.x, sequential(x).x)
+    assert stack.block.attention.layer_index == 0  # restored after the forward
+
+
+def test_one_owner_of_the_position_signal():
+    """The universal stack adds the position sinusoid before every step; a model position on top
+    would add positions twice, so the builder refuses the pair and says how to resolve it."""
+    small = dict(vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
+    with pytest.raises(ValueError, match="added twice.*position=none"):
+        zoo.create_model("vanilla_lm", stack="universal", **small)
+    zoo.create_model("vanilla_lm", stack={"name": "universal", "position_signal": False}, **small)  # the model owns it
+    zoo.create_model("vanilla_lm", stack="universal", position="none", **small)  # the stack owns it
+    assert zoo.preset_config("universal_transformer").position["name"] == "none"

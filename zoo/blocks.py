@@ -1,17 +1,28 @@
 """The one block skeleton every variant shares, and the position-wise feed-forward network.
 
 A :class:`Block` receives its parts (attention, optional cross-attention, feed-forward) and a
-residual policy factory; it never branches on which mechanism it holds. Stacks compose blocks in
-depth (sequentially, reversibly, or recurrently with ACT) through the two entry points here:
-``forward`` (the whole block) and the ``*_branch`` methods (the additive residual branches the
-reversible stack needs).
+residual policy factory; it never branches on which mechanism it holds. Each sub-layer runs as its
+residual policy's two steps: ``h = residual.sublayer_input(x)``, ``x = residual.join(x, f(h))``.
+A mechanism that remembers its layer's inputs across calls (``remembers_inputs``: Transformer-XL
+memory, the adaptive-span cache) also gets the raw stream and that ``sublayer_input`` map
+(``LayerInput``), so it stores x and normalises what it remembers with the current weights: a
+pre-norm layer attends over LayerNorm([StopGrad(M), E]) as in GTrXL (Parisotto et al. 2019).
+
+Stacks compose blocks in depth through ``forward`` (the whole block) and, when they rearrange the
+residual stream (reversible), through the additive view at the end of the class: ``additive``,
+``attention_branch``, ``feed_forward_branch``, ``feed_forward_slices``, ``branch_parameters``.
+``at_depth`` lets a stack that re-applies one block (universal) run it as layer n.
+
+Stats come back named ``attn/<name>`` and ``cross/<name>`` (stacks prefix ``layer<i>/``); aux
+losses keep the mechanism's name and are summed.
 
 Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real); context [b, c, d]; context_pad_mask [b, c].
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput
+from zoo.attention.base import Attention, AttnOutput, LayerInput
 from zoo.config import require
 from zoo.residual import Residual
 
@@ -74,10 +85,16 @@ def merge_into(total: dict[str, Tensor], extra: dict[str, Tensor]) -> dict[str, 
     return total
 
 
+def prefixed(prefix: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
+    """{"span_mean": v} -> {"<prefix>/span_mean": v}"""
+    return {f"{prefix}/{key}": value for key, value in stats.items()}
+
+
 class Block(nn.Module):
     """attention -> [cross-attention] -> feed-forward, each joined by its own residual policy."""
 
-    def __init__(self, attention: Attention, feed_forward: nn.Module, make_residual: Callable[[], Residual], cross_attention: Attention | None = None):
+    def __init__(self, attention: Attention, feed_forward: nn.Module, make_residual: Callable[[], Residual],
+                 cross_attention: Attention | None = None):
         super().__init__()
         self.attention = attention
         self.cross_attention = cross_attention
@@ -91,49 +108,95 @@ class Block(nn.Module):
         cross = self.cross_attention.init_state(batch_size) if self.cross_attention is not None else None
         return None if own is None and cross is None else BlockState(own, cross)
 
-    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: BlockState | None = None, context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> BlockOutput:
+    def _attend(self, x: Tensor, pad_mask: Tensor | None, state: Any) -> AttnOutput:
+        """The self-attention sub-layer on the stream x (before its residual join)."""
+        residual = self.attention_residual
+        h = residual.sublayer_input(x)
+        if self.attention.remembers_inputs:
+            version = tuple((p.data_ptr(), p._version) for p in residual.parameters())
+            layer_input = LayerInput(x, residual.sublayer_input, version)
+            return self.attention(h, pad_mask=pad_mask, state=state, layer_input=layer_input)
+        return self.attention(h, pad_mask=pad_mask, state=state)
+
+    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: BlockState | None = None,
+                context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> BlockOutput:
         state = state or BlockState()
-        results: list[AttnOutput] = []
-
-        def attend(h: Tensor) -> Tensor:
-            result = self.attention(h, pad_mask=pad_mask, state=state.attention)
-            results.append(result)
-            return result.out
-
-        x = self.attention_residual(x, attend)
-        own = results[-1]
+        own = self._attend(x, pad_mask, state.attention)
+        x = self.attention_residual.join(x, own.out)
+        aux = merge_into({}, own.aux)
+        stats = prefixed("attn", own.stats)
         cross_state = None
         if self.cross_attention is not None:
             if context is None:
                 raise ValueError("this block has cross-attention: pass context=[b, c, d] (the encoder output)")
-
-            def cross_attend(h: Tensor) -> Tensor:
-                result = self.cross_attention(h, context=context, pad_mask=context_pad_mask, state=state.cross)
-                results.append(result)
-                return result.out
-
-            x = self.cross_residual(x, cross_attend)
-            cross_state = results[-1].state
+            h = self.cross_residual.sublayer_input(x)
+            cross = self.cross_attention(h, context=context, pad_mask=context_pad_mask, state=state.cross)
+            x = self.cross_residual.join(x, cross.out)
+            cross_state = cross.state
+            merge_into(aux, cross.aux)
+            stats.update(prefixed("cross", cross.stats))
         x = self.feed_forward_residual(x, lambda h: self.feed_forward(h, pad_mask=pad_mask))
-        aux: dict[str, Tensor] = {}
-        stats: dict[str, Tensor] = {}
-        for result in results:
-            merge_into(aux, result.aux)
-            stats.update(result.stats)
         new_state = None if own.state is None and cross_state is None else BlockState(own.state, cross_state)
         return BlockOutput(x, new_state, aux, stats)
 
-    # -- additive branches, for stacks that rearrange the residual (reversible) ----------------
-    def attention_branch(self, x: Tensor, *, pad_mask: Tensor | None = None) -> tuple[Tensor, AttnOutput]:
-        """F(x) with x + F(x) = the attention half of ``forward`` (additive residuals only)."""
-        results: list[AttnOutput] = []
+    @contextmanager
+    def at_depth(self, layer_index: int) -> Iterator[None]:
+        """Run this block as layer ``layer_index`` (for depth-dependent patterns, e.g. interleaved
+        sparse attention) while the context lasts: a stack that re-applies one block passes the step."""
+        attentions = [a for a in (self.attention, self.cross_attention) if a is not None]
+        before = [a.layer_index for a in attentions]
+        for attention in attentions:
+            attention.layer_index = layer_index
+        try:
+            yield
+        finally:
+            for attention, index in zip(attentions, before):
+                attention.layer_index = index
 
-        def attend(h: Tensor) -> Tensor:
-            results.append(self.attention(h, pad_mask=pad_mask))
-            return results[-1].out
+    # -- the additive view, for stacks that rearrange the residual stream (reversible) ---------
+    @property
+    def additive(self) -> bool:
+        """Every sub-layer joins as x + branch(x), so a layer's input can be recovered."""
+        residuals = (self.attention_residual, self.cross_residual, self.feed_forward_residual)
+        return all(r.additive for r in residuals if r is not None)
 
-        return self.attention_residual.branch(x, attend), results[-1]
+    @property
+    def keeps_state(self) -> bool:
+        """An attention here can carry state (memory, cache) from one call to the next."""
+        return any(a is not None and a.supports_memory for a in (self.attention, self.cross_attention))
+
+    @property
+    def has_cross(self) -> bool:
+        return self.cross_attention is not None
+
+    def describe(self) -> str:
+        """The parts by registry name, for error messages: "attention 'lsh', residual 'pre_norm'"."""
+        return f"attention {self.attention.registry_name!r}, residual {self.attention_residual.registry_name!r}"
+
+    def attention_branch(self, x: Tensor, *, pad_mask: Tensor | None = None
+                         ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        """F(x) with x + F(x) = the attention half of ``forward`` (additive residuals only), with
+        the mechanism's aux losses and its stats (named as ``forward`` names them)."""
+        if not self.additive:
+            raise TypeError(f"this block ({self.describe()}) is not additive: no attention branch F with y = x + F(x)")
+        result = self._attend(x, pad_mask, None)
+        return self.attention_residual.update(result.out), dict(result.aux), prefixed("attn", result.stats)
 
     def feed_forward_branch(self, x: Tensor) -> Tensor:
-        """G(x) with x + G(x) = the feed-forward half of ``forward``."""
+        """G(x) with x + G(x) = the feed-forward half of ``forward``; position-wise, so it may be
+        computed on any slice of positions (``feed_forward_slices``)."""
         return self.feed_forward_residual.branch(x, self.feed_forward)
+
+    def feed_forward_slices(self, t: int) -> list[slice]:
+        """The slices of t positions the feed-forward runs on (``FeedForward.chunk_size``)."""
+        size = getattr(self.feed_forward, "chunk_size", 0) or t
+        return [slice(s, min(s + size, t)) for s in range(0, t, size)]
+
+    def branch_parameters(self, branch: str) -> list[nn.Parameter]:
+        """The parameters one branch uses ("attention" or "feed_forward"): sub-layer and residual."""
+        require(branch in ("attention", "feed_forward"), f"branch must be attention or feed_forward, got {branch!r}")
+        if branch == "attention":
+            modules = [self.attention, self.attention_residual]
+        else:
+            modules = [self.feed_forward, self.feed_forward_residual]
+        return [p for module in modules for p in module.parameters()]

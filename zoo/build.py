@@ -60,7 +60,7 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
     cross_name, cross_options = split_part(config.cross_attention)
     if cross and not ATTENTION.get(cross_name).supports_cross:
         capable = [n for n in ATTENTION.list() if ATTENTION.get(n).supports_cross]
-        reason = getattr(ATTENTION.get(cross_name), "no_cross_reason", "")
+        reason = ATTENTION.get(cross_name).no_cross_reason
         raise ValueError(f"cross_attention {cross_name!r} cannot attend to another sequence (supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}")
     make_residual = residual_factory(config)
 
@@ -73,4 +73,13 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
         return Block(attention, feed_forward, make_residual, cross_attention)
 
     stack_name, stack_options = split_part(config.stack)
-    return STACK.get(stack_name)(make_block, n_layers, config.d_model, **stack_options)
+    stack_cls = STACK.get(stack_name)
+    position_name = split_part(config.position)[0]
+    if stack_cls.adds_position_signal(stack_options) and position_name != "none":
+        raise ValueError(
+            f"stack {stack_name!r} adds its own position signal (before every step) and "
+            f"position={position_name!r} adds one at the embedding: positions would be added twice; "
+            "set position=none (the universal presets do) "
+            "or turn the stack's signal off (stack.position_signal=false)"
+        )
+    return stack_cls(make_block, n_layers, config.d_model, **stack_options)

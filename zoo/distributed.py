@@ -59,8 +59,3 @@ def broadcast_flag(flag: bool, device: torch.device) -> bool:
     t = torch.tensor([1 if flag else 0], device=device)
     dist.broadcast(t, 0)
     return bool(t.item())
-
-
-def cleanup() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

@@ -18,6 +18,11 @@ Both policies wrap one sub-layer (attention or feed-forward) of a block:
   b_g is learned and initialised to ``gate_bias`` (2, the paper's value for the GRU gate), so at
   initialisation z is about sigmoid(-2) = 0.12 and every block is close to the identity map.
 
+Memory: both policies normalise the sub-layer's input, and with Transformer-XL memory the
+LayerNorm applies to [StopGrad(M), E] on every call (the paper's block): memory holds the raw
+stream and is normalised with the current weights inside the graph (``sublayer_input``, passed to
+the attention by ``blocks.Block``).
+
 Deviations: the stream ends in a final LayerNorm before the LM head (``final_norm``), as in the
 pre-norm stack; the paper feeds the last layer's output to a policy network instead. Dropout, when
 configured, acts on y (the sub-layer output) before the join.
@@ -33,15 +38,15 @@ from torch import Tensor, nn
 
 from zoo.config import require
 from zoo.registry import RESIDUAL
-from zoo.residual import PreNorm, Residual, Sublayer
+from zoo.residual import PreNorm, Residual
 
 
 @RESIDUAL.register("identity_map")
 class IdentityMapReordered(PreNorm):
     """TrXL-I: x + ReLU(Sublayer(LayerNorm(x))): pre-norm with a ReLU on the sub-layer output."""
 
-    def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.drop(F.relu(sublayer(self.norm(x))))
+    def update(self, y: Tensor) -> Tensor:
+        return self.drop(F.relu(y))
 
 
 @RESIDUAL.register("gru_gate")
@@ -65,6 +70,9 @@ class GRUGate(Residual):
         self.from_rx = nn.Linear(d_model, d_model, bias=False)  # U_g, applied to r * x
         self.gate_bias = nn.Parameter(torch.full((d_model,), float(self.options.gate_bias)))
 
+    def sublayer_input(self, x: Tensor) -> Tensor:
+        return self.norm(x)
+
     def gate(self, x: Tensor, y: Tensor) -> Tensor:
         """g(x, y): x the residual stream, y the (ReLU'd) sub-layer output; both [b, t, d]."""
         wr, wz, wg = self.from_y(y).chunk(3, dim=-1)
@@ -74,5 +82,5 @@ class GRUGate(Residual):
         h = torch.tanh(wg + self.from_rx(r * x))
         return (1 - z) * x + z * h
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.gate(x, self.drop(F.relu(sublayer(self.norm(x)))))
+    def join(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.gate(x, self.drop(F.relu(y)))

@@ -186,7 +186,7 @@ class ZooModel(nn.Module):
         token at a time; otherwise it recomputes the whole prefix each step."""
         return attention_class(self.config.attention).supports_memory and STACK.get(split_part(self.config.stack)[0]).keeps_state
 
-    def check_state(self, state: Any, batch_size: int, cls: type = None) -> None:
+    def check_state(self, state: Any, batch_size: int, cls: type = None, *, stack: nn.Module | None = None) -> None:
         cls = cls or ModelState
         if state is None:
             return
@@ -196,6 +196,14 @@ class ZooModel(nn.Module):
             raise ValueError(f"state comes from a different model ({state.signature}); this model is {self.signature}")
         if state.batch_size != batch_size:
             raise ValueError(f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh with state=None or model.init_state({batch_size})")
+        if state.offset and stack is not None and not stack.keeps_state:
+            # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
+            raise ValueError(
+                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence "
+                f"at offset {state.offset}: "
+                "the new tokens would not see the earlier ones; feed the whole prefix with state=None "
+                "(attentions_keep_state() is False for this stack, so generate() does)"
+            )
 
     @property
     def num_parameters(self) -> int:
@@ -241,13 +249,13 @@ class CausalLM(ZooModel):
         x = self.input_vectors(self.embed, tokens, embeds)
         b, t = x.shape[:2]
         check_pad_mask(pad_mask, x[..., 0])
-        self.check_state(state, b)
+        self.check_state(state, b, stack=self.stack)
         offset = state.offset if state is not None else 0
         x = self.drop(self.position(x, offset))
         auxiliary = self.aux_heads is not None and self.training and targets is not None
         if self.aux_heads is not None:
             self.aux_heads.start(auxiliary)
-        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None, offset=offset)
+        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None)
         hidden = self.norm(out.x)
         if auxiliary:
             out.aux.update(self.aux_heads.losses(hidden, targets, pad_mask, self.config.label_smoothing))
@@ -404,7 +412,7 @@ class EncoderDecoder(ZooModel):
         self.refuse_without_head(targets)
         y = self.input_vectors(self.tgt_embed, tgt, tgt_embeds, ("tgt", "tgt_embeds"))
         b, t = y.shape[:2]
-        self.check_state(state, b, Seq2SeqState)
+        self.check_state(state, b, Seq2SeqState, stack=self.decoder)
         encoder_aux: dict[str, Tensor] = {}
         encoder_stats: dict[str, Tensor] = {}
         if state is None:
@@ -413,7 +421,8 @@ class EncoderDecoder(ZooModel):
         else:
             memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
         check_pad_mask(tgt_pad_mask, y[..., 0], "tgt_pad_mask")
-        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory, context_pad_mask=memory_pad_mask, offset=offset)
+        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory,
+                           context_pad_mask=memory_pad_mask)
         hidden = self.decoder_norm(out.x)
         logits = self.output_head(hidden)
         loss = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing) if targets is not None else None

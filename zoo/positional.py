@@ -57,6 +57,11 @@ class Position(nn.Module):
         self.d_model, self.max_len = d_model, max_len
         self.options = build_options(self.Options, options, f"position {self.registry_name!r}")
 
+    @classmethod
+    def contract_options(cls) -> dict:
+        """Options under which tests/test_position_contract.py exercises this signal (d_model 16)."""
+        return {}
+
     def positions(self, x: Tensor, offset: int) -> Tensor:
         """Absolute positions of ``x`` [b, t, d]: offset + index, [1, t] (broadcast over the batch); in
         training with random_offset_max > 0, [b, t] with a random start u_b in 0..R per sequence."""

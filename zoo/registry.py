@@ -70,6 +70,11 @@ class Registry(Generic[T]):
 
         return add(obj) if obj is not None else add
 
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` and return what it held (tests and plugins that register for a while)."""
+        self.get(name)  # the standard error for an unknown name
+        return self._entries.pop(name)
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]

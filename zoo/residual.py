@@ -1,21 +1,33 @@
 """Residual policies: how a sub-layer's output joins the residual stream.
 
 A policy wraps one sub-layer (attention, cross-attention or feed-forward) of a block and is called
-as ``policy(x, sublayer) -> y`` where ``sublayer`` maps [b, t, d] -> [b, t, d]. Policies that
-compute ``y = x + branch(x)`` are *additive* and also expose ``branch``; only those fit inside
-the reversible stack, which needs to subtract the branch to recover its inputs.
+as ``policy(x, sublayer) -> y`` where ``sublayer`` maps [b, t, d] -> [b, t, d]. Every policy is two
+steps, so the block (and the mechanisms that remember their layer's inputs) can see both:
+
+- ``sublayer_input(x)``: what the sub-layer sees of the stream, a map acting on each position alone
+  (LayerNorm in the pre-norm family, the identity otherwise). A mechanism with memory stores the
+  raw stream and applies this map to what it remembers on every call (see ``blocks.Block``);
+- ``join(x, y)``: how the sub-layer's output y = sublayer(sublayer_input(x)) rejoins x.
+
+Policies whose join is ``x + update(y)`` are *additive* (``AdditiveResidual``) and also expose
+``branch(x, sublayer) = update(sublayer(sublayer_input(x)))``; only those fit inside the reversible
+stack, which subtracts the branch to recover its inputs.
 
 - ``post_norm``: LayerNorm(x + Dropout(Sublayer(x))) (Vaswani et al. 2017, Section 5.4).
 - ``pre_norm``:  x + Dropout(Sublayer(LayerNorm(x))) (Wang et al. 2019, arXiv:1906.01787); the
   stack then ends in one more LayerNorm (``final_norm``).
 - ``rezero``:    x + alpha * Dropout(Sublayer(x)), alpha a learned scalar initialised to 0, so
   every block starts as the identity (Bachlechner et al. 2020, arXiv:2003.04887).
+
+Adding a policy: subclass ``Residual`` (or ``AdditiveResidual``) in its own module, register it
+with ``@RESIDUAL.register("name")`` and import the module from ``zoo/__init__.py``'s part list;
+``tests/test_residual_contract.py`` then runs the contract over it (by its flags).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +39,7 @@ Sublayer = Callable[[Tensor], Tensor]
 
 
 class Residual(nn.Module):
-    additive: ClassVar[bool] = False  # y = x + branch(x): usable in the reversible stack
+    additive: ClassVar[bool] = False  # join(x, y) = x + update(y): usable in the reversible stack
     final_norm: ClassVar[bool] = False  # the stack output needs a final LayerNorm
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
@@ -37,11 +49,41 @@ class Residual(nn.Module):
         self.options = build_options(self.Options, options, f"residual {self.registry_name!r}")
         self.drop = nn.Dropout(dropout)
 
+    @classmethod
+    def contract_options(cls) -> dict[str, Any]:
+        """Options under which the residual contract suite exercises this policy (d_model 16)."""
+        return {}
+
+    def sublayer_input(self, x: Tensor) -> Tensor:
+        """[b, t, d] -> [b, t, d]: what the sub-layer sees; must act on each position alone."""
+        return x
+
+    def join(self, x: Tensor, y: Tensor) -> Tensor:
+        """The new stream from the old one x and the sub-layer's output y (both [b, t, d])."""
+        raise NotImplementedError
+
     def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        raise TypeError(f"residual {self.registry_name!r} is not additive (y != x + branch(x)); the reversible stack needs pre_norm or rezero")
+        raise TypeError(f"residual {self.registry_name!r} is not additive (y != x + branch(x)); the reversible stack "
+                        "needs an additive residual such as pre_norm or rezero")
 
     def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return x + self.branch(x, sublayer)
+        return self.join(x, sublayer(self.sublayer_input(x)))
+
+
+class AdditiveResidual(Residual):
+    """join(x, y) = x + update(y): the sub-layer's contribution can be subtracted again."""
+
+    additive = True
+
+    def update(self, y: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def join(self, x: Tensor, y: Tensor) -> Tensor:
+        return x + self.update(y)
+
+    def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
+        """F(x) with x + F(x) = forward(x, sublayer)."""
+        return self.update(sublayer(self.sublayer_input(x)))
 
 
 @RESIDUAL.register("post_norm")
@@ -50,30 +92,30 @@ class PostNorm(Residual):
         super().__init__(d_model, dropout, **options)
         self.norm = nn.LayerNorm(d_model)
 
-    def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.norm(x + self.drop(sublayer(x)))
+    def join(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.norm(x + self.drop(y))
 
 
 @RESIDUAL.register("pre_norm")
-class PreNorm(Residual):
-    additive = True
+class PreNorm(AdditiveResidual):
     final_norm = True
 
     def __init__(self, d_model: int, dropout: float = 0.0, **options):
         super().__init__(d_model, dropout, **options)
         self.norm = nn.LayerNorm(d_model)
 
-    def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.drop(sublayer(self.norm(x)))
+    def sublayer_input(self, x: Tensor) -> Tensor:
+        return self.norm(x)
+
+    def update(self, y: Tensor) -> Tensor:
+        return self.drop(y)
 
 
 @RESIDUAL.register("rezero")
-class ReZero(Residual):
-    additive = True
-
+class ReZero(AdditiveResidual):
     def __init__(self, d_model: int, dropout: float = 0.0, **options):
         super().__init__(d_model, dropout, **options)
         self.alpha = nn.Parameter(torch.zeros(()))
 
-    def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        return self.alpha * self.drop(sublayer(x))
+    def update(self, y: Tensor) -> Tensor:
+        return self.alpha * self.drop(y)

@@ -1,9 +1,14 @@
 """Stacks: how blocks are composed in depth.
 
 A stack is built from a block factory ``make_block(layer_index) -> Block`` and called as
-``stack(x, *, pad_mask, state, context, context_pad_mask, offset) -> StackOutput``. ``state`` is a
-list with one entry per layer (``None`` = start fresh); ``offset`` is the absolute position of
-``x[:, 0]`` for stacks that add their own signals (the Universal Transformer's timestep signal).
+``stack(x, *, pad_mask, state, context, context_pad_mask) -> StackOutput``. ``state`` is a list
+with one entry per layer (``None`` = start fresh).
+
+The contract every stack keeps (``tests/test_stack_contract.py`` checks it over the registry):
+every layer's aux losses come back (summed by name, as ``ModelOutput.aux_losses``) and every
+layer's stats come back under ``layer<i>/<block stat>`` (``layer3/attn/span_mean``,
+``layer3/cross/...``; a stack re-applying one block numbers its steps as layers); stack-level
+stats get the stack's own prefix (``act/steps_mean``).
 
 - ``sequential``: N independent blocks applied in order (Vaswani et al. 2017).
 Later stacks (``reversible``, ``universal``) register here too, each in its own file.
@@ -17,7 +22,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from zoo.blocks import Block, merge_into
+from zoo.blocks import Block, merge_into, prefixed
 from zoo.config import NoOptions, build_options, require
 from zoo.registry import STACK
 
@@ -35,13 +40,27 @@ class StackOutput:
 class Stack(nn.Module):
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
+    # capability flags: the builder and the contract suite (tests/test_stack_contract.py) read these
     keeps_state: ClassVar[bool] = True  # can thread its blocks' caches across calls (universal: no)
+    supports_cross: ClassVar[bool] = True  # can hold blocks with cross-attention (seq2seq decoder)
+    needs_additive: ClassVar[bool] = False  # needs additive residuals (reversible: subtracts the branches)
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__()
         require(isinstance(n_layers, int) and n_layers > 0, f"n_layers must be a positive int, got {n_layers!r}")
         self.n_layers, self.d_model = n_layers, d_model
         self.options = build_options(self.Options, options, f"stack {self.registry_name!r}")
+
+    @classmethod
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        """Option sets under which the stack contract suite exercises this stack (one case each)."""
+        return [{}]
+
+    @classmethod
+    def adds_position_signal(cls, options: dict[str, Any]) -> bool:
+        """True when a stack built with ``options`` adds an absolute position signal itself, so the
+        model must add none (one owner of the position signal; the builder checks it)."""
+        return False
 
     def init_state(self, batch_size: int) -> list[Any] | None:
         return None
@@ -50,7 +69,9 @@ class Stack(nn.Module):
         if state is None:
             return [None] * self.n_layers
         if not isinstance(state, (list, tuple)) or len(state) != self.n_layers:
-            raise ValueError(f"stack {self.registry_name!r}: state must be a list with one entry per layer ({self.n_layers}); got {type(state).__name__} of length {len(state) if hasattr(state, '__len__') else '?'}")
+            length = len(state) if hasattr(state, "__len__") else "?"
+            raise ValueError(f"stack {self.registry_name!r}: state must be a list with one entry per layer "
+                             f"({self.n_layers}); got {type(state).__name__} of length {length}")
         return list(state)
 
 
@@ -64,7 +85,8 @@ class SequentialStack(Stack):
         states = [block.init_state(batch_size) for block in self.blocks]
         return None if all(s is None for s in states) else states
 
-    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None, context: Tensor | None = None, context_pad_mask: Tensor | None = None, offset: int = 0) -> StackOutput:
+    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None,
+                context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> StackOutput:
         states = self.check_state(state)
         new_states, aux, stats = [], {}, {}
         for i, (block, layer_state) in enumerate(zip(self.blocks, states)):
@@ -72,5 +94,5 @@ class SequentialStack(Stack):
             x = out.x
             new_states.append(out.state)
             merge_into(aux, out.aux)
-            stats.update({f"layer{i}/{key}": value for key, value in out.stats.items()})
+            stats.update(prefixed(f"layer{i}", out.stats))
         return StackOutput(x, None if all(s is None for s in new_states) else new_states, aux, stats)

@@ -11,8 +11,13 @@ signal P^t is added (paper, eq. 3):
     P^t[i, 2j] = sin(i / 10000^(2j/d)) + sin(t / 10000^(2j/d))
     P^t[i, 2j+1] = cos(i / 10000^(2j/d)) + cos(t / 10000^(2j/d))
 
-i.e. the sinusoid of the absolute position i (= ``offset`` + index) plus the sinusoid of the step
-t (1-based). Presets therefore set the model's own ``position`` to ``none``.
+i.e. the sinusoid of the position i plus the sinusoid of the step t (1-based). The stack is then
+the one owner of the position signal: the builder refuses a model ``position`` other than ``none``
+beside ``position_signal=True`` (positions would be added twice), so the presets set ``none``.
+
+Step t runs the shared block as layer t - 1 (``Block.at_depth``), so depth-dependent mechanisms
+(interleaved sparse patterns, LSH's per-layer rotations) vary with the step as they would with
+depth in a sequential stack, and per-step stats come back as ``layer<t-1>/...``.
 
 ACT (``act=True``, Graves 2016 applied per position as in the paper, Section 2.2). At step n a
 position's new state s^n = block(s^{n-1} + P^n) gets a halting probability
@@ -48,7 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.blocks import merge_into
+from zoo.blocks import merge_into, prefixed
 from zoo.config import require
 from zoo.positional import sinusoid_table
 from zoo.registry import STACK
@@ -95,9 +100,7 @@ class UniversalStack(Stack):
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options: Any):
         super().__init__(make_block, n_layers, d_model, **options)
-        # one block, layer_index 0: every step is "the same layer" (interleaved patterns that vary
-        # by depth see depth 0 at every step)
-        self.block = make_block(0)
+        self.block = make_block(0)  # shared by every step; step n runs it as layer n - 1 (at_depth)
         if self.options.transition == "sepconv":  # the paper's other transition function
             block = self.block
             kernel_size, causal = self.options.kernel_size, block.attention.causal
@@ -110,6 +113,14 @@ class UniversalStack(Stack):
         self.trace = False
         self.last_trace: ACTTrace | None = None
 
+    @classmethod
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        return [{}, {"act": True, "halting_bias": -1.0}, {"transition": "sepconv"}]
+
+    @classmethod
+    def adds_position_signal(cls, options: dict[str, Any]) -> bool:
+        return bool(options.get("position_signal", cls.Options.position_signal))
+
     def init_state(self, batch_size: int) -> None:
         return None  # no cache: see the module docstring
 
@@ -118,34 +129,34 @@ class UniversalStack(Stack):
             raise ValueError("stack 'universal' keeps no state: it re-applies one block T times (under ACT each position stops at its own step), so a per-layer KV cache or segment memory cannot be threaded through the repeated steps; call with state=None (models recompute the prefix when decoding)")
         return [None] * self.n_layers
 
-    def signal(self, t: int, offset: int, step: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """P^step for positions offset .. offset + t - 1: [t, d] (zeros when both signals are off)."""
+    def signal(self, t: int, step: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """P^step for positions 0 .. t - 1: [t, d] (zeros when both signals are off)."""
         out = torch.zeros(t, self.d_model, device=device, dtype=dtype)
         if self.options.position_signal:
-            out = out + sinusoid_table(torch.arange(offset, offset + t, device=device), self.d_model, dtype=dtype)
+            out = out + sinusoid_table(torch.arange(t, device=device), self.d_model, dtype=dtype)
         if self.options.timestep_signal:
             out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model, dtype=dtype)
         return out
 
-    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None, context: Tensor | None = None, context_pad_mask: Tensor | None = None, offset: int = 0) -> StackOutput:
+    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None,
+                context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> StackOutput:
         self.check_state(state)
-        if offset:
-            # the only way a model passes offset > 0 is by continuing a stream from a returned
-            # state; without a cache the new tokens would not see the earlier ones
-            raise ValueError(f"stack 'universal' keeps no cache, so it cannot continue a sequence at offset {offset}: the new tokens would not see the earlier ones; feed the whole prefix with state=None (ZooModel.attentions_keep_state() is False for this stack, so generate() does)")
         if self.options.act:
-            return self._forward_act(x, pad_mask, context, context_pad_mask, offset)
+            return self._forward_act(x, pad_mask, context, context_pad_mask)
         aux: dict[str, Tensor] = {}
         stats: dict[str, Tensor] = {}
         for step in range(1, self.steps + 1):
-            out = self.block(x + self.signal(x.shape[1], offset, step, x.device, x.dtype), pad_mask=pad_mask, context=context, context_pad_mask=context_pad_mask)
+            with self.block.at_depth(step - 1):
+                out = self.block(x + self.signal(x.shape[1], step, x.device, x.dtype), pad_mask=pad_mask,
+                                 context=context, context_pad_mask=context_pad_mask)
             x = out.x
             merge_into(aux, out.aux)
-            stats.update(out.stats)
+            stats.update(prefixed(f"layer{step - 1}", out.stats))
         stats["universal/steps"] = torch.tensor(float(self.steps))
         return StackOutput(x, None, aux, stats)
 
-    def _forward_act(self, x: Tensor, pad_mask: Tensor | None, context: Tensor | None, context_pad_mask: Tensor | None, offset: int) -> StackOutput:
+    def _forward_act(self, x: Tensor, pad_mask: Tensor | None, context: Tensor | None,
+                     context_pad_mask: Tensor | None) -> StackOutput:
         b, t, _ = x.shape
         device = x.device
         threshold = 1.0 - self.options.epsilon
@@ -171,9 +182,11 @@ class UniversalStack(Stack):
                 return v if rows is None or v is None else v.index_select(0, rows)
 
             s_in = pick(state)
-            out = self.block(s_in + self.signal(t, offset, step, device, x.dtype), pad_mask=pick(pad_mask), context=pick(context), context_pad_mask=pick(context_pad_mask))
+            with self.block.at_depth(step - 1):
+                out = self.block(s_in + self.signal(t, step, device, x.dtype), pad_mask=pick(pad_mask),
+                                 context=pick(context), context_pad_mask=pick(context_pad_mask))
             merge_into(aux, out.aux)
-            stats.update(out.stats)
+            stats.update(prefixed(f"layer{step - 1}", out.stats))
             new = out.x  # [r, t, d]
             h = torch.sigmoid(self.halting(new)).squeeze(-1).float()  # [r, t]
             running = ~pick(halted)

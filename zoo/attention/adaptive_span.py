@@ -32,8 +32,10 @@ the layer keeps only q, k, v and the spans and recomputes the band in backward
 
 State: like Transformer-XL and the paper's code, a cache of the last ``cache_size`` *inputs* of
 this layer (detached) carries context across segments; keys and values of the cropped cache are
-projected again with the current weights each call. The cache must hold at least S past inputs,
-else a head could learn a span it can never see (refused at build time).
+projected again with the current weights each call (in a pre-norm block the cache holds the raw
+stream and the block's current LayerNorm is applied to it, see ``LayerInput``). The cache must
+hold at least S past inputs, else a head could learn a span it can never see (refused at build
+time).
 
 Deviations: (1) the paper's model uses learned relative position embeddings for keys; here the
 model's absolute position signal (sinusoidal by default, with the stream offset) is used, since
@@ -63,7 +65,15 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, StateContract, join_key_padding
+from zoo.attention.base import (
+    Attention,
+    AttnOutput,
+    LayerInput,
+    StateContract,
+    join_key_padding,
+    remembered,
+    to_remember,
+)
 from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
 from zoo.registry import ATTENTION
@@ -189,6 +199,7 @@ class AdaptiveSpanAttention(Attention):
     supports_memory = True  # cache of past inputs, like Transformer-XL's memory
     supports_cross = False
     causal_only = True
+    remembers_inputs = True  # the cache holds past layer inputs, normalised by the block on every call
 
     @dataclass
     class Options:
@@ -266,7 +277,8 @@ class AdaptiveSpanAttention(Attention):
         return SpanCache()
 
     # -- forward -------------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: SpanCache | None = None) -> AttnOutput:
+    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None,
+                state: SpanCache | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         o = self.options
         b, t, _ = x.shape
@@ -287,7 +299,7 @@ class AdaptiveSpanAttention(Attention):
         # keys: the cropped cache (only the last `reach` inputs can be seen) + this segment
         past = state.x if state is not None and state.x is not None else None
         kept = 0 if past is None else min(past.shape[1], reach)
-        inputs = x if kept == 0 else torch.cat([past[:, past.shape[1] - kept:], x], dim=1)
+        inputs = x if kept == 0 else torch.cat([remembered(past[:, past.shape[1] - kept:], layer_input), x], dim=1)
         cached_pad = state.pad_mask if state is not None else None
         kept_pad = None if cached_pad is None else cached_pad[:, cached_pad.shape[1] - kept:]
         key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
@@ -317,7 +329,8 @@ class AdaptiveSpanAttention(Attention):
         with torch.no_grad():
             per_head = spans if spans.dim() == 1 else spans_real.sum((0, 2)) / (pad_mask.sum() if pad_mask is not None else b * t)
             stats = {"span": per_head.detach().clone(), "span_mean": per_head.mean(), "span_max": spans_real.max().detach(), "span_reach": torch.tensor(float(reach))}
-        return AttnOutput(out, state=None if state is None else self._next_cache(past, state.pad_mask, x, pad_mask), aux=aux, stats=stats)
+        cache = None if state is None else self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask)
+        return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
     def _next_cache(self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None) -> SpanCache:
         """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""

@@ -24,6 +24,7 @@ error and the tests skip by flag, never by a list of names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -40,6 +41,32 @@ class AttnOutput:
     state: Any = None  # new per-layer state (detached, bounded), opaque to the block
     aux: dict[str, Tensor] = field(default_factory=dict)  # weighted scalar losses, e.g. {"span_l1": ...}
     stats: dict[str, Tensor] = field(default_factory=dict)  # logging only, e.g. {"span_mean": ...}
+
+
+@dataclass
+class LayerInput:
+    """Where a pre-normalised ``x`` came from, for mechanisms that remember their layer's inputs
+    (``remembers_inputs``): ``x = prepare(raw)`` position by position, ``raw`` [b, t, d] being the
+    residual stream entering the block. Such a mechanism stores ``raw`` and applies the current
+    ``prepare`` to what it remembers on every call, so a pre-norm layer attends over
+    LayerNorm([StopGrad(M), E]) (Parisotto et al. 2019, Section 3): the LayerNorm gets gradient
+    through memory positions, and memory made before an optimiser step is normalised with today's
+    weights. The block passes it (``prepare`` = its residual's ``sublayer_input``); ``version``
+    changes whenever ``prepare``'s weights do, for mechanisms that cache projections of it."""
+
+    raw: Tensor
+    prepare: Callable[[Tensor], Tensor]
+    version: tuple = ()
+
+
+def remembered(states: Tensor, layer_input: LayerInput | None) -> Tensor:
+    """Stored raw layer inputs [b, m, d] as this call's sub-layer sees them."""
+    return states if layer_input is None else layer_input.prepare(states)
+
+
+def to_remember(x: Tensor, layer_input: LayerInput | None) -> Tensor:
+    """What to store of this call's input x [b, t, d]: the raw stream when the block gave it."""
+    return x if layer_input is None else layer_input.raw
 
 
 @dataclass(frozen=True)
@@ -62,6 +89,8 @@ class Attention(nn.Module):
     supports_memory: ClassVar[bool] = False  # segment memory / KV cache across calls
     supports_cross: ClassVar[bool] = False  # keys/values from another sequence
     causal_only: ClassVar[bool] = False  # only defined for causal (decoder) use
+    remembers_inputs: ClassVar[bool] = False  # state keeps past layer inputs: forward takes layer_input=
+    no_cross_reason: ClassVar[str] = ""  # why supports_cross is False, for the builder's error
     content_routed: ClassVar[bool] = False  # which keys a query sees depends on content (LSH buckets):
     # changing any token may reshuffle others' key sets, so causality/padding are checked by gradients
     Options: ClassVar[type] = NoOptions

@@ -151,7 +151,7 @@ class LSHAttention(SharedQKProjections):
 
     def rotations(self, n_buckets: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """[h, k, R, n_buckets/2] random rotations, a pure function of (seed, layer, step)."""
-        key = (int(self.hash_step), self.options.n_hashes, n_buckets, device, dtype)
+        key = (int(self.hash_step), self.layer_index, self.options.n_hashes, n_buckets, device, dtype)
         if self._rotation_cache is None or self._rotation_cache[0] != key:
             seed = (self.options.seed * 1_000_003 + self.layer_index * 10_007 + key[0]) % (2**63)
             g = torch.Generator().manual_seed(seed)

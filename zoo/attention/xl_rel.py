@@ -30,9 +30,10 @@ term at all 72 ms; at 1 thread under load, written-out blocks of 128 were ~15% f
 unfused path.
 
 Memory (``XLMemory``): the layer's input hidden states of the last ``mem_len`` positions,
-detached, plus their padding mask. In a pre-norm block the attention sees LayerNorm(h), so the
-memory holds the normalised states; that is the paper's memory up to a per-position function
-(LayerNorm acts on each position alone), so keys and values are identical either way.
+detached, plus their padding mask. In a pre-norm block (TrXL-I, GTrXL) the memory holds the raw
+residual stream and the block's current LayerNorm is applied to it on every call, the paper's
+LayerNorm([StopGrad(M), E]) (Parisotto et al. 2019): the norm gets gradient through memory
+positions and never normalises with stale weights (``LayerInput`` in attention/base.py).
 ``eval_mem_len`` (> 0) keeps a longer memory in eval mode: the paper trains with attention length
 784 and evaluates with 3,800 on enwik8. Every call returns the memory (bounded by mem_len), so
 ``model(tokens, state=out.state)`` continues a stream segment by segment or token by token.
@@ -55,7 +56,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, StateContract, causal_allowed, guard_empty_rows, join_key_padding
+from zoo.attention.base import (
+    Attention,
+    AttnOutput,
+    LayerInput,
+    StateContract,
+    causal_allowed,
+    guard_empty_rows,
+    join_key_padding,
+    remembered,
+    to_remember,
+)
 from zoo.config import require
 from zoo.positional import sinusoid_table
 from zoo.registry import ATTENTION
@@ -103,6 +114,7 @@ def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
 class XLRelativeAttention(Attention):
     supports_memory = True  # segment-level recurrence
     supports_cross = False  # keys come from [memory ; x]; relative positions need one timeline
+    remembers_inputs = True  # memory = past layer inputs, normalised by the block on every call
 
     @dataclass
     class Options:
@@ -170,7 +182,8 @@ class XLRelativeAttention(Attention):
             memory.keys, memory.values = k[:, :, -keep:], v[:, :, -keep:]
         return memory
 
-    def _keys_values(self, x: Tensor, keys_in: Tensor, memory: XLMemory) -> tuple[Tensor, Tensor, tuple | None]:
+    def _keys_values(self, x: Tensor, keys_in: Tensor, memory: XLMemory, norm_version: tuple = ()
+                     ) -> tuple[Tensor, Tensor, tuple | None]:
         """Keys/values of [memory ; x] -> (k, v [b, h, s, k], what to cache for evaluation or None).
 
         With gradients on, everything is projected from the states (the paper). Without, the
@@ -179,7 +192,7 @@ class XLRelativeAttention(Attention):
             k, v = (self.split_heads(y) for y in self.to_kv(keys_in))
             return k, v, None
         w = self.to_qkv.weight
-        version = (w.data_ptr(), w._version)
+        version = (w.data_ptr(), w._version, norm_version)  # norm_version: the block's LayerNorm that made them
         if memory.length and memory.version == version and memory.keys is not None and memory.keys.shape[2] == memory.length:
             k_new, v_new = (self.split_heads(y) for y in self.to_kv(x))
             k, v = torch.cat([memory.keys, k_new], dim=2), torch.cat([memory.values, v_new], dim=2)
@@ -209,18 +222,24 @@ class XLRelativeAttention(Attention):
         return rearrange(self.to_r(r), "w (h k) -> h w k", h=self.n_heads)
 
     # -- forward -----------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: XLMemory | None = None) -> AttnOutput:
+    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None,
+                state: XLMemory | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         b, t, _ = x.shape
         memory = state if state is not None else XLMemory()
         self._check_memory(memory, x)
         m = memory.length
-        keys_in = x if m == 0 else torch.cat([memory.states, x], dim=1)  # [b, s, d]
+        keys_in = x if m == 0 else torch.cat([remembered(memory.states, layer_input), x], dim=1)  # [b, s, d]
+        stored = keys_in  # what the next memory keeps: the raw stream when the block gave it
+        if layer_input is not None:
+            raw_in = to_remember(x, layer_input)
+            stored = raw_in if m == 0 else torch.cat([memory.states, raw_in], dim=1)
         key_pad = join_key_padding(memory.pad_mask, m, pad_mask, x)  # [b, s] or None
         s = m + t
 
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
-        k, v, cache = self._keys_values(x, keys_in, memory)  # [b, h, s, k]
+        norm_version = layer_input.version if layer_input is not None else ()
+        k, v, cache = self._keys_values(x, keys_in, memory, norm_version)  # [b, h, s, k]
         scale = self.head_dim**-0.5
         q_content = q + self.u[:, None, :]  # (a) + (c): one dot product with k
         q_position = (q + self.v[:, None, :]) * scale  # (b) + (d): against W_R r; SDPA scales only (a)+(c)
@@ -254,7 +273,7 @@ class XLRelativeAttention(Attention):
                     bias = bias.masked_fill_(~allowed, float("-inf"))
                 outs.append(F.scaled_dot_product_attention(q_content[:, :, i0:i1], k[:, :, :n], v[:, :, :n], attn_mask=bias, dropout_p=self.dropout if self.training else 0.0))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        return AttnOutput(self.to_out(self.merge_heads(out)), state=self._next_memory(keys_in, key_pad, cache))
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=self._next_memory(stored, key_pad, cache))
 
     def to_q(self, x: Tensor) -> Tensor:
         return F.linear(x, self.to_qkv.weight[: self.d_model])

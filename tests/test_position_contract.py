@@ -1,0 +1,55 @@
+"""The contract every registered absolute position signal keeps (zoo/positional.py).
+
+A signal registered with ``@POSITION.register`` is exercised here the moment it registers (built
+with its ``contract_options()``), called as ``pos(x, offset=0) -> [b, t, d]``:
+
+- shape and dtype of x kept (float32, float64), finite, up to ``max_len`` positions;
+- continuing at an offset equals the same positions of one longer call (decoding with a cache);
+- rows are independent (the signal depends on the position, not on the batch);
+- the gradient passes through to x.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zoo.registry import POSITION
+
+D, MAX_LEN = 16, 40
+NAMES = POSITION.list()
+
+
+def build(name: str):
+    cls = POSITION.get(name)
+    return cls(D, MAX_LEN, **cls.contract_options())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", NAMES)
+def test_shape_dtype_and_finite_up_to_max_len(name, dtype):
+    pos = build(name).to(dtype)
+    for t in (1, 7, MAX_LEN):
+        x = torch.randn(2, t, D, dtype=dtype)
+        y = pos(x)
+        assert y.shape == x.shape and y.dtype == dtype and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_offset_continues_the_same_positions(name):
+    pos = build(name)
+    x = torch.randn(2, 12, D)
+    whole = pos(x)
+    for start in (1, 5, 11):
+        torch.testing.assert_close(pos(x[:, start:], offset=start), whole[:, start:])
+    torch.testing.assert_close(pos(x[:, 3:4], offset=3), whole[:, 3:4])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rows_are_independent_and_the_gradient_reaches_x(name):
+    pos = build(name)
+    x = torch.randn(3, 9, D, requires_grad=True)
+    y = pos(x)
+    torch.testing.assert_close(y[1:2], pos(x[1:2]))
+    (grad,) = torch.autograd.grad(y.square().sum(), x)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0

@@ -146,7 +146,7 @@ def test_bad_options_and_stacks_are_refused():
     with pytest.raises(ValueError, match="multi_target"):
         tiny_model(aux_losses={"multi_target": -1.0})
     with pytest.raises(ValueError, match="one block per layer"):
-        tiny_model(stack={"name": "universal"})
+        tiny_model(stack={"name": "universal"}, position="none")
     with pytest.raises(ValueError, match="progress"):
         tiny_model().aux_heads.set_progress(1.5)
 

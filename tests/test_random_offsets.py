@@ -94,3 +94,21 @@ def test_reaches_a_model_from_the_config():
     first = model(tokens).logits
     torch.manual_seed(1)
     assert not torch.allclose(model(tokens).logits, first)
+
+
+def test_universal_transformer_takes_the_offsets_with_its_own_position_signal_off():
+    """The route for the length-generalisation runs: stack.position_signal=false hands the position
+    signal to the position axis, which then draws the offsets (added once, at the embedding)."""
+    model = create_model("universal_transformer", vocab_size=16, d_model=D, n_layers=2, n_heads=2, d_ff=32,
+                         dropout=0.0, position={"name": "sinusoidal", "random_offset_max": R},
+                         stack={"position_signal": False})
+    tokens = torch.randint(0, 16, (4, T))
+    model.eval()
+    torch.testing.assert_close(model(tokens).logits, model(tokens).logits)
+    model.train()
+    torch.manual_seed(0)
+    first = model(tokens).logits
+    torch.manual_seed(0)
+    torch.testing.assert_close(model(tokens).logits, first)
+    torch.manual_seed(1)
+    assert not torch.allclose(model(tokens).logits, first)

@@ -147,6 +147,8 @@ def test_bad_options_and_stacks_are_refused():
         tiny_model(aux_losses={"multi_target": -1.0})
     with pytest.raises(ValueError, match="one block per layer"):
         tiny_model(stack={"name": "universal"}, position="none")
+    with pytest.raises(ValueError, match="one block per layer"):  # it has blocks, but never calls them
+        tiny_model(stack={"name": "reversible"}, residual="pre_norm", attention="shared_qk")
     with pytest.raises(ValueError, match="progress"):
         tiny_model().aux_heads.set_progress(1.5)
 

@@ -101,6 +101,9 @@ class AlRfouLosses(nn.Module):
         from zoo.models import token_loss
 
         captured, self._hidden = self._hidden or [], None
+        if self.options.intermediate and len(captured) != self.n_layers - 1:
+            raise RuntimeError(f"aux_losses: recorded {len(captured)} intermediate outputs for {self.n_layers} layers; "
+                               "the stack must call each block once (stack 'sequential')")
         weight = self.options.multi_target
         norm, head = self._norm[0], self._head[0]
 

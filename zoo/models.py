@@ -229,10 +229,11 @@ class CausalLM(ZooModel):
 
     def al_rfou_losses(self) -> AlRfouLosses:
         """Al-Rfou et al. 2018's intermediate-layer / multiple-target losses (zoo/al_rfou.py)."""
-        blocks = getattr(self.stack, "blocks", None)
-        if not isinstance(blocks, nn.ModuleList) or len(blocks) != self.config.n_layers:
-            raise ValueError(f"aux_losses needs one block per layer (stack 'sequential'); stack "
-                             f"{self.config.stack['name']!r} has none")
+        name = self.config.stack["name"]
+        if name != "sequential":  # the others have no per-layer outputs (universal) or skip block() (reversible)
+            raise ValueError(f"aux_losses needs one block per layer, each called in turn (stack 'sequential'); "
+                             f"stack {name!r} is not")
+        blocks = self.stack.blocks
         return AlRfouLosses(self.config.aux_losses, blocks=blocks, norm=self.norm, head=self.head,
                             d_model=self.config.d_model, vocab_size=self.config.vocab_size)
 

@@ -149,6 +149,8 @@ def test_bad_options_and_stacks_are_refused():
         tiny_model(stack={"name": "universal"}, position="none")
     with pytest.raises(ValueError, match="one block per layer"):  # it has blocks, but never calls them
         tiny_model(stack={"name": "reversible"}, residual="pre_norm", attention="shared_qk")
+    with pytest.raises(ValueError, match=r"full softmax output head \(adaptive=\{\}\)"):
+        tiny_model(adaptive={"cutoffs": [8]})
     with pytest.raises(ValueError, match="progress"):
         tiny_model().aux_heads.set_progress(1.5)
 

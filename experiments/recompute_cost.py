@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import time
 
 import torch
@@ -21,6 +20,7 @@ import zoo
 from zoo.attention.adaptive_span import blocked_span_attention
 from zoo.attention.blocked import key_validity
 from zoo.attention.recompute import recompute_in_backward
+from zoo.bench import paired_ratios, paired_rounds
 
 
 def main() -> None:
@@ -52,14 +52,12 @@ def main() -> None:
         return time.perf_counter() - start
 
     for label, (fn, inputs) in cases.items():
-        ratios = []
-        for rnd in range(-1, args.rounds):
-            order = (False, True) if rnd % 2 == 0 else (True, False)
-            times = {mode: step(fn, inputs, mode) for mode in order}
-            if rnd >= 0:
-                ratios.append(times[True] / times[False])
-        print(f"{label} at {t}: recomputed / plain time {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}), "
-              f"{args.rounds} rounds, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}")
+        # zoo.bench's paired rounds: order rotated each round, warm-up round not recorded
+        steps = {mode: functools.partial(step, fn, inputs, mode == "recomputed") for mode in ("plain", "recomputed")}
+        rounds = paired_rounds(steps, args.rounds, progress=lambda line: None)
+        cost = paired_ratios(rounds, "recomputed")["plain"]  # recomputed time / plain time, per round
+        print(f"{label} at {t}: recomputed / plain time {cost['ratio']:.2f}x ({cost['ratio_min']:.2f}-"
+              f"{cost['ratio_max']:.2f}), {args.rounds} rounds, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

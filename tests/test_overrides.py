@@ -254,13 +254,15 @@ def test_part_groups_set_their_options_and_refuse_typos():
                 "stack=universal",
                 "stack.act=true",
                 "stack.max_steps=3",
+                "stack.position_signal=false",  # one owner of the position signal: here the embedding's
                 "position=learned",
                 *SMALL,
             ]
         )
     )
     assert (model.config.residual, model.config.position) == ({"name": "rezero"}, {"name": "learned"})
-    assert model.config.stack == {"name": "universal", "act": True, "max_steps": 3} and model.stack.steps == 3
+    assert model.config.stack == {"name": "universal", "act": True, "max_steps": 3, "position_signal": False}
+    assert model.stack.steps == 3
     message = precheck(["residual=gru_gate", "residual.gate_bais=0"])
     assert "valid: gate_bias, name" in message and "Did you mean 'gate_bias'" in message
     with pytest.raises(ConfigCompositionException):

@@ -178,3 +178,35 @@ def test_stale_jobs_alone_leave_no_summary(tmp_path):
     (tmp_path / "summary.csv").write_text("stale\n")
     assert write_summary(tmp_path) is None and not (tmp_path / "summary.csv").exists()
     assert write_summary(tmp_path, multirun_id="an-earlier-sweep") is not None  # an explicit id picks that multirun
+
+
+def test_summary_memory_and_throughput_are_the_benchmarks(tmp_path, text_file):
+    """A sweep table and zoo.bench agree on what memory means: the summary's act_mib of a tiny run is
+    the byte count zoo.bench reports for the same model, length and batch (one meter), under the
+    same name and unit; tokens_per_s is forward + backward throughput as the bench measures it."""
+    import torch
+
+    from zoo import bench
+    from zoo.app.compose import compose
+    from zoo.app.run import run
+
+    run_dir = tmp_path / "run"
+    # a language model on text: every target scored, as in the bench's step (a task that leaves
+    # targets unscored, like duplication, changes what the loss saves by a few bytes)
+    run(compose(TINY + ["trainer.max_steps=3", "model.dropout=0.0", "data=char_lm", f"data.path={text_file}"]),
+        run_dir=run_dir)
+    result = json.loads((run_dir / "result.json").read_text())
+    write_summary(tmp_path)
+    row = read_rows(tmp_path)[0]
+    assert "peak_mem_mb" not in row and "activations_mb" not in result  # one name, bench's
+    config = json.loads((run_dir / "config.json").read_text())["model_config"]
+    variant = bench.Variant("same", "zoo", result["model"], config)
+    shape = dict(d_model=config["d_model"], heads=config["n_heads"], layers=config["n_layers"],
+                 vocab=config["vocab_size"], batch=2, d_ff=config["d_ff"])
+    module, loss_fn = bench.build(variant, 16, shape, {})
+    assert module.config.to_dict() == config
+    expected = bench.activation_bytes(module, loss_fn, bench.bench_tokens(shape["vocab"], 2, 16)) / 2**20
+    assert float(row["act_mib"]) == pytest.approx(expected, rel=1e-9) and expected > 0
+    assert 0 < result["tokens_per_s"] and result["train_tokens_per_s"] <= result["tokens_per_s"]
+    assert float(row["tokens_per_s"]) == pytest.approx(result["tokens_per_s"])
+    assert torch.isfinite(torch.tensor(float(row["tokens_per_s"])))

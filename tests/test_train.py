@@ -67,7 +67,7 @@ def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
     res = result(tmp_path)
     assert res["status"] == "finished" and res["steps"] == 4 and res["final_metric"] == value and math.isfinite(value)
     assert res["metric"] == {"char_lm": "bpc", "enwik8": "bpc"}.get(task, "accuracy")
-    assert res["tokens_per_s"] > 0 and res["params"] > 0 and res["activations_mb"] > 0
+    assert res["tokens_per_s"] > 0 and res["params"] > 0 and res["act_mib"] > 0
     assert (tmp_path / "checkpoints" / "last.pt").is_file() and (tmp_path / "checkpoints" / "best.pt").is_file()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("train/loss" in r for r in rows) and any(f"val/{res['metric']}" in r for r in rows)
@@ -352,3 +352,46 @@ def test_aux_losses_are_added_and_logged_by_name(tmp_path):
     assert len(aux) == 4 and aux[0] == pytest.approx(2 * 0.5)  # two layers, 0.5 * |1| each, at step 1
     assert aux[-1] < aux[0]  # the aux loss was part of the objective: the gates shrank
     assert any("train/stats/layer0/attn/gate" in r for r in rows)
+
+
+def test_compile_option_reaches_the_trainer(tmp_path, monkeypatch):
+    """trainer.compile=true trains through torch.compile(model) (here a stand-in that counts calls, so
+    nothing compiles: the real compilation is test_compile_option_trains_two_steps); default: eager."""
+    calls = []
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, *args, **kwargs):
+            calls.append(1)
+            return self.inner(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", Compiled)
+    seen = {}
+
+    def look(trainer, step):
+        seen.setdefault(trainer.run_dir.name, type(trainer.net).__name__)
+
+    train(tmp_path / "eager", "trainer.max_steps=2", "trainer.checkpoints=false", callbacks=[look])
+    assert seen["eager"] != "Compiled" and not calls
+    train(tmp_path / "compiled", "trainer.max_steps=2", "trainer.checkpoints=false", "trainer.compile=true",
+          callbacks=[look])
+    assert seen["compiled"] == "Compiled" and len(calls) == 2  # one training forward per step
+    assert result(tmp_path / "compiled")["steps"] == 2
+
+
+@pytest.mark.slow  # torch.compile takes over a minute on the shared 2-core machine
+def test_compile_option_trains_two_steps(tmp_path):
+    seen = {}
+
+    def look(trainer, step):
+        seen[step] = (type(trainer.net).__name__, trainer.tokens_per_s[-1])
+
+    train(tmp_path, "trainer.compile=true", "trainer.max_steps=2", "trainer.eval_every=0", callbacks=[look])
+    res = result(tmp_path)
+    assert res["status"] == "finished" and res["steps"] == 2 and math.isfinite(res["final_metric"])
+    assert seen[1][0] == seen[2][0] == "OptimizedModule"
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert math.isfinite(first["train/loss"])

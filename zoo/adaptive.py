@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import require
+from zoo.inputs import check_tokens
 
 IGNORE_INDEX = -100
 
@@ -112,15 +113,7 @@ class AdaptiveInput(nn.Module):
         return self.embeddings[0]
 
     def forward(self, tokens: Tensor) -> Tensor:
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
-            raise ValueError(
-                f"tokens must be an integer tensor [b, t]; got {getattr(tokens, 'shape', type(tokens).__name__)}"
-            )
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"tokens: ids must lie in [0, vocab_size={self.vocab_size}); got min {int(tokens.min())}, max "
-                f"{int(tokens.max())}"
-            )
+        check_tokens(tokens, "tokens", self.vocab_size)
         flat = tokens.reshape(-1).long()
         out = torch.zeros(flat.shape[0], self.d_model, dtype=self.embeddings[0].dtype, device=tokens.device)
         for i, (lo, hi) in enumerate(self.bounds):

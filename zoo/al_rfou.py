@@ -109,7 +109,7 @@ class AlRfouLosses(nn.Module):
 
         def after_next(h: Tensor) -> Tensor:  # position i predicts targets[i + 1]
             mask = pad_mask[:, 1:] if pad_mask is not None else None
-            return token_loss(self.multi_target_head(h[:, :-1]), targets[:, 1:], mask, label_smoothing)
+            return token_loss(self.multi_target_head(h[:, :-1]), targets[:, 1:], mask, label_smoothing)[0]
 
         out: dict[str, Tensor] = {}
         if weight and targets.shape[1] > 1:
@@ -118,7 +118,7 @@ class AlRfouLosses(nn.Module):
             if not intermediate_layer_active(layer, self.n_layers, self.progress):
                 continue
             h = norm(h)
-            loss = token_loss(head(h), targets, pad_mask, label_smoothing)
+            loss = token_loss(head(h), targets, pad_mask, label_smoothing)[0]  # (mean, count scored)
             if weight and targets.shape[1] > 1:
                 loss = loss + weight * after_next(h)
             out[f"intermediate_l{layer}"] = self.options.intermediate_weight * loss

@@ -14,6 +14,14 @@ then fits the log-log slope of time and memory against length (the complexity cl
 length from which each variant beats the baseline, and writes ``bench.csv``, ``bench.md`` and a
 log-log ``bench.png`` into ``--out``.
 
+``--paired`` instead times the variants in alternating rounds in one run (the order rotated each
+round, a warm-up round unrecorded) and reports each one's median speed-up over ``--baseline`` with
+its min-max over rounds: the only timing that holds on a machine whose load drifts (``paired.csv``,
+``paired_rounds.csv``, ``paired.md``, ``paired.png``); ``--flops`` adds the share of the matmul FLOP
+bound reached where the count is known (the Reformer). ``--device`` (auto: CUDA when present)
+measures on a GPU (synchronised clocks; ``gpu_peak_mib`` = ``torch.cuda.max_memory_allocated``);
+``--compile`` adds every variant under ``torch.compile`` as ``<label>+compile``.
+
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
 ``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
 merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:`zoo.registry.PEER`).
@@ -24,6 +32,8 @@ merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:
         --peers reformer-pytorch
     python -m zoo.bench --model reformer,vanilla_lm --layers 2,4,8,12 --lengths 1024 --set residual=pre_norm
     python -m zoo.bench --model reformer --variant model=reformer stack=sequential --layers 2,4,8 --lengths 1024
+    python -m zoo.bench --paired --flops --model reformer,vanilla_lm --peers reformer-pytorch \
+        --baseline peer:reformer-pytorch --lengths 8192 --rounds 5
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import functools
 import json
 import math
 import os
@@ -40,14 +51,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zoo.meter import ActivationMeter
+from zoo.meter import ActivationMeter, synchronize
 from zoo.registry import PEER
 
 # -- variants -----------------------------------------------------------------------------------
@@ -63,6 +74,7 @@ class Variant:
     kind: str
     name: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    compile: bool = False  # the step runs the module under torch.compile (label "<label>+compile")
 
 
 def _literal(text: str) -> Any:
@@ -150,18 +162,29 @@ def _peer_reformer_pytorch(length: int, shape: dict[str, int]) -> nn.Module:
 
 # -- building and stepping ----------------------------------------------------------------------
 
-def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any]) -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
-    """The module and a ``loss(tokens)`` closure for one training step.
+def split_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """[batch, length + 1] -> inputs and targets [batch, length], each its own tensor as in a training
+    batch: a slice would keep the whole [batch, length + 1] storage alive, and the activation meter
+    (which counts storages) would report more than the trainer does for the same step."""
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any],
+          device: torch.device | str = "cpu") -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
+    """The module (on ``device``) and a ``loss(tokens)`` closure for one training step.
 
     A zoo variant's config: its preset, then the bench's sizes, then the variant's overrides, then
-    ``overrides`` (``--set``, for every variant), each merged by :func:`zoo.config.merge_config`."""
+    ``overrides`` (``--set``, for every variant), each merged by :func:`zoo.config.merge_config`.
+    ``variant.compile``: the closure calls ``torch.compile(module)`` (compiled on its first call)."""
     torch.manual_seed(0)
     if variant.kind == "peer":
-        module = PEER.get(variant.name)(length, shape)
+        module = PEER.get(variant.name)(length, shape).to(device)
+        forward = torch.compile(module) if variant.compile else module
 
         def peer_loss(tokens: Tensor) -> Tensor:
-            logits = module(tokens[:, :-1])
-            return nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            inputs, targets = split_batch(tokens)
+            logits = forward(inputs)
+            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
         return module, peer_loss
     import zoo
@@ -172,12 +195,18 @@ def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[
     config = zoo.preset_config(variant.name).to_dict()
     for layer in (sizing, variant.overrides, overrides):
         config = merge_config(config, layer)
-    module = zoo.create_model(**config)
+    module = zoo.create_model(**config).to(device)
+    forward = torch.compile(module) if variant.compile else module
 
     def zoo_loss(tokens: Tensor) -> Tensor:
-        return total_loss(module(tokens[:, :-1], tokens[:, 1:]))
+        return total_loss(forward(*split_batch(tokens)))
 
     return module, zoo_loss
+
+
+def bench_tokens(vocab: int, batch: int, length: int, device: torch.device | str = "cpu") -> Tensor:
+    """The token batch every variant at ``length`` steps on: [batch, length + 1] (inputs and targets)."""
+    return torch.randint(0, vocab, (batch, length + 1), generator=torch.Generator().manual_seed(length)).to(device)
 
 
 def activation_bytes(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor) -> int:
@@ -187,25 +216,49 @@ def activation_bytes(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tok
     return meter.bytes
 
 
+def pick_device(name: str = "auto") -> torch.device:
+    """``--device``: auto (CUDA when present, else CPU), cpu, cuda, cuda:N (the trainer's rule)."""
+    from zoo.train_options import pick_device as trainer_pick_device
+
+    try:
+        return trainer_pick_device(name)
+    except ValueError as error:
+        message = str(error).replace("trainer.device=auto", "--device auto")
+        raise ValueError(message.replace("trainer.device", "--device")) from None
+
+
+def timed_step(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor) -> float:
+    """Seconds of one forward + backward (synchronised on CUDA before and after)."""
+    synchronize(tokens.device)
+    start = time.perf_counter()
+    loss_fn(tokens).backward()
+    synchronize(tokens.device)
+    elapsed = time.perf_counter() - start
+    module.zero_grad(set_to_none=True)
+    return elapsed
+
+
 def time_steps(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor, warmup: int, repeats: int, max_seconds: float) -> list[float]:
     """Seconds per forward + backward; fewer repeats when one step alone exceeds ``max_seconds``."""
     module.train()
     times = []
     for i in range(warmup + repeats):
-        start = time.perf_counter()
-        loss_fn(tokens).backward()
-        elapsed = time.perf_counter() - start
-        module.zero_grad(set_to_none=True)
+        elapsed = timed_step(module, loss_fn, tokens)
         if i >= warmup:
             times.append(elapsed)
         if elapsed > max_seconds and (i >= warmup or warmup + repeats > 1):
             if i < warmup:  # a warm-up this slow: time one more step and stop
-                start = time.perf_counter()
-                loss_fn(tokens).backward()
-                times.append(time.perf_counter() - start)
-                module.zero_grad(set_to_none=True)
+                times.append(timed_step(module, loss_fn, tokens))
             break
     return times
+
+
+def gpu_peak_mib(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor) -> float:
+    """Peak CUDA memory allocated during one training step (weights, activations, gradients, workspace)."""
+    synchronize(tokens.device)
+    torch.cuda.reset_peak_memory_stats(tokens.device)
+    timed_step(module, loss_fn, tokens)
+    return torch.cuda.max_memory_allocated(tokens.device) / 2**20
 
 
 def _rss_kib() -> int:
@@ -237,13 +290,22 @@ def _rss_child(payload: str) -> None:
 
 # -- the run ------------------------------------------------------------------------------------
 
-def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None = None, d_model: int = 256, heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None, overrides: dict[str, Any] | None = None, threads: int = 2, warmup: int = 1, repeats: int = 3, max_seconds: float = 60.0, rss: bool = True, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Measure every variant at every (length, depth); returns one row per point.
+def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None = None, d_model: int = 256,
+        heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None,
+        overrides: dict[str, Any] | None = None, threads: int = 2, warmup: int = 1, repeats: int = 3,
+        max_seconds: float = 60.0, rss: bool = True, device: torch.device | str = "cpu",
+        progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Measure every variant at every (length, depth) on ``device``; returns one row per point.
+
+    On CUDA the memory figure beside ``act_mib`` is ``gpu_peak_mib`` (``torch.cuda.max_memory_allocated``
+    over one step) and the fresh-process RSS is not measured (it counts host memory only).
 
     A variant that fails (error, out of memory) at a point records the error and is skipped at
     larger points; one whose step exceeds ``max_seconds`` is measured there once and skipped
     beyond, so a slow baseline cannot eat the whole budget."""
     torch.set_num_threads(threads)
+    device = torch.device(device)
+    rss = rss and device.type == "cpu"
     layers = layers or [2]
     overrides = overrides or {}
     rows: list[dict[str, Any]] = []
@@ -254,15 +316,19 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
         for length in lengths:
             for variant in variants:
                 shape = dict(d_model=d_model, heads=heads, layers=depth, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
-                row: dict[str, Any] = dict(variant=variant.label, kind=variant.kind, length=length, layers=depth, batch=batch, d_model=d_model, heads=heads, threads=threads)
+                row: dict[str, Any] = dict(variant=variant.label, kind=variant.kind, length=length, layers=depth,
+                                           batch=batch, d_model=d_model, heads=heads, threads=threads,
+                                           device=str(device))
                 if stop_reason[variant.label]:
                     rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
                     continue
                 try:
-                    module, loss_fn = build(variant, length, shape, overrides)
-                    tokens = torch.randint(0, vocab, (batch, length + 1), generator=torch.Generator().manual_seed(length))
+                    module, loss_fn = build(variant, length, shape, overrides, device)
+                    tokens = bench_tokens(vocab, batch, length, device)
                     act = activation_bytes(module, loss_fn, tokens)
                     row.update(act_mib=act / 2**20, params=sum(p.numel() for p in module.parameters()), status="ok")
+                    if device.type == "cuda":
+                        row["gpu_peak_mib"] = gpu_peak_mib(module, loss_fn, tokens)
                     median = 0.0
                     if repeats > 0:  # repeats 0: activation memory only (exact, and cheap on a busy machine)
                         times = time_steps(module, loss_fn, tokens, warmup, repeats, max_seconds)
@@ -286,6 +352,239 @@ def _progress_line(row: dict[str, Any]) -> str:
         return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {row['status']}"
     timing = f"{row['time_ms']:9.1f} ms  {row['tokens_per_s']:9.0f} tok/s" if "time_ms" in row else "(not timed)"
     return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {timing}  act {row['act_mib']:8.1f} MiB"
+
+
+# -- paired timing: variants in alternating rounds ----------------------------------------------
+# On a shared machine the load drifts by several times within minutes, so timing one variant after
+# another turns their ratio into a ratio of two load levels. In paired mode every round times one
+# step of each variant back to back, in an order rotated by one each round (A B C, B C A, C A B):
+# each round gives ratios under nearly the same load, and no variant always runs first or last.
+
+def rotation(labels: list[str], round_index: int) -> list[str]:
+    """The order of round ``round_index``: ``labels`` rotated left by ``round_index``."""
+    shift = round_index % len(labels)
+    return labels[shift:] + labels[:shift]
+
+
+def paired_rounds(steps: dict[str, Callable[[], float]], rounds: int, *, probe: Callable[[], float] | None = None,
+                  progress: Callable[[str], None] = print) -> list[dict[str, float]]:
+    """Seconds per step of every variant in ``rounds`` recorded rounds, after one warm-up round that is
+    not recorded; ``steps[label]()`` runs one step and returns its seconds. ``probe`` (the matmul
+    rate probe of ``--flops``) runs before and after each round; its faster time is recorded."""
+    labels = list(steps)
+    recorded = []
+    for round_index in range(-1, rounds):  # round -1: warm-up (allocator, lazy init, compilation)
+        seconds = {"matmul_probe": probe()} if probe else {}
+        ran = {label: steps[label]() for label in rotation(labels, round_index + 1)}
+        seconds.update((label, ran[label]) for label in labels)  # recorded in the given order
+        if probe:
+            seconds["matmul_probe"] = min(seconds["matmul_probe"], probe())
+        progress(f"round {round_index:2d}  " + "  ".join(f"{k} {v * 1e3:,.1f} ms" for k, v in seconds.items())
+                 + f"  load {os.getloadavg()[0]:.1f}")
+        if round_index >= 0:
+            recorded.append(seconds)
+    return recorded
+
+
+def paired_ratios(rounds: list[dict[str, float]], baseline: str) -> dict[str, dict[str, float]]:
+    """Per variant: median seconds, and the speed-up over ``baseline`` (baseline time / variant time,
+    taken per round: > 1 is faster) as the median over rounds with its min and max."""
+    if not rounds or baseline not in rounds[0]:
+        raise ValueError(f"--baseline {baseline!r} is not a measured variant; "
+                         f"choose one of: {', '.join(k for k in (rounds[0] if rounds else {}) if k != 'matmul_probe')}")
+    out = {}
+    for label in (k for k in rounds[0] if k != "matmul_probe"):
+        ratios = [r[baseline] / r[label] for r in rounds]
+        out[label] = dict(median_s=statistics.median(r[label] for r in rounds), ratio=statistics.median(ratios),
+                          ratio_min=min(ratios), ratio_max=max(ratios))
+    return out
+
+
+def reformer_step_flops(t: int, d: int = 256, heads: int = 4, layers: int = 2, d_ff: int = 1024, vocab: int = 256,
+                        hashes: int = 4, chunk: int = 64, n_buckets: int = 0, batch: int = 1) -> dict[str, float]:
+    """Matmul FLOPs of one training step of the ``reformer`` preset (multiply-add = 2; elementwise
+    work not counted). Per layer, forward: projections to_qk, to_v, to_out (3 x 2 t d^2), feed-forward
+    (2 x 2 t d d_ff), LSH attention with R hashes and chunk c (scores and weighted values, each query
+    chunk against a key block 2c wide: 2 x 2 t h R 2c d_k), hashing (2 t h d_k R n_buckets / 2, no
+    backward). A training step is forward + backward (2x forward) + the reversible stack's
+    recomputation (one more forward): 4x the differentiable forward FLOPs, 2x the hashing; plus the
+    output layer (3 x 2 t d vocab)."""
+    d_k = d // heads
+    n_buckets = n_buckets or max(2, (t // chunk) + (t // chunk) % 2)  # 0 = the preset's automatic count
+    forward = {
+        "projections": 3 * 2 * t * d * d,
+        "feed_forward": 2 * 2 * t * d * d_ff,
+        "lsh_attention": 2 * 2 * t * heads * hashes * (2 * chunk) * d_k,
+    }
+    flops = {name: 4.0 * layers * f * batch for name, f in forward.items()}
+    flops["hashing"] = 2.0 * layers * 2 * t * heads * d_k * hashes * (n_buckets // 2) * batch
+    flops["output_layer"] = 3.0 * 2 * t * d * vocab * batch
+    flops["total"] = sum(flops.values())
+    return flops
+
+
+def step_flops(module: nn.Module, length: int, shape: dict[str, int]) -> dict[str, float] | None:
+    """The FLOP count of one training step where one is known: a zoo model with LSH attention in a
+    reversible stack (the Reformer); None otherwise."""
+    config = getattr(module, "config", None)
+    if config is None:
+        return None
+    attention, stack = config.attention, config.to_dict().get("stack")
+    stack_name = stack.get("name") if isinstance(stack, dict) else stack
+    if attention.get("name") != "lsh" or stack_name != "reversible":
+        return None
+    return reformer_step_flops(length, d=shape["d_model"], heads=shape["heads"], layers=shape["layers"],
+                               d_ff=shape["d_ff"], vocab=shape["vocab"], hashes=attention.get("n_hashes", 4),
+                               chunk=attention.get("chunk_size", 64), n_buckets=attention.get("n_buckets", 0),
+                               batch=shape["batch"])
+
+
+def matmul_probe(length: int, shape: dict[str, int], device: torch.device) -> tuple[Callable[[], float], float]:
+    """(seconds of one [t, d] x [d, d_ff] matmul, its FLOPs): the machine's achievable matmul rate at
+    the feed-forward's shape, under the round's load."""
+    a = torch.randn(length * shape["batch"], shape["d_model"], device=device)
+    b = torch.randn(shape["d_model"], shape["d_ff"], device=device)
+
+    def probe() -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(10):
+            torch.mm(a, b)
+        synchronize(device)
+        return (time.perf_counter() - start) / 10
+
+    return probe, 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, rounds: int = 5, d_model: int = 256,
+               heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None, layers: int = 2,
+               overrides: dict[str, Any] | None = None, threads: int = 2, device: torch.device | str = "cpu",
+               flops: bool = False, progress: Callable[[str], None] = print,
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Alternating rounds at each length (see :func:`paired_rounds`). Returns (one row per round and
+    variant: ms, speed-up over ``baseline`` in that round, load; one summary row per length and
+    variant: median ms, median speed-up with min-max, activation MiB, FLOP-bound share where known)."""
+    torch.set_num_threads(threads)
+    device = torch.device(device)
+    shape = dict(d_model=d_model, heads=heads, layers=layers, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
+    round_rows, summary = [], []
+    for length in lengths:
+        built = {v.label: build(v, length, shape, overrides or {}, device) for v in variants}
+        tokens = bench_tokens(vocab, batch, length, device)
+        acts = {label: activation_bytes(module, loss_fn, tokens) / 2**20 for label, (module, loss_fn) in built.items()}
+        steps = {label: functools.partial(timed_step, module.train(), loss_fn, tokens)
+                 for label, (module, loss_fn) in built.items()}
+        probe, probe_flops = matmul_probe(length, shape, device) if flops else (None, 0.0)
+        progress(f"length {length}: {rounds} rounds after a warm-up round")
+        recorded = paired_rounds(steps, rounds, probe=probe, progress=progress)
+        ratios = paired_ratios(recorded, baseline)
+        for index, seconds in enumerate(recorded):
+            for label in built:
+                round_rows.append(dict(length=length, round=index, variant=label, ms=seconds[label] * 1e3,
+                                       speedup=seconds[baseline] / seconds[label], load_1min=os.getloadavg()[0]))
+        for label, (module, _) in built.items():
+            entry = dict(length=length, variant=label, baseline=baseline, median_ms=ratios[label]["median_s"] * 1e3,
+                         speedup=ratios[label]["ratio"], speedup_min=ratios[label]["ratio_min"],
+                         speedup_max=ratios[label]["ratio_max"], act_mib=acts[label], rounds=len(recorded),
+                         device=str(device), threads=threads)
+            eager = label.removesuffix("+compile")
+            if label != eager and eager in built:  # --compile: the compiled twin against its own eager run
+                own = paired_ratios(recorded, eager)[label]
+                entry.update(compile_speedup=own["ratio"], compile_speedup_min=own["ratio_min"],
+                             compile_speedup_max=own["ratio_max"])
+            count = step_flops(module, length, shape) if flops else None
+            if count is not None:  # bound = FLOPs at the round's matmul rate; share = bound / step time
+                shares = [count["total"] / (probe_flops / r["matmul_probe"]) / r[label] for r in recorded]
+                entry.update(gflop=count["total"] / 1e9, flop_share=statistics.median(shares),
+                             flop_share_min=min(shares), flop_share_max=max(shares),
+                             flop_parts=", ".join(f"{k.replace('_', ' ')} {v / 1e9:.1f}"
+                                                  for k, v in count.items() if k != "total"))
+            summary.append(entry)
+        del built
+    return round_rows, summary
+
+
+def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    baseline = summary[0]["baseline"]
+    lines = [f"# {meta.get('title') or 'zoo.bench --paired: alternating rounds'}", "",
+             f"Command: `{meta['command']}`", "",
+             f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}, {meta['threads']} threads; "
+             f"batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, {meta['layers']} layers, "
+             f"vocab {meta['vocab']}; load average at the end {meta['load']}. One training step = forward + backward; "
+             "every round times each variant once, in an order rotated each round, after one unrecorded "
+             "warm-up round.", ""]
+    has_flops = any("flop_share" in s for s in summary)
+    for length in dict.fromkeys(s["length"] for s in summary):
+        lines += [f"## Length {length:,}", "",
+                  f"| variant | median ms | speed-up over `{baseline}` (median of per-round ratios) | min-max "
+                  "| activation MiB |"
+                  + (" FLOP-bound share (min-max) |" if has_flops else ""),
+                  "|---|---|---|---|---|" + ("---|" if has_flops else "")]
+        for s in (s for s in summary if s["length"] == length):
+            share = ""
+            if has_flops:
+                share = (f" {s['flop_share']:.2f} ({s['flop_share_min']:.2f}-{s['flop_share_max']:.2f}) |"
+                         if "flop_share" in s else " |")
+            lines.append(f"| {s['variant']} | {s['median_ms']:,.1f} | {s['speedup']:.2f}x "
+                         f"| {s['speedup_min']:.2f}-{s['speedup_max']:.2f} | {s['act_mib']:,.1f} |{share}")
+        twins = [s for s in summary if s["length"] == length and "compile_speedup" in s]
+        if twins:
+            lines += ["", "torch.compile against eager (eager time / compiled time per round; compilation happens in "
+                      "the warm-up round):", "", "| variant | speed-up from compile | min-max |", "|---|---|---|"]
+            lines += [f"| {s['variant'].removesuffix('+compile')} | {s['compile_speedup']:.2f}x | "
+                      f"{s['compile_speedup_min']:.2f}-{s['compile_speedup_max']:.2f} |" for s in twins]
+        for s in (s for s in summary if s["length"] == length and "gflop" in s):
+            lines += ["", f"FLOP bound of one `{s['variant']}` step: {s['gflop']:.1f} GFLOP ({s['flop_parts']}); "
+                      "share = "
+                      "that many FLOPs at the round's matmul rate ([t, d] x [d, d_ff] probe) / the step's time."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def paired_plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = list(dict.fromkeys(s["length"] for s in summary))
+    labels = list(dict.fromkeys(s["variant"] for s in summary))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(labels) * len(lengths)), 4))
+    width = 0.8 / len(lengths)
+    for i, length in enumerate(lengths):
+        rows = {s["variant"]: s for s in summary if s["length"] == length}
+        xs = [j + i * width for j, label in enumerate(labels) if label in rows]
+        mid = [rows[label]["speedup"] for label in labels if label in rows]
+        low = [rows[label]["speedup"] - rows[label]["speedup_min"] for label in labels if label in rows]
+        high = [rows[label]["speedup_max"] - rows[label]["speedup"] for label in labels if label in rows]
+        ax.bar(xs, mid, width, yerr=[low, high], capsize=3, label=f"length {length:,}")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([j + width * (len(lengths) - 1) / 2 for j in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel(f"speed-up over {summary[0]['baseline']} (median, min-max)")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_paired(round_rows: list[dict[str, Any]], summary: list[dict[str, Any]], out: Path,
+                 meta: dict[str, Any]) -> dict[str, Path]:
+    """``paired.csv`` (one row per length and variant), ``paired_rounds.csv`` (every round),
+    ``paired.md``, ``paired.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out / "paired.csv", "rounds": out / "paired_rounds.csv", "md": out / "paired.md",
+             "png": out / "paired.png"}
+    for key, rows in (("csv", summary), ("rounds", round_rows)):
+        with open(paths[key], "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+            writer.writeheader()
+            writer.writerows(rows)
+    paths["md"].write_text(paired_markdown(summary, meta))
+    paired_plot(summary, paths["png"], meta.get("title") or "zoo.bench --paired")
+    return paths
 
 
 # -- analysis and outputs -----------------------------------------------------------------------
@@ -352,7 +651,9 @@ def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: di
     labels = list(dict.fromkeys(r["variant"] for r in rows))
     baseline = baseline if baseline in labels else labels[0]
     lines = [f"# {meta.get('title', 'zoo.bench')}", "", f"Command: `{meta['command']}`", ""]
-    lines.append(f"Machine: {meta['machine']}; torch {meta['torch']}, {meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up.")
+    lines.append(f"Machine: {meta['machine']}; device {meta.get('device', 'cpu')}; torch {meta['torch']}, "
+                 f"{meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, "
+                 f"vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up.")
     lines.append("")
 
     def table(key: str, title: str, fmt: str) -> None:
@@ -377,6 +678,8 @@ def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: di
         table("time_ms", "Time per training step (ms)", ",.1f")
         table("tokens_per_s", "Tokens per second", ",.0f")
     table("act_mib", "Activation memory saved for backward (MiB)", ",.1f")
+    if any("gpu_peak_mib" in r for r in rows):
+        table("gpu_peak_mib", "Peak CUDA memory allocated in one step (MiB)", ",.0f")
     if any("rss_peak_mib" in r for r in rows):
         table("rss_peak_mib", "Peak RSS of a fresh process running one step (MiB)", ",.0f")
     lines.append(f"## Fitted log-log slopes (against {axis}) and crossover against `{baseline}`")
@@ -435,7 +738,7 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any], b
 
 
 def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
-    """--attention, --model, --variant, --peers: what to measure (shared with the paired-timing scripts)."""
+    """--attention, --model, --variant, --peers, --compile: what to measure."""
     parser.add_argument("--attention", help="comma-separated mechanisms, each in the --model skeleton (vanilla_lm)")
     parser.add_argument("--model", help="comma-separated presets; with --attention, a single preset is the skeleton")
     parser.add_argument("--variant", action="append", nargs="+", default=[], metavar="KEY=VALUE",
@@ -443,6 +746,8 @@ def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
                              "--variant attention=lsh attention.n_hashes=8; "
                              "model=<preset> picks the preset (default: the skeleton); repeat for more variants")
     parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(PEER.list())}")
+    parser.add_argument("--compile", action="store_true",
+                        help="also measure every variant under torch.compile, labelled <label>+compile")
 
 
 def variants_from_args(args: argparse.Namespace) -> list[Variant]:
@@ -461,6 +766,8 @@ def variants_from_args(args: argparse.Namespace) -> list[Variant]:
     labels = [v.label for v in variants]
     if len(set(labels)) < len(labels):
         raise SystemExit(f"two variants share a label: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+    if getattr(args, "compile", False):  # each one beside its compiled self
+        variants = [w for v in variants for w in (v, replace(v, label=f"{v.label}+compile", compile=True))]
     return variants
 
 
@@ -478,10 +785,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="config override on top of every zoo variant, "
                              "e.g. residual=pre_norm or attention.n_hashes=4")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="auto", help="auto (cuda when present, else cpu), cpu, cuda or cuda:N")
+    parser.add_argument("--paired", action="store_true",
+                        help="alternating rounds in one run: every round times one step of each variant, in an order "
+                             "rotated each round, after a warm-up round; reports the median speed-up over --baseline "
+                             "with its min-max over rounds (paired.csv, paired_rounds.csv, paired.md, paired.png)")
+    parser.add_argument("--rounds", type=int, default=5, help="--paired: recorded rounds")
+    parser.add_argument("--flops", action="store_true",
+                        help="--paired: the share of the matmul FLOP bound each step reaches, where the count is "
+                             "known (the Reformer: LSH attention in a reversible stack), against a matmul probe "
+                             "timed each round")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (0: activation memory and RSS only, no timing)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="a step slower than this is measured once and the variant skips larger points")
-    parser.add_argument("--baseline", default=None, help="variant label the crossover is measured against (default: the first)")
+    parser.add_argument("--baseline", default=None,
+                        help="variant label the crossover (or --paired's speed-up) is measured against "
+                             "(default: the first)")
     parser.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS measurement")
     parser.add_argument("--title", default=None)
     parser.add_argument("--out", default="results/bench", help="output folder for bench.csv, bench.md, bench.png")
@@ -495,13 +814,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         variants = variants_from_args(args)
         overrides = parse_set(args.set)
-    except ValueError as error:  # a bad name or item: the message says what is allowed
+        device = pick_device(args.device)
+    except ValueError as error:  # a bad name, item or device: the message says what is allowed
         parser.error(str(error))
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     layers = [int(x) for x in args.layers.split(",") if x.strip()]
     command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = dict(title=args.title or "zoo.bench: one training step", command=command, machine=_machine(), torch=torch.__version__, threads=args.threads, batch=args.batch, d_model=args.d_model, heads=args.heads, vocab=args.vocab)
-    rows = run(variants, lengths, layers=layers, d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None, overrides=overrides, threads=args.threads, warmup=args.warmup, repeats=args.repeats, max_seconds=args.max_seconds, rss=not args.no_rss)
+    meta = dict(title=args.title or "zoo.bench: one training step", command=command, machine=_machine(),
+                torch=torch.__version__, threads=args.threads, batch=args.batch, d_model=args.d_model,
+                heads=args.heads, vocab=args.vocab, device=str(device))
+    sizes = dict(d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None,
+                 overrides=overrides, threads=args.threads, device=device)
+    if args.paired:
+        labels = [v.label for v in variants]
+        baseline = args.baseline or labels[0]
+        if baseline not in labels or len(layers) != 1 or args.rounds < 1:
+            parser.error(f"--paired needs one --layers value, --rounds >= 1 and --baseline among the variants "
+                         f"({', '.join(labels)}); got --layers {args.layers}, --rounds {args.rounds}, "
+                         f"--baseline {baseline}")
+        round_rows, summary = run_paired(variants, lengths, baseline, rounds=args.rounds, layers=layers[0],
+                                         flops=args.flops, **sizes)
+        meta.update(title=args.title, layers=layers[0], load=", ".join(f"{x:.2f}" for x in os.getloadavg()))
+        paths = write_paired(round_rows, summary, Path(args.out), meta)
+        print(paths["md"].read_text())
+        print(f"wrote {', '.join(str(p) for p in paths.values())}")
+        return 0
+    rows = run(variants, lengths, layers=layers, warmup=args.warmup, repeats=args.repeats,
+               max_seconds=args.max_seconds, rss=not args.no_rss, **sizes)
     paths = write_outputs(rows, Path(args.out), meta, args.baseline)
     print(paths["md"].read_text())
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import numbers
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 from zoo.registry import did_you_mean, unknown
 
@@ -26,8 +31,102 @@ class NoOptions:
     """Options of a part that takes none."""
 
 
-def build_options(options_cls: type, options: dict[str, Any], what: str) -> Any:
-    """Instantiate a part's ``Options`` dataclass from ``options``, rejecting unknown keys.
+class ArgumentTypeError(TypeError, ValueError):
+    """A config value or call argument of the wrong type (``causal="no"``, ``n_hashes=True``,
+    ``max_len=2.5``). Subclasses both TypeError and ValueError, so callers catching either see it."""
+
+
+# -- type checks derived from the dataclass annotations ------------------------------------------
+# A dataclass annotation is the allowed type: ``bool`` takes only True/False (never 1 or "no"),
+# ``int`` only integers (never True or 2.5), ``float`` any finite real number but a bool, ``str`` a
+# string, ``list[float]`` a list/tuple of numbers, ``X | None`` also None.
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass (strings under ``from __future__ import annotations``);
+    a field whose annotation cannot be resolved here is ``Any`` (not checked)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation naming something not importable here: resolve field by field
+        module = vars(__import__(cls.__module__, fromlist=["_"]))
+        out = {}
+        for f in dataclasses.fields(cls):
+            try:  # eval of our own dataclasses' annotation strings, as typing.get_type_hints does
+                out[f.name] = eval(f.type, module, {}) if isinstance(f.type, str) else f.type
+            except Exception:
+                out[f.name] = Any
+        return out
+
+
+def sequence_element(tp: Any) -> Any:
+    """The element type of ``list[X]`` / ``tuple[X, ...]`` / ``Sequence[X]`` (Any when mixed or bare)."""
+    args = [arg for arg in typing.get_args(tp) if arg is not Ellipsis]
+    return args[0] if len(set(args)) == 1 else Any
+
+
+def matches_type(value: Any, tp: Any) -> bool:
+    """Whether ``value`` is allowed by the annotation ``tp`` (rules above)."""
+    if tp is Any or isinstance(tp, (str, typing.TypeVar)):
+        return True
+    if tp is type(None) or tp is None:
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is str:
+        return isinstance(value, str)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return any(matches_type(value, arg) for arg in args)
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
+        element = sequence_element(tp)
+        is_sequence = isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+        return is_sequence and all(matches_type(v, element) for v in value)
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        return isinstance(value, Mapping)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def type_name(tp: Any) -> str:
+    """'an int', 'a bool (True or False)', 'a list of numbers', 'an int or None' ..."""
+    names = {
+        bool: "a bool (True or False)", int: "an int", float: "a finite number", str: "a string", type(None): "None",
+    }
+    if tp in names:
+        return names[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(type_name(arg) for arg in args)
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
+        plural = {bool: "bools", int: "ints", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(sequence_element(tp), 'values')}"
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        return "a mapping"
+    return f"a {getattr(tp, '__name__', tp)}"
+
+
+def check_type(value: Any, tp: Any, key: str, what: str = "") -> None:
+    """Raise :class:`ArgumentTypeError` naming ``key`` (and ``what`` it belongs to) unless ``value``
+    is allowed by the annotation ``tp``."""
+    if not matches_type(value, tp):
+        where = f"{what}: " if what else ""
+        raise ArgumentTypeError(f"{where}{key} must be {type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def check_field_types(cls: type, values: Mapping[str, Any], what: str, key_prefix: str = "") -> None:
+    """Type-check ``values`` (key -> value) against the annotations of dataclass ``cls``."""
+    hints = field_types(cls)
+    for key, value in values.items():
+        check_type(value, hints.get(key, Any), f"{key_prefix}{key}", what)
+
+
+def build_options(options_cls: type, options: dict[str, Any], what: str, key_prefix: str = "") -> Any:
+    """Instantiate a part's ``Options`` dataclass from ``options``, rejecting unknown keys and
+    values of the wrong type (from the field annotations). ``key_prefix`` is how the app spells the
+    keys in messages (``"data."`` gives ``data.split``).
 
     Value checks live in the dataclass's ``__post_init__`` so they run for every construction path.
     """
@@ -35,6 +134,7 @@ def build_options(options_cls: type, options: dict[str, Any], what: str) -> Any:
     for key in options:
         if key not in valid:
             raise unknown(f"option for {what}", key, valid)
+    check_field_types(options_cls, options, what, key_prefix)
     return options_cls(**options)
 
 
@@ -90,18 +190,30 @@ class ModelConfig:
     eos_id: int = 2
 
     def __post_init__(self) -> None:
+        for axis in PART_AXES:
+            part = getattr(self, axis)
+            if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
+                part = {"name": part}
+            require(isinstance(part, Mapping) and "name" in part,
+                    f"{axis} must be a name or a dict with a 'name' key, got {part!r}")
+            setattr(self, axis, dict(part))
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        check_field_types(ModelConfig, values, "model config")
         require(self.kind in KINDS, f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         require(
             self.head in ("linear", "none"),
             f"head must be linear (output projection) or none (hidden states only), got {self.head!r}",
         )
-        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
-            require(isinstance(getattr(self, key), int) and getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
+            require(getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
+        for key in ("ff_chunk_size", "n_encoder_layers", "src_vocab_size"):
+            require(getattr(self, key) >= 0, f"{key} must be an int >= 0 (0 = default), got {getattr(self, key)!r}")
+        require(self.n_classes >= 2,
+                f"n_classes must be an int >= 2 (a classifier chooses between classes), got {self.n_classes!r}")
         require(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
         require(0.0 <= self.attention_dropout < 1.0, f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
         require(self.activation in ("relu", "gelu"), f"activation must be relu or gelu, got {self.activation!r}")
-        require(self.ff_chunk_size >= 0, f"ff_chunk_size must be >= 0 (0 = unchunked), got {self.ff_chunk_size}")
         require(self.pooling in ("mean", "first"), f"pooling must be mean or first, got {self.pooling!r}")
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         adaptive_ok = not self.adaptive or self.kind == "lm"
@@ -110,12 +222,11 @@ class ModelConfig:
             require(self.kind == "lm", f"aux_losses (Al-Rfou et al. 2018) is an LM option; kind is {self.kind!r}")
             # head="none" keeps them (weights load both ways); such a model refuses targets, so they never run
             require(not self.adaptive, "aux_losses needs the full softmax output head (adaptive={})")
-        for axis in PART_AXES:
-            part = getattr(self, axis)
-            if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
-                part = {"name": part}
-            require(isinstance(part, dict) and "name" in part, f"{axis} must be a name or a dict with a 'name' key, got {part!r}")
-            setattr(self, axis, dict(part))
+        if self.kind == "seq2seq":  # decoding writes these ids into the target sequence
+            for key in ("pad_id", "bos_id", "eos_id"):
+                value = getattr(self, key)
+                require(0 <= value < self.vocab_size,
+                        f"{key} must lie in [0, vocab_size={self.vocab_size}), got {value}")
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(dataclasses.asdict(self))
@@ -139,6 +250,8 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
         if key in PART_AXES:
             old = merged.get(key, {})  # absent: a tweak stays a tweak ({"act": True} keeps the preset's stack)
             old = {"name": old} if isinstance(old, str) else dict(old)
+            require(isinstance(value, (str, Mapping)),
+                    f"{key} must be a registry name or a dict of options, got {value!r}")
             new = {"name": value} if isinstance(value, str) else dict(value)
             if "name" in new and new["name"] != old.get("name"):
                 merged[key] = new
@@ -151,8 +264,11 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
 __all__ = [
     "ModelConfig",
+    "ArgumentTypeError",
     "NoOptions",
     "build_options",
+    "check_field_types",
+    "check_type",
     "did_you_mean",
     "merge_config",
     "require",

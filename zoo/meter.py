@@ -1,6 +1,7 @@
-"""Activation memory: bytes of the tensors autograd saves for backward.
+"""Activation memory (bytes of the tensors autograd saves for backward) and step timing.
 
-One meter for the trainer's ``mem/activations_mb`` and ``zoo.bench``'s ``act_mib``: a
+One meter for the trainer's ``mem/act_mib`` (``act_mib`` in ``result.json`` and the sweep summary)
+and ``zoo.bench``'s ``act_mib``: a
 ``saved_tensors_hooks`` pack hook sees every tensor saved for backward; each storage is counted
 once (views share one), and the module's parameters are left out (they are not activations)::
 
@@ -8,6 +9,9 @@ once (views share one), and the module's parameters are left out (they are not a
     with meter:
         loss = model(tokens, targets).loss
     meter.bytes, meter.megabytes
+
+Throughput is measured the same way in both places too: tokens of a forward + backward over its
+seconds (:func:`synchronize` around it on CUDA), the median over steps after the first.
 """
 
 from __future__ import annotations
@@ -50,3 +54,10 @@ class ActivationMeter:
     @property
     def megabytes(self) -> float:
         return self.bytes / 2**20
+
+
+def synchronize(device: torch.device | str) -> None:
+    """CUDA runs kernels asynchronously: wait for them so that a clock reading covers the work."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -37,10 +37,10 @@ from zoo.adaptive import adaptive_input_and_softmax
 from zoo.al_rfou import AlRfouLosses
 from zoo.blocks import merge_into
 from zoo.build import attention_class, build_stack, create_position, split_part
-from zoo.config import ModelConfig, merge_config
+from zoo.config import ModelConfig, check_type, merge_config
+from zoo.inputs import IGNORE_INDEX, check_count, check_embeds, check_pad_mask, check_same_batch, check_sampling, check_targets, check_tokens, count_scored, scored_loss
+from zoo.positional import LearnedPosition
 from zoo.registry import MODEL, RESIDUAL, STACK
-
-IGNORE_INDEX = -100
 
 
 @dataclass
@@ -99,30 +99,25 @@ class TokenEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or tokens.dim() != 2:
-            got = f"shape {tuple(tokens.shape)} dtype {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"{self.name} must be an integer tensor [b, t] of token ids; got {got}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"{self.name}: token ids must lie in [0, vocab_size={self.vocab_size}); got min {int(tokens.min())}, max {int(tokens.max())}")
+        check_tokens(tokens, self.name, self.vocab_size)
         return F.embedding(tokens.long(), self.weight) * math.sqrt(self.d_model)
 
 
-def check_pad_mask(pad_mask: Tensor | None, tokens: Tensor, name: str = "pad_mask") -> None:
-    if pad_mask is None:
-        return
-    if not isinstance(pad_mask, Tensor) or pad_mask.dtype != torch.bool or tuple(pad_mask.shape) != tuple(tokens.shape):
-        got = f"shape {tuple(pad_mask.shape)} dtype {pad_mask.dtype}" if isinstance(pad_mask, Tensor) else type(pad_mask).__name__
-        raise ValueError(f"{name} must be a bool tensor shaped like the tokens {tuple(tokens.shape)} (True = real token); got {got}")
-
-
-def token_loss(logits: Tensor, targets: Tensor, pad_mask: Tensor | None, label_smoothing: float) -> Tensor:
-    """Mean cross-entropy over real target positions (targets == -100 or padded are skipped)."""
-    if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"targets must be shaped {tuple(logits.shape[:-1])}; got {tuple(targets.shape)}")
+def token_loss(
+    logits: Tensor, targets: Tensor, pad_mask: Tensor | None, label_smoothing: float
+) -> tuple[Tensor, Tensor]:
+    """(mean cross-entropy over real target positions, how many were scored). Targets == -100 or
+    padded are skipped; none scored gives loss 0, never NaN (see :mod:`zoo.inputs`)."""
+    check_targets(targets, tuple(logits.shape[:-1]), logits.shape[-1])
     targets = targets.long()
     if pad_mask is not None:
         targets = targets.masked_fill(~pad_mask, IGNORE_INDEX)
-    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
+    flat_logits, flat_targets = logits.float().flatten(0, -2), targets.flatten()
+    loss_sum = F.cross_entropy(
+        flat_logits, flat_targets, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing, reduction="sum"
+    )
+    scored = (targets != IGNORE_INDEX).sum()
+    return scored_loss(loss_sum, scored, logits), scored
 
 
 class ZooModel(nn.Module):
@@ -131,7 +126,9 @@ class ZooModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.signature = f"{config.name}:{config.kind}:{config.n_layers}x{config.d_model}"
+        # what a state must match to be fed back: the same preset, head, mechanism, stack and sizes
+        parts = "/".join(split_part(getattr(config, axis))[0] for axis in ("attention", "stack"))
+        self.signature = f"{config.name}:{config.kind}:{parts}:{config.n_layers}x{config.d_model}h{config.n_heads}"
 
     def final_norm(self) -> nn.Module:
         name, _ = split_part(self.config.residual)
@@ -153,16 +150,7 @@ class ZooModel(nn.Module):
             )
         if tokens is not None:
             return embedding(tokens)
-        if not isinstance(embeds, Tensor) or not embeds.is_floating_point() or embeds.dim() != 3:
-            is_tensor = isinstance(embeds, Tensor)
-            got = f"shape {tuple(embeds.shape)} dtype {embeds.dtype}" if is_tensor else type(embeds).__name__
-            raise ValueError(f"{embeds_name} must be a float tensor [b, t, d_model={d}]; got {got}")
-        if embeds.shape[-1] != d:
-            width = embeds.shape[-1]
-            raise ValueError(f"{embeds_name} has width {width} but the model's d_model is {d}: project to {d} first")
-        if embeds.dtype != embedding.weight.dtype:
-            dtype = embedding.weight.dtype
-            raise ValueError(f"{embeds_name} dtype {embeds.dtype} differs from the model's {dtype}; cast one")
+        check_embeds(embeds, embeds_name, d, embedding.weight.dtype)
         return embeds
 
     def output_head(self, logits_in: Tensor) -> Tensor | None:
@@ -185,6 +173,14 @@ class ZooModel(nn.Module):
         threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
         token at a time; otherwise it recomputes the whole prefix each step."""
         return attention_class(self.config.attention).supports_memory and STACK.get(split_part(self.config.stack)[0]).keeps_state
+
+    def check_decode_length(self, length: int, what: str) -> None:
+        """Refuse up front a decode that would run past a learned position table half way through."""
+        if isinstance(self.position, LearnedPosition) and length > self.config.max_len:
+            raise ValueError(
+                f"{what} = {length} positions, past the learned position table (max_len={self.config.max_len}); "
+                "ask for fewer or raise max_len"
+            )
 
     def check_state(self, state: Any, batch_size: int, cls: type = None, *, stack: nn.Module | None = None) -> None:
         cls = cls or ModelState
@@ -239,6 +235,7 @@ class CausalLM(ZooModel):
 
     def init_state(self, batch_size: int) -> ModelState:
         """An empty state that turns on caching (KV cache) for incremental decoding."""
+        check_count(batch_size, "batch_size", 1)
         return ModelState(self.stack.init_state(batch_size), 0, batch_size, self.signature)
 
     def forward(
@@ -260,16 +257,22 @@ class CausalLM(ZooModel):
         hidden = self.norm(out.x)
         if auxiliary:
             out.aux.update(self.aux_heads.losses(hidden, targets, pad_mask, self.config.label_smoothing))
+        loss, stats = None, out.stats
         if self.config.adaptive:  # full log-probabilities only outside training steps ([b, t, 0] there)
+            if targets is not None:
+                check_targets(targets, (b, t), self.config.vocab_size)
+                stats = {**stats, "scored": count_scored(targets, pad_mask)}
             full = not (self.training and targets is not None)
             logits, loss = self.head(hidden, targets, pad_mask=pad_mask, full=full)
         else:
             logits = self.output_head(hidden)
-            loss = token_loss(logits, targets, pad_mask, self.config.label_smoothing) if targets is not None else None
+            if targets is not None:
+                loss, scored = token_loss(logits, targets, pad_mask, self.config.label_smoothing)
+                stats = {**stats, "scored": scored}
         new_state = None
         if out.state is not None or state is not None:
             new_state = ModelState(out.state, offset + t, b, self.signature)
-        return ModelOutput(logits, loss, out.aux, new_state, out.stats, hidden)
+        return ModelOutput(logits, loss, out.aux, new_state, stats, hidden)
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None) -> Tensor:
@@ -277,13 +280,16 @@ class CausalLM(ZooModel):
 
         Mechanisms with a cache/memory see one new token per step; the others recompute the
         (position-table-limited) prefix each step."""
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.require_head("generate() samples from the logits")
+        check_tokens(prompt, "prompt", self.config.vocab_size)
+        check_count(max_new_tokens, "max_new_tokens", 0)
+        check_sampling(temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
         was_training = self.training
         self.eval()
         tokens = prompt
         incremental = self.attentions_keep_state()
+        if incremental:  # the cache keeps every position (the recomputing path slides a window instead)
+            self.check_decode_length(prompt.shape[1] + max_new_tokens, "prompt length + max_new_tokens")
         out = self(prompt, state=self.init_state(prompt.shape[0]) if incremental else None)
         for _ in range(max_new_tokens):
             next_token = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
@@ -313,8 +319,7 @@ class SequenceClassifier(ZooModel):
         self.embed = TokenEmbedding(config.vocab_size, config.d_model)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
-        causal = attention_class(config.attention).causal_only
-        self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers)
+        self.stack = build_stack(config, causal=False, cross=False, n_layers=config.n_layers)
         self.norm = self.final_norm()
         self.head = nn.Linear(config.d_model, config.n_classes) if config.head == "linear" else None
 
@@ -338,14 +343,13 @@ class SequenceClassifier(ZooModel):
             weights = pad_mask.to(h.dtype)[..., None]
             pooled = (h * weights).sum(1) / weights.sum(1).clamp_min(1.0)
         logits = self.output_head(pooled)
-        loss = None
+        loss, stats = None, out.stats
         if targets is not None:
-            if targets.shape != (x.shape[0],):
-                raise ValueError(f"classifier targets must be [b] = ({x.shape[0]},); got {tuple(targets.shape)}")
-            if int(targets.min()) < 0 or int(targets.max()) >= self.config.n_classes:
-                raise ValueError(f"classifier targets must lie in [0, n_classes={self.config.n_classes})")
+            n_classes = self.config.n_classes
+            check_targets(targets, (x.shape[0],), n_classes, "classifier targets", what="n_classes", ignore=False)
             loss = F.cross_entropy(logits.float(), targets.long(), label_smoothing=self.config.label_smoothing)
-        return ModelOutput(logits, loss, out.aux, None, out.stats, h)
+            stats = {**stats, "scored": torch.tensor(targets.numel(), device=logits.device)}
+        return ModelOutput(logits, loss, out.aux, None, stats, h)
 
 
 @dataclass
@@ -411,8 +415,12 @@ class EncoderDecoder(ZooModel):
         """Source as ids ``src`` or vectors ``src_embeds`` (not read when ``state`` holds the encoded
         source), target as ids ``tgt`` or vectors ``tgt_embeds``; each side chooses on its own."""
         self.refuse_without_head(targets)
+        if state is None and src is not None:  # structure first: an empty source is named as such
+            check_tokens(src, "src", None)
         y = self.input_vectors(self.tgt_embed, tgt, tgt_embeds, ("tgt", "tgt_embeds"))
         b, t = y.shape[:2]
+        if state is None:
+            check_same_batch(src=src if src is not None else src_embeds, tgt=y)
         self.check_state(state, b, Seq2SeqState, stack=self.decoder)
         encoder_aux: dict[str, Tensor] = {}
         encoder_stats: dict[str, Tensor] = {}
@@ -426,12 +434,16 @@ class EncoderDecoder(ZooModel):
                            context_pad_mask=memory_pad_mask)
         hidden = self.decoder_norm(out.x)
         logits = self.output_head(hidden)
-        loss = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing) if targets is not None else None
+        loss, scored = None, None
+        if targets is not None:
+            loss, scored = token_loss(logits, targets, tgt_pad_mask, self.config.label_smoothing)
         new_state = None
         if state is not None:
             new_state = Seq2SeqState(memory, memory_pad_mask, out.state, offset + t, b, self.signature)
         aux = merge_into(dict(encoder_aux), out.aux)  # same-named losses (ponder) are summed
         stats = {**{f"encoder/{key}": value for key, value in encoder_stats.items()}, **out.stats}
+        if scored is not None:
+            stats["scored"] = scored
         return ModelOutput(logits, loss, aux, new_state, stats, hidden)
 
     @torch.no_grad()
@@ -440,9 +452,12 @@ class EncoderDecoder(ZooModel):
 
         beam_size 1 is greedy decoding; otherwise beam search with the GNMT length penalty
         ((5 + len) / 6) ** alpha (Wu et al. 2016), as used for the paper's translation results."""
-        if beam_size < 1 or max_len < 1:
-            raise ValueError(f"beam_size and max_len must be >= 1; got beam_size={beam_size}, max_len={max_len}")
         self.require_head("generate() decodes from the logits")
+        check_tokens(src, "src", None)
+        check_count(max_len, "max_len", 1)
+        check_count(beam_size, "beam_size", 1)
+        check_type(length_penalty, float, "length_penalty")
+        self.check_decode_length(max_len, "max_len")
         was_training = self.training
         self.eval()
         try:

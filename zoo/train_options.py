@@ -35,6 +35,9 @@ class TrainerOptions:
     resume: str = ""  # a checkpoint path, or "auto" = last.pt of this run directory if present
     progress: bool = True  # tqdm bar
     threads: int = 0  # torch.set_num_threads (0 = leave as is)
+    # train under torch.compile (compiled on the first step; evaluation stays eager). Measured with
+    # ``python -m zoo.bench --paired --compile``: on CPU it helped LSH, slowed dense and local attention
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):

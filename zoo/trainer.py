@@ -59,7 +59,7 @@ from zoo.checkpoint import (  # noqa: F401  (re-exported: zoo.trainer's public n
 )
 from zoo.data.base import SPLITS, Task
 from zoo.loggers import MetricsFile  # noqa: F401  (re-exported)
-from zoo.meter import ActivationMeter
+from zoo.meter import ActivationMeter, synchronize
 from zoo.metrics import evaluate_model, scalar_stats, score_batch  # noqa: F401  (re-exported)
 from zoo.rundir import claim, write_text
 from zoo.train_options import (  # noqa: F401  (re-exported)
@@ -135,6 +135,8 @@ class Trainer:
         if self.dist.enabled:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+        if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
+            self.net = torch.compile(self.net)
         self.optimizer = make_optimizer(self.model, optim)
         warmup = max(1, optim.warmup) if optim.schedule == "noam" else optim.warmup
         self.scheduler = schedule(self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup,
@@ -143,8 +145,9 @@ class Trainer:
         self.state: Any = None
         self.best: float | None = None
         self.last_checkpoint: Path | None = None  # the newest checkpoint known sound (finite, checksummed)
-        self.tokens_per_s: list[float] = []
-        self.activation_mb: float | None = None
+        self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
+        self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
+        self.act_mib: float | None = None
         self._stop_signal: str | None = None
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -258,7 +261,7 @@ class Trainer:
         self.net.train()
         accumulate, t0 = self.opts.accumulate, time.perf_counter()
         carry = self.task.contiguous and self.opts.carry_state
-        loss_sum, aux_sum, tokens, stats = 0.0, {}, 0, {}
+        loss_sum, aux_sum, tokens, stats, fwd_bwd_s = 0.0, {}, 0, {}, 0.0
         self.optimizer.zero_grad(set_to_none=True)
         set_training_progress(self.model, self.step / max(1, self.opts.max_steps))  # scheduled losses
         for micro in range(accumulate):
@@ -271,16 +274,20 @@ class Trainer:
                 self.state = initial_state(self.model, next(iter(batch.values())).shape[0])
             last = micro == accumulate - 1 or not self.dist.enabled
             sync = contextlib.nullcontext() if last else self.net.no_sync()
-            meter = ActivationMeter(self.model) if self.activation_mb is None else None
+            meter = ActivationMeter(self.model) if self.act_mib is None else None
             context = functools.partial(self.forward_context, meter)
             try:
                 with sync:
+                    synchronize(self.device)
+                    fwd_bwd_start = time.perf_counter()
                     out, _ = forward_backward(self.net, batch, state=self.state, scale=1 / accumulate, context=context)
+                    synchronize(self.device)
+                    fwd_bwd_s += time.perf_counter() - fwd_bwd_start
             except TrainingDiverged as exc:
                 raise TrainingDiverged(f"{exc} at step {self.step + 1} (micro-batch {micro}); stopping. "
                                        f"{self.sound_checkpoint_note()}") from None
             if meter is not None:
-                self.activation_mb = meter.megabytes
+                self.act_mib = meter.megabytes
             self.state = out.state if carry else None
             loss_sum += float(out.loss.detach()) / accumulate
             for name, value in out.aux_losses.items():
@@ -289,12 +296,12 @@ class Trainer:
             tokens += int((batch["tokens"] if "tokens" in batch else batch["tgt"]).numel())
         grad_norm = optimizer_step(self.model, self.optimizer, scheduler=self.scheduler, clip=self.opts.clip)
         self.step += 1
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
         elapsed = time.perf_counter() - t0
         tok_s = tokens * self.dist.world_size / max(elapsed, 1e-9)
         metrics = {"train/loss": loss_sum, "train/lr": self.scheduler.get_last_lr()[0],
-                   "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s}
+                   "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s,
+                   "train/fwd_bwd_tokens_per_s": tokens * self.dist.world_size / max(fwd_bwd_s, 1e-9)}
         metrics.update({f"train/aux/{k}": v for k, v in aux_sum.items()})
         metrics.update(scalar_stats(stats, "train/stats/"))
         return metrics
@@ -312,11 +319,13 @@ class Trainer:
         return value > self.best if self.task.higher_is_better else value < self.best
 
     def peak_memory_mb(self) -> dict[str, float]:
-        out = {"mem/rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        """MiB (2**20 bytes), named as in ``zoo.bench``: ``act_mib`` (the activation meter, first step),
+        ``gpu_peak_mib`` (CUDA max allocated), ``rss_peak_mib`` (the process's peak resident set)."""
+        out = {"mem/rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         if self.device.type == "cuda":
-            out["mem/peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        if self.activation_mb is not None:
-            out["mem/activations_mb"] = self.activation_mb
+            out["mem/gpu_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self.act_mib is not None:
+            out["mem/act_mib"] = self.act_mib
         return out
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -352,6 +361,7 @@ class Trainer:
             while self.step < opts.max_steps:
                 metrics = self.train_step()
                 self.tokens_per_s.append(metrics["train/tokens_per_s"])
+                self.fwd_bwd_tokens_per_s.append(metrics["train/fwd_bwd_tokens_per_s"])
                 bar.update(1)
                 loss_text = f"{metrics['train/loss']:.3f}"
                 bar.set_postfix(loss=loss_text, tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
@@ -392,7 +402,8 @@ class Trainer:
         if last_eval is None:  # resumed at or past max_steps
             last_eval = self._evaluate_and_save(metric_key)
         wall = time.perf_counter() - start
-        steady = self.tokens_per_s[1:] or self.tokens_per_s
+        steady = self.tokens_per_s[1:] or self.tokens_per_s  # the first step is the warm-up
+        steady_fwd_bwd = self.fwd_bwd_tokens_per_s[1:] or self.fwd_bwd_tokens_per_s
         summary = {
             "status": status,
             "model": self.model.config.name,
@@ -406,7 +417,9 @@ class Trainer:
             "higher_is_better": self.task.higher_is_better,
             "steps": self.step,
             "stopped_early": stopped_early,
-            "tokens_per_s": float(np.median(steady)) if steady else float("nan"),
+            # tokens_per_s as zoo.bench measures it (forward + backward); train_tokens_per_s: whole steps
+            "tokens_per_s": float(np.median(steady_fwd_bwd)) if steady_fwd_bwd else float("nan"),
+            "train_tokens_per_s": float(np.median(steady)) if steady else float("nan"),
             "params": sum(p.numel() for p in self.model.parameters()),
             "wall_s": wall,
             "seed": self.seed,

@@ -27,13 +27,13 @@ try:  # the callback base class; the module stays importable without Hydra for w
 except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
 
-COLUMNS = ["run", "model", "attention", "data", "seed", "status", "metric_name", "final_metric", "best_metric", "steps", "tokens_per_s", "peak_mem_mb", "params", "wall_s"]
-
-
-def _peak(result: dict[str, Any]) -> float | None:
-    """GPU peak allocated memory where measured; on CPU the tensors saved for backward in one step
-    (process RSS is shared by every run of an in-process sweep, so it cannot compare runs)."""
-    return result.get("peak_mb", result.get("activations_mb"))
+# throughput and memory as zoo.bench names and measures them (zoo.meter): tokens_per_s = tokens of a
+# forward + backward over its seconds, median after the first step; act_mib = MiB saved for backward
+# in one step (ActivationMeter); gpu_peak_mib = CUDA max allocated (blank on CPU). Process RSS is
+# shared by every run of an in-process sweep, so it cannot compare runs and is not a column.
+COLUMNS = ["run", "model", "attention", "data", "seed", "status", "metric_name", "final_metric", "best_metric", "steps",
+           "tokens_per_s", "act_mib", "gpu_peak_mib", "params", "wall_s"]
+LEGACY_KEYS = {"act_mib": "activations_mb", "gpu_peak_mib": "peak_mb"}  # result.json written before the rename
 
 
 MULTIRUN_ID = "multirun_id"  # in the sweep directory, and in each job's .hydra/ (Hydra's output_subdir)
@@ -80,8 +80,8 @@ def gather(sweep_dir: str | Path, multirun_id: str | None = None) -> list[dict[s
         result = json.loads(result_path.read_text())
         config_path = result_path.with_name("config.json")
         run = json.loads(config_path.read_text()).get("run", result_path.parent.name) if config_path.is_file() else result_path.parent.name
-        row = {key: result.get(key) for key in COLUMNS}
-        row.update(run=run, peak_mem_mb=_peak(result), dir=str(result_path.parent))
+        row = {key: result.get(key, result.get(LEGACY_KEYS.get(key, key))) for key in COLUMNS}
+        row.update(run=run, dir=str(result_path.parent))
         row["overrides"] = job_overrides(result_path.parent)
         rows.append(row)
     return rows
@@ -147,7 +147,9 @@ def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown_table(rows: list[dict[str, Any]], varied: list[str] = ()) -> str:
     """The comparison: run, model, attention, every other key the sweep varied, then the results."""
     cols = ["run", "model", "attention", *(k for k in varied if k not in ("run", "model", "attention"))]
-    cols += ["final_metric", "steps", "tokens_per_s", "peak_mem_mb", "params", "wall_s", "status"]
+    cols += ["final_metric", "steps", "tokens_per_s", "act_mib"]
+    cols += ["gpu_peak_mib"] if any(r.get("gpu_peak_mib") is not None for r in rows) else []
+    cols += ["params", "wall_s", "status"]
     metric = next((r["metric_name"] for r in rows if r.get("metric_name")), "metric")
     header = [c if c != "final_metric" else metric for c in cols]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(cols)]
@@ -166,7 +168,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
     if not ok:
         return None
     metric = ok[0].get("metric_name") or "metric"
-    panels = [("final_metric", metric), ("tokens_per_s", "tokens / s (train)"), ("peak_mem_mb", "peak memory, MiB (GPU alloc. or saved activations)"), ("params", "parameters")]
+    panels = [("final_metric", metric), ("tokens_per_s", "tokens / s (forward + backward)"),
+              ("act_mib", "activation MiB (saved for backward, one step)"), ("params", "parameters")]
     labels = [str(r["run"]) for r in ok]
     fig, axes = plt.subplots(1, 4, figsize=(18, 0.45 * len(ok) + 1.8), sharey=True)
     for ax, (key, title) in zip(axes, panels):

@@ -32,7 +32,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.config import NoOptions, build_options, require
+from zoo.config import NoOptions, build_options, check_type, require
 
 
 @dataclass
@@ -99,6 +99,10 @@ class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, causal: bool = False, dropout: float = 0.0, layer_index: int = 0, **options: Any):
         super().__init__()
         name = self.registry_name or type(self).__name__
+        arguments = (("causal", causal, bool), ("dropout", dropout, float), ("layer_index", layer_index, int))
+        for key, value, tp in arguments:
+            check_type(value, tp, key, f"attention {name!r}")
+        require(layer_index >= 0, f"{name}: layer_index must be an int >= 0, got {layer_index}")
         require(isinstance(d_model, int) and d_model > 0, f"{name}: d_model must be a positive int, got {d_model!r}")
         require(isinstance(n_heads, int) and n_heads > 0, f"{name}: n_heads must be a positive int, got {n_heads!r}")
         require(d_model % n_heads == 0, f"{name}: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -145,11 +149,25 @@ class Attention(nn.Module):
             raise ValueError(f"{name}: x must be a float tensor [b, t, d]; got {_describe(x)}")
         if x.shape[-1] != self.d_model:
             raise ValueError(f"{name}: x has d={x.shape[-1]} but the attention was built with d_model={self.d_model}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"{name}: x is empty ({_describe(x)}): attention needs b >= 1 rows of t >= 1 positions")
+        weight = next(self.parameters(), None)
+        autocast = torch.is_autocast_enabled(x.device.type)  # mixed dtypes are autocast's business
+        if weight is not None and x.dtype != weight.dtype and not autocast:
+            raise ValueError(
+                f"{name}: x has dtype {x.dtype} but the attention's parameters are {weight.dtype}; "
+                f"convert one to the other (x.to({weight.dtype}) or attn.to({x.dtype}))"
+            )
         if context is not None:
             if not self.supports_cross:
                 raise ValueError(f"{name} does not support cross-attention (context=...); mechanisms that do: see zoo.list_attention() with supports_cross")
-            if not (isinstance(context, Tensor) and context.dim() == 3 and context.shape[0] == x.shape[0] and context.shape[-1] == self.d_model):
-                raise ValueError(f"{name}: context must be [b={x.shape[0]}, c, d={self.d_model}]; got {_describe(context)}")
+            fits = isinstance(context, Tensor) and context.dim() == 3 and context.shape[0] == x.shape[0]
+            fits = fits and context.shape[1] > 0 and context.shape[-1] == self.d_model
+            if not (fits and (autocast or context.dtype == x.dtype)):
+                raise ValueError(
+                    f"{name}: context must be [b={x.shape[0]}, c >= 1, d={self.d_model}] of x's dtype {x.dtype}; "
+                    f"got {_describe(context)}"
+                )
         if pad_mask is not None:
             keys = context if context is not None else x
             if not (isinstance(pad_mask, Tensor) and pad_mask.dtype == torch.bool):

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from zoo.config import NoOptions, build_options, require
+from zoo.config import NoOptions, build_options, check_type, require
 from zoo.registry import Registry
 
 IGNORE_INDEX = -100
@@ -94,10 +94,12 @@ class Task:
 
     def __init__(self, *, batch_size: int, seq_len: int, seed: int = 0, **options: Any):
         name = self.registry_name or type(self).__name__
-        require(isinstance(batch_size, int) and batch_size > 0, f"trainer.batch_size must be a positive int, got {batch_size!r}")
-        require(isinstance(seq_len, int) and seq_len > 0, f"trainer.seq_len must be a positive int, got {seq_len!r}")
+        for key, value in (("trainer.batch_size", batch_size), ("trainer.seq_len", seq_len), ("seed", seed)):
+            check_type(value, int, key, f"data {name!r}")
+        require(batch_size > 0, f"trainer.batch_size must be a positive int, got {batch_size!r}")
+        require(seq_len > 0, f"trainer.seq_len must be a positive int, got {seq_len!r}")
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, int(seed)
-        self.options = build_options(self.Options, options, f"data {name!r}")
+        self.options = build_options(self.Options, options, f"data {name!r}", "data.")
 
     @property
     def higher_is_better(self) -> bool:
@@ -144,9 +146,17 @@ class Task:
         return {"name": self.registry_name, "kind": self.kind, "metric": self.metric, "vocab_size": self.vocab_size, "n_classes": self.n_classes, "seq_len": self.seq_len, "batch_size": self.batch_size}
 
 
-def check_split(split: str) -> None:
+def check_split(split: str, *, index: int | None = None, rank: int = 0, world_size: int = 1) -> None:
+    """Refuse an unknown split, and (when given) a batch index, rank or world size that no batch has."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+    check_type(world_size, int, "world_size")
+    check_type(rank, int, "rank")
+    require(world_size >= 1 and 0 <= rank < world_size,
+            f"need world_size >= 1 and 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
+    if index is not None:
+        check_type(index, int, "index")
+        require(index >= 0, f"batch index must be >= 0, got {index}")
 
 
 def metric_value(metric: str, nll_sum: float, correct: float, count: float) -> float:

@@ -27,7 +27,15 @@ _MEMBER = re.compile(r"(?:^|/)aclImdb/(train|test)/(pos|neg)/\d+_\d+\.txt$")
 def read_imdb(path, max_bytes: int) -> dict[str, tuple[list[bytes], list[int]]]:
     """{"train": (texts, labels), "test": (...)} from the tarball, in sorted member order."""
     out: dict[str, list[tuple[str, bytes, int]]] = {"train": [], "test": []}
-    with tarfile.open(path, "r:*") as tar:
+    try:
+        tar = tarfile.open(path, "r:*")
+    except tarfile.TarError as exc:
+        reason = str(exc).splitlines()[0]
+        raise ValueError(
+            f"data file {path} is not a readable tar archive ({reason}); "
+            "data.path must be aclImdb_v1.tar.gz as distributed"
+        ) from None
+    with tar:
         for member in tar:
             match = _MEMBER.search(member.name)
             if not match or not member.isfile():
@@ -84,14 +92,14 @@ class IMDbTask(Task):
         return tokens, torch.tensor(labels, dtype=torch.long)
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
-        check_split(split)
+        check_split(split, world_size=world_size)
         n = len(self.splits[split][1]) // (self.batch_size * world_size)
         if split == "train":
             return None  # training samples with replacement per epoch-less step
         return max(1, n)
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
-        check_split(split)
+        check_split(split, index=index, rank=rank, world_size=world_size)
         tokens, labels = self.splits[split]
         n, rows = len(labels), self.batch_size * world_size
         if split == "train":  # a fresh seeded permutation per epoch; batch index walks through it

@@ -126,11 +126,11 @@ class ListOpsTask(Task):
         require(self.seq_len >= self.options.max_length - 1, f"listops sequences reach data.max_length - 1 = {self.options.max_length - 1} tokens; set trainer.seq_len >= that (or lower data.max_length)")
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
-        check_split(split)
+        check_split(split, world_size=world_size)
         return None if split == "train" else max(1, self.options.eval_size // (self.batch_size * world_size))
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
-        check_split(split)
+        check_split(split, index=index, rank=rank, world_size=world_size)
         o = self.options
         rng = random.Random(seed_int(self.seed, "listops", split, index, rank, world_size))
         tokens = torch.zeros(self.batch_size, self.seq_len, dtype=torch.long)

@@ -81,13 +81,13 @@ class _SyntheticTask(Task):
     metric = "accuracy"
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
-        check_split(split)
+        check_split(split, world_size=world_size)
         if split == "train":
             return None
         return max(1, self.options.eval_size // (self.batch_size * world_size))
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
-        check_split(split)
+        check_split(split, index=index, rank=rank, world_size=world_size)
         return self.make(self.batch_size, seeded_generator(self.seed, self.registry_name, split, index, rank, world_size))
 
 

@@ -30,8 +30,12 @@ def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[i
     require(len(split) == 3, f"data.split must hold three numbers (train, val, test), got {list(split)}")
     require(all(x >= 0 for x in split), f"data.split must be non-negative, got {list(split)}")
     if all(x <= 1 for x in split):
+        require(sum(split) <= 1 + 1e-9,
+                f"data.split fractions must sum to at most 1 (splits may not overlap), got {list(split)}")
         sizes = [int(total * x) for x in split]
     else:
+        require(all(float(x).is_integer() for x in split),
+                f"data.split must be three fractions (all <= 1) or three whole token counts; got {list(split)}")
         sizes = [int(x) for x in split]
         need = sum(sizes)
         require(need <= total, f"{what} has {total:,} tokens but data.split asks for {need:,} ({sizes}); set data.split to fractions (e.g. [0.9,0.05,0.05]) or sizes that fit")
@@ -39,6 +43,7 @@ def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[i
     for name, size in zip(SPLITS, sizes):
         bounds[name] = (start, start + size)
         start += size
+    require(sizes[0] > 1, f"data.split={list(split)} leaves no train split in {what} ({total:,} tokens)")
     return bounds
 
 
@@ -70,11 +75,18 @@ class TextLMTask(Task):
             return
         path = resolve_path(self.options.path, "data.path")
         self.path = path
+        require(path.stat().st_size > 1, f"data file {path} is empty: a text LM needs at least two tokens (data.path)")
         if self.options.vocab == "bytes":
             self.data = np.memmap(path, dtype=np.uint8, mode="r")  # enwik8-sized files stay on disk
             self.vocab_size, self.itos = 256, None
         else:
-            text = path.read_text(encoding="utf-8")
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"data file {path} is not UTF-8 text (undecodable byte at offset {exc.start}), but "
+                    "data.vocab=chars reads characters; use data.vocab=bytes for binary files"
+                ) from None
             self.itos = sorted(set(text))
             self.stoi = {c: i for i, c in enumerate(self.itos)}
             lookup = np.zeros(max(map(ord, self.itos)) + 1, dtype=np.int32)
@@ -86,7 +98,7 @@ class TextLMTask(Task):
 
     def _layout(self, split: str, world_size: int) -> tuple[int, int, int]:
         """(start of the split, lane length, segments per lane)."""
-        check_split(split)
+        check_split(split, world_size=world_size)
         start, end = self.bounds[split]
         rows = self.batch_size * world_size
         lane = (end - start - 1) // rows
@@ -101,6 +113,7 @@ class TextLMTask(Task):
         return index % self._layout("train", 1)[2] == 0
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
+        check_split(split, index=index, rank=rank, world_size=world_size)
         start, lane, segments = self._layout(split, world_size)
         t = self.seq_len
         rows = np.arange(rank * self.batch_size, (rank + 1) * self.batch_size)

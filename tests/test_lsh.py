@@ -20,8 +20,9 @@ def dense_lsh(attn, x, pad_mask=None):
     """The LSH output computed densely, [t, t] per head and round: the test reference.
 
     Per round r a query i may see key j iff j is real, in the same bucket, (causal) j <= i and at
-    most ``chunk_size`` same-bucket items back; (bidirectional) every same-bucket key, valid when
-    one chunk covers the sequence. Self only at score -1e5. Rounds combine by log-sum-exp."""
+    most ``chunk_size`` same-bucket items back (``look_back="window"``) or, with ``look_back="chunk"``,
+    j's sorted slot in the own or the previous chunk of i's; (bidirectional) every same-bucket key,
+    valid when one chunk covers the sequence. Self only at score -1e5. Rounds combine by log-sum-exp."""
     b, t, _ = x.shape
     c = min(attn.options.chunk_size, t)
     tp = -(-t // c) * c
@@ -43,7 +44,13 @@ def dense_lsh(attn, x, pad_mask=None):
                 # sorted distance between same-bucket items = difference of their ranks in the bucket
                 rank = (same & torch.ones(t, t, dtype=torch.bool).tril()).sum(-1)  # [b, h, t]
                 distance = rank[..., :, None] - rank[..., None, :]
-                allowed &= distance <= c
+                if attn.options.look_back == "window":
+                    allowed &= distance <= c
+                else:  # sorted slot: rank of (bucket, position) over the padded round; chunk = slot // c
+                    padded = F.pad(bk, (0, tp - t), value=int(bk.max()) + 1)
+                    key = padded * tp + torch.arange(tp)
+                    chunk = (key.argsort(-1).argsort(-1) // c)[..., :t]
+                    allowed &= chunk[..., :, None] - chunk[..., None, :] <= 1
         s = scores.masked_fill(eye, -1e5).masked_fill(~allowed, -1e9)
         lses.append(torch.logsumexp(s, -1))
         outs.append(torch.softmax(s, -1) @ v)
@@ -110,6 +117,47 @@ def test_chunked_causal_equals_dense_window_reference_values_and_gradients(t):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
+@pytest.mark.parametrize("t", [64, 61])
+def test_paper_chunk_look_back_equals_dense_reference_values_and_gradients(t):
+    """look_back="chunk": every earlier same-bucket key of the own + previous chunk (Kitaev et al. 2020)."""
+    attn = lsh(True, chunk_size=8, n_hashes=2, n_buckets=4, look_back="chunk")
+    x = torch.randn(2, t, D, requires_grad=True)
+    out = attn(x).out
+    expected = dense_lsh(attn, x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    window = lsh(True, chunk_size=8, n_hashes=2, n_buckets=4)
+    window.load_state_dict(attn.state_dict())
+    assert not torch.allclose(window(x).out, out, atol=1e-4)  # the two patterns do differ here
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, attn.to_qk.weight], g)
+    want = torch.autograd.grad(expected, [x, attn.to_qk.weight], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_paper_chunk_look_back_reads_only_the_past_but_its_boundaries_move_with_the_future(monkeypatch):
+    """look_back="chunk" by perturbation. With the buckets held fixed, changing tokens from j on
+    never changes an output before j (no future key or value is read). With hashing live, the
+    future's buckets move the chunk boundaries, so some earlier output does change: the leak that
+    the default window removes (same perturbations, window: no change)."""
+    chunk = lsh(True, chunk_size=4, n_hashes=2, n_buckets=4, look_back="chunk")
+    window = lsh(True, chunk_size=4, n_hashes=2, n_buckets=4)
+    window.load_state_dict(chunk.state_dict())
+    x = torch.randn(2, 48, D)
+    base, base_window = chunk(x).out, window(x).out
+    frozen = chunk.hash(chunk.split_heads(chunk.to_qk(x)), torch.ones(2, 48, dtype=torch.bool), 4)  # t = 48: no tail
+    leaked = False
+    for j in (1, 13, 30, 47):
+        changed = x.clone()
+        changed[:, j:] = torch.randn_like(changed[:, j:]) * 3
+        torch.testing.assert_close(window(changed).out[:, :j], base_window[:, :j], atol=1e-5, rtol=1e-4)
+        leaked |= not torch.allclose(chunk(changed).out[:, :j], base[:, :j], atol=1e-5, rtol=1e-4)
+        with monkeypatch.context() as patch:
+            patch.setattr(chunk, "hash", lambda qk, real, n_buckets: frozen)
+            torch.testing.assert_close(chunk(changed).out[:, :j], base[:, :j], atol=1e-5, rtol=1e-4)
+    assert leaked
+
+
 def test_strictly_causal_by_perturbation_even_though_buckets_move():
     """Changing tokens from j on (which re-buckets them) never changes an output before j."""
     attn = lsh(True, chunk_size=4, n_hashes=2, n_buckets=4)
@@ -166,6 +214,8 @@ def test_no_t_by_t_tensor_is_saved():
 
 
 def test_bad_options_and_inputs_are_refused():
+    with pytest.raises(ValueError, match="look_back must be 'window'"):
+        lsh(True, look_back="previous")
     with pytest.raises(ValueError, match="even"):
         lsh(n_buckets=5)
     with pytest.raises(ValueError, match="even"):
@@ -214,7 +264,7 @@ def chunk_case(dtype, B=2, R=2, n=3, c=4, k=5, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, keys, values = (torch.randn(B, R, n, c, k, generator=g, dtype=dtype) for _ in range(3))
     buckets = torch.randint(0, 2, (B, R, n, c), generator=g)
-    masked = (_look_back(buckets)[..., None, :] != buckets[..., :, None]) | _static_masks(n, c, True, q.device)
+    masked = (_look_back(buckets)[..., None, :] != buckets[..., :, None]) | _static_masks(n, c, True, True, q.device)
     return q, keys, values, masked
 
 

@@ -176,6 +176,9 @@ class ModelConfig:
     # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
     # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/adaptive.py
     adaptive: dict = field(default_factory=dict)
+    # LM training losses of Al-Rfou et al. 2018 (zoo/al_rfou.py): {} = off; {"intermediate": true,
+    # "multi_target": 0.5} = the paper's intermediate-layer and character-after-next losses
+    aux_losses: dict = field(default_factory=dict)
     # classifier head
     n_classes: int = 2
     pooling: str = "mean"
@@ -215,6 +218,10 @@ class ModelConfig:
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         adaptive_ok = not self.adaptive or self.kind == "lm"
         require(adaptive_ok, f"adaptive (input + softmax) is an LM option; kind is {self.kind!r}")
+        if self.aux_losses:
+            require(self.kind == "lm", f"aux_losses (Al-Rfou et al. 2018) is an LM option; kind is {self.kind!r}")
+            # head="none" keeps them (weights load both ways); such a model refuses targets, so they never run
+            require(not self.adaptive, "aux_losses needs the full softmax output head (adaptive={})")
         if self.kind == "seq2seq":  # decoding writes these ids into the target sequence
             for key in ("pad_id", "bos_id", "eos_id"):
                 value = getattr(self, key)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.adaptive import adaptive_input_and_softmax
+from zoo.al_rfou import AlRfouLosses
 from zoo.blocks import merge_into
 from zoo.build import attention_class, build_stack, create_position, split_part
 from zoo.config import ModelConfig, check_type, merge_config
@@ -220,6 +221,17 @@ class CausalLM(ZooModel):
             self.head = nn.Linear(config.d_model, config.vocab_size, bias=False) if config.head == "linear" else None
         if config.tie_embeddings and self.head is not None and not adaptive:
             self.head.weight = self.embed.weight
+        self.aux_heads = self.al_rfou_losses() if config.aux_losses else None
+
+    def al_rfou_losses(self) -> AlRfouLosses:
+        """Al-Rfou et al. 2018's intermediate-layer / multiple-target losses (zoo/al_rfou.py)."""
+        name = self.config.stack["name"]
+        if name != "sequential":  # the others have no per-layer outputs (universal) or skip block() (reversible)
+            raise ValueError(f"aux_losses needs one block per layer, each called in turn (stack 'sequential'); "
+                             f"stack {name!r} is not")
+        blocks = self.stack.blocks
+        return AlRfouLosses(self.config.aux_losses, blocks=blocks, norm=self.norm, head=self.head,
+                            d_model=self.config.d_model, vocab_size=self.config.vocab_size)
 
     def init_state(self, batch_size: int) -> ModelState:
         """An empty state that turns on caching (KV cache) for incremental decoding."""
@@ -238,8 +250,13 @@ class CausalLM(ZooModel):
         self.check_state(state, b, stack=self.stack)
         offset = state.offset if state is not None else 0
         x = self.drop(self.position(x, offset))
+        auxiliary = self.aux_heads is not None and self.training and targets is not None
+        if self.aux_heads is not None:
+            self.aux_heads.start(auxiliary)
         out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None)
         hidden = self.norm(out.x)
+        if auxiliary:
+            out.aux.update(self.aux_heads.losses(hidden, targets, pad_mask, self.config.label_smoothing))
         loss, stats = None, out.stats
         if self.config.adaptive:  # full log-probabilities only outside training steps ([b, t, 0] there)
             if targets is not None:

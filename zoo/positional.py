@@ -5,6 +5,12 @@ Transformer adds its own timestep signal. Both reuse :func:`sinusoid_table`.
 
 A position module is called as ``pos(x, offset=0) -> x + signal`` where ``x`` is [b, t, d] and
 ``offset`` is the absolute position of ``x[:, 0]`` (non-zero when decoding with a cache).
+
+Randomised offsets (Dehghani et al. 2019, Universal Transformer, arXiv:1807.03819, the algorithmic
+tasks): with ``random_offset_max = R > 0``, each training sequence starts at its own position
+``offset + u`` with u drawn uniformly from 0..R (torch's global generator, so ``torch.manual_seed``
+fixes the draws), so a model trained on short sequences has seen the signals of the positions a long
+test sequence reaches. Evaluation (``module.eval()``) always uses u = 0.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import NoOptions, build_options, require
@@ -55,33 +62,65 @@ class Position(nn.Module):
         """Options under which tests/test_position_contract.py exercises this signal (d_model 16)."""
         return {}
 
+    def positions(self, x: Tensor, offset: int) -> Tensor:
+        """Absolute positions of ``x`` [b, t, d]: offset + index, [1, t] (broadcast over the batch); in
+        training with random_offset_max > 0, [b, t] with a random start u_b in 0..R per sequence."""
+        b, t = x.shape[:2]
+        index = torch.arange(offset, offset + t, device=x.device)
+        shift_max = getattr(self.options, "random_offset_max", 0)
+        if not (self.training and shift_max):
+            return index[None]
+        shifts = torch.randint(0, shift_max + 1, (b, 1)).to(x.device)
+        return index + shifts
+
+
+def check_random_offset_max(value: int) -> None:
+    require(isinstance(value, int) and value >= 0,
+            f"random_offset_max must be an int >= 0 (0 = positions start at 0 in training too), got {value!r}")
+
 
 @POSITION.register("sinusoidal")
 class SinusoidalPosition(Position):
     @dataclass
     class Options:
         base: float = 10000.0
+        random_offset_max: int = 0  # training positions start at a random 0..R (Dehghani et al. 2019)
 
         def __post_init__(self) -> None:
             require(self.base > 1.0, f"base must be > 1, got {self.base}")
+            check_random_offset_max(self.random_offset_max)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        positions = torch.arange(offset, offset + x.shape[1], device=x.device)
-        return x + sinusoid_table(positions, self.d_model, self.options.base, dtype=x.dtype)
+        positions = self.positions(x, offset)  # [1, t] or [b, t]
+        signal = sinusoid_table(positions.flatten(), self.d_model, self.options.base, dtype=x.dtype)
+        return x + signal.view(*positions.shape, self.d_model)
 
 
 @POSITION.register("learned")
 class LearnedPosition(Position):
+    @dataclass
+    class Options:
+        random_offset_max: int = 0  # training positions start at a random 0..R (Dehghani et al. 2019)
+
+        def __post_init__(self) -> None:
+            check_random_offset_max(self.random_offset_max)
+
     def __init__(self, d_model: int, max_len: int, **options):
         super().__init__(d_model, max_len, **options)
+        shift_max = self.options.random_offset_max
+        require(shift_max < max_len, f"learned positions: random_offset_max={shift_max} must be below "
+                f"max_len={max_len} (the table holds positions 0..max_len-1)")
         self.table = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        end = offset + x.shape[1]
+        shift_max = self.options.random_offset_max if self.training else 0
+        end = offset + x.shape[1] + shift_max
         if end > self.max_len:
-            raise ValueError(f"learned positions: sequence reaches position {end} but the table holds max_len={self.max_len}; raise max_len or use position=sinusoidal")
-        return x + self.table.weight[offset:end].to(x.dtype)
+            shifted = f" with random_offset_max={shift_max}" if shift_max else ""
+            raise ValueError(f"learned positions: sequence reaches position {end}{shifted} but the table holds "
+                             f"max_len={self.max_len}; raise max_len or use position=sinusoidal")
+        return x + F.embedding(self.positions(x, offset), self.table.weight).to(x.dtype)
 
 
 @POSITION.register("none")

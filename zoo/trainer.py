@@ -70,7 +70,14 @@ from zoo.train_options import (  # noqa: F401  (re-exported)
     make_optimizer,
     pick_device,
 )
-from zoo.training import TrainingDiverged, forward_backward, initial_state, optimizer_step, schedule
+from zoo.training import (
+    TrainingDiverged,
+    forward_backward,
+    initial_state,
+    optimizer_step,
+    schedule,
+    set_training_progress,
+)
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +263,7 @@ class Trainer:
         carry = self.task.contiguous and self.opts.carry_state
         loss_sum, aux_sum, tokens, stats, fwd_bwd_s = 0.0, {}, 0, {}, 0.0
         self.optimizer.zero_grad(set_to_none=True)
+        set_training_progress(self.model, self.step / max(1, self.opts.max_steps))  # scheduled losses
         for micro in range(accumulate):
             index = self.step * accumulate + micro
             rows = self.task.batch("train", index, rank=self.dist.rank, world_size=self.dist.world_size)

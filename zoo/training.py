@@ -85,6 +85,15 @@ def after_optimizer_step(model: nn.Module) -> None:
             hook()
 
 
+def set_training_progress(model: nn.Module, fraction: float) -> None:
+    """Tell every module with a ``set_progress`` hook how far training is (steps done / planned),
+    e.g. Al-Rfou et al. 2018's intermediate losses, which drop out on a schedule (zoo/al_rfou.py)."""
+    for module in model.modules():
+        hook = getattr(module, "set_progress", None)
+        if callable(hook):
+            hook(min(max(fraction, 0.0), 1.0))
+
+
 def detach_state(state: Any) -> Any:
     """Cut the graph between steps (truncated BPTT); mechanisms detach their own, this makes sure."""
     from zoo.models import map_tensors

@@ -35,7 +35,10 @@ Deviations (each on purpose, each tested):
   change when a future token changes (information leaks from the future through the sort). With
   the window the key set of position i depends on tokens <= i only: strict causality, checked by
   perturbation in tests/test_lsh.py. The window always fits in own + previous chunk, so the
-  blocked computation is unchanged.
+  blocked computation is unchanged. ``look_back="chunk"`` restores the paper's form (every earlier
+  same-bucket key of the own and the previous chunk) for comparison with the paper and with
+  implementations that use it: its key set is still past positions only, but which past keys fall
+  in the two chunks moves with the future's buckets (tests/test_lsh.py shows both).
 - Padding (the caller's pad_mask and the tail added to reach a multiple of ``chunk_size``) is
   hashed to an extra bucket sorted last, so padded tokens never take a real token's place in a
   chunk: outputs of real tokens do not depend on what the padding holds.
@@ -104,6 +107,9 @@ class LSHAttention(SharedQKProjections):
         n_buckets: int = 0  # even; 0 = the number of chunks rounded up to even (average bucket ~ one chunk)
         chunk_size: int = 64
         attend_across_buckets: bool = False  # True: a chunk sees every key of its own + previous chunk
+        # causal, same bucket: "window" = the chunk_size most recent same-bucket items (strictly causal);
+        # "chunk" = the paper's every earlier same-bucket item of the own + previous chunk
+        look_back: str = "window"
         seed: int = 0  # base seed of the random rotations
         bias: bool = True  # bias in the projections
 
@@ -114,6 +120,9 @@ class LSHAttention(SharedQKProjections):
                 isinstance(self.n_buckets, int) and self.n_buckets >= 0 and self.n_buckets != 1 and self.n_buckets % 2 == 0,
                 f"n_buckets must be 0 (auto) or an even int >= 2 (angular LSH takes the argmax over [xR; -xR]), got {self.n_buckets!r}",
             )
+            require(self.look_back in ("window", "chunk"),
+                    f"look_back must be 'window' (strictly causal) or 'chunk' (the paper's own + previous chunk), "
+                    f"got {self.look_back!r}")
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -196,7 +205,8 @@ class LSHAttention(SharedQKProjections):
 
         across = self.options.attend_across_buckets
         causal_in_bucket = self.causal and not across
-        static_masked = _static_masks(n, c, causal_in_bucket, x.device)
+        window = self.options.look_back == "window"
+        static_masked = _static_masks(n, c, causal_in_bucket, window, x.device)
         dropout = self.dropout if self.training else 0.0
         if causal_in_bucket and n > 1:
             # The causal LM case: chunk 0's look-back (the round's wrapped-around end) is masked
@@ -327,23 +337,23 @@ def _look_back(x: Tensor) -> Tensor:
 _MASK_CACHE: dict[tuple, Tensor | None] = {}
 
 
-def _static_masks(n: int, c: int, causal_in_bucket: bool, device: torch.device) -> Tensor | None:
+def _static_masks(n: int, c: int, causal_in_bucket: bool, window: bool, device: torch.device) -> Tensor | None:
     """Slot patterns of a query chunk against its key block, fixed by the sorted layout.
 
     Key slots: with n > 1, 0..c-1 are the previous chunk and c..2c-1 the own one; with n == 1 only
     the own, so the query's own key is at slot (w - c) + its own slot (one diagonal of the block).
     Returns masked [n, c, w] or None. When ``causal_in_bucket`` (causal, same-bucket keys only) a
     same-bucket key is in the query's past exactly when its sorted slot is earlier, so masked =
-    later slots | slots more than c places back (the window) | the wrapped-around "previous" chunk
-    of chunk 0 (it holds the round's end)."""
-    key = (n, c, causal_in_bucket, device)
+    later slots | slots more than c places back (the window; not with ``window=False``, the paper's
+    whole previous chunk) | the wrapped-around "previous" chunk of chunk 0 (it holds the round's end)."""
+    key = (n, c, causal_in_bucket, window, device)
     if key not in _MASK_CACHE:
         a = torch.arange(c, device=device)[:, None]  # query slot
         own = c if n > 1 else 0  # slot of the query's own chunk start in the key block
         j = torch.arange(own + c, device=device)[None, :]  # key slot
         masked = None
         if causal_in_bucket:
-            masked = (j > own + a) | (j < a if n > 1 else torch.zeros_like(j, dtype=torch.bool))
+            masked = (j > own + a) | (j < a if n > 1 and window else torch.zeros_like(j, dtype=torch.bool))
             masked = masked.expand(n, c, own + c).clone()
             if n > 1:
                 masked[0, :, :c] = True

@@ -136,12 +136,29 @@ def train(mode: str, args, train_ids, val_ids, vocab: int) -> dict:
             spans = span_table(model)
             flat = [z for row in spans for z in row]
             reach = max(float(out.stats[f"layer{i}/attn/span_reach"]) for i in range(args.layers))
-            point = dict(mode=mode, step=step, train_bpc=float(out.loss.detach()) / math.log(2), span_mean=statistics.mean(flat), span_max=max(flat), reach_max=reach, wall_ms=1e3 * statistics.median(wall[-args.log_every :]))
+            point = dict(
+                mode=mode,
+                step=step,
+                train_bpc=float(out.loss.detach()) / math.log(2),
+                span_mean=statistics.mean(flat),
+                span_max=max(flat),
+                reach_max=reach,
+                wall_ms=1e3 * statistics.median(wall[-args.log_every :]),
+            )
             curve.append(point)
             print(json.dumps(point), flush=True)
     bpc = evaluate(model, val, args.segment)
     spans = span_table(model)
-    return dict(mode=mode, val_bpc=bpc, wall_ms_per_step=1e3 * statistics.median(wall[args.warmup :] or wall), cpu_ms_per_step=1e3 * statistics.median(cpu[args.warmup :] or cpu), cpu_minutes=sum(cpu) / 60, params=sum(p.numel() for p in model.parameters()), spans=spans, curve=curve)
+    return dict(
+        mode=mode,
+        val_bpc=bpc,
+        wall_ms_per_step=1e3 * statistics.median(wall[args.warmup :] or wall),
+        cpu_ms_per_step=1e3 * statistics.median(cpu[args.warmup :] or cpu),
+        cpu_minutes=sum(cpu) / 60,
+        params=sum(p.numel() for p in model.parameters()),
+        spans=spans,
+        curve=curve,
+    )
 
 
 def write(results: list[dict], args, command: str) -> None:
@@ -149,10 +166,23 @@ def write(results: list[dict], args, command: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "summary.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["mode", "val_bpc", "wall_ms_per_step", "cpu_ms_per_step", "cpu_minutes", "params", "span_mean", "span_max"])
+        w.writerow(
+            ["mode", "val_bpc", "wall_ms_per_step", "cpu_ms_per_step", "cpu_minutes", "params", "span_mean", "span_max"]
+        )
         for r in results:
             flat = [z for row in r["spans"] for z in row]
-            w.writerow([r["mode"], f"{r['val_bpc']:.4f}", f"{r['wall_ms_per_step']:.1f}", f"{r['cpu_ms_per_step']:.1f}", f"{r['cpu_minutes']:.2f}", r["params"], f"{statistics.mean(flat):.1f}", f"{max(flat):.1f}"])
+            w.writerow(
+                [
+                    r["mode"],
+                    f"{r['val_bpc']:.4f}",
+                    f"{r['wall_ms_per_step']:.1f}",
+                    f"{r['cpu_ms_per_step']:.1f}",
+                    f"{r['cpu_minutes']:.2f}",
+                    r["params"],
+                    f"{statistics.mean(flat):.1f}",
+                    f"{max(flat):.1f}",
+                ]
+            )
     with open(out / "spans.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["mode", "layer", "head", "span"])
@@ -180,14 +210,26 @@ def write(results: list[dict], args, command: str) -> None:
     ]
     for r in results:
         flat = [z for row in r["spans"] for z in row]
-        lines.append(f"| {r['mode']} | {r['val_bpc']:.3f} | {r['wall_ms_per_step']:.0f} | {r['cpu_ms_per_step']:.0f} | {r['cpu_minutes']:.1f} | {statistics.mean(flat):.1f} | {max(flat):.1f} |")
+        lines.append(
+            f"| {r['mode']} | {r['val_bpc']:.3f} | {r['wall_ms_per_step']:.0f} | {r['cpu_ms_per_step']:.0f} | {r['cpu_minutes']:.1f} | {statistics.mean(flat):.1f} | {max(flat):.1f} |"
+        )
     for r in results:
         if r["mode"] == "fixed":
             continue
-        lines += ["", f"Spans after training, mode {r['mode']} (tokens; rows = layers from the bottom, columns = heads):", "", "| layer | " + " | ".join(f"head {h}" for h in range(args.heads)) + " |", "|---" * (args.heads + 1) + "|"]
+        lines += [
+            "",
+            f"Spans after training, mode {r['mode']} (tokens; rows = layers from the bottom, columns = heads):",
+            "",
+            "| layer | " + " | ".join(f"head {h}" for h in range(args.heads)) + " |",
+            "|---" * (args.heads + 1) + "|",
+        ]
         for layer, row in enumerate(r["spans"]):
             lines.append(f"| {layer} | " + " | ".join(f"{z:.0f}" for z in row) + " |")
-    lines += ["", "Times are medians over the run on a shared 2-core machine (other jobs running): compare the modes' ratio, not the absolute values.", ""]
+    lines += [
+        "",
+        "Times are medians over the run on a shared 2-core machine (other jobs running): compare the modes' ratio, not the absolute values.",
+        "",
+    ]
     (out / "results.md").write_text("\n".join(lines))
     plot(results, args, out / "spans.png")
     print("\n".join(lines))
@@ -205,7 +247,12 @@ def plot(results: list[dict], args, path: Path) -> None:
     for ax, r in zip(axes, learned):
         spans = torch.tensor(r["spans"])
         for head in range(spans.shape[1]):
-            ax.bar([layer + (head - (spans.shape[1] - 1) / 2) * 0.8 / spans.shape[1] for layer in range(spans.shape[0])], spans[:, head].tolist(), width=0.8 / spans.shape[1], label=f"head {head}")
+            ax.bar(
+                [layer + (head - (spans.shape[1] - 1) / 2) * 0.8 / spans.shape[1] for layer in range(spans.shape[0])],
+                spans[:, head].tolist(),
+                width=0.8 / spans.shape[1],
+                label=f"head {head}",
+            )
         ax.set_xlabel("layer")
         ax.set_ylabel("span (tokens)")
         ax.set_xticks(range(spans.shape[0]))
@@ -226,7 +273,9 @@ def plot(results: list[dict], args, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data", nargs="?", default=DEFAULT_DATA, help=f"path of tiny Shakespeare's input.txt (default {DEFAULT_DATA})")
+    p.add_argument(
+        "data", nargs="?", default=DEFAULT_DATA, help=f"path of tiny Shakespeare's input.txt (default {DEFAULT_DATA})"
+    )
     p.add_argument("--out", default="results/adaptive_span")
     p.add_argument("--modes", default="learned,fixed", help="comma-separated: learned, fixed, dynamic")
     p.add_argument("--steps", type=int, default=600)
@@ -245,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--parallel", action="store_true", help="train the modes side by side, one process each (each on --threads threads)")
+    p.add_argument(
+        "--parallel",
+        action="store_true",
+        help="train the modes side by side, one process each (each on --threads threads)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     modes = [m.strip() for m in args.modes.split(",")]

@@ -47,10 +47,17 @@ def lm_presets() -> tuple[list[str], dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", type=float, default=float(os.environ.get("ZOO_DEMO_BUDGET", 240)), help="seconds of training shared by all presets (default 240)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=float(os.environ.get("ZOO_DEMO_BUDGET", 240)),
+        help="seconds of training shared by all presets (default 240)",
+    )
     parser.add_argument("--max-steps", type=int, default=300, help="step cap per preset (default 300)")
     parser.add_argument("--logger", default="csv", help="csv (default), wandb (offline) or none")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra overrides for every run")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra overrides for every run"
+    )
     parser.add_argument("--out", default="", help="sweep directory (default multirun/demo-<time>)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -63,9 +70,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     per_run = max(5.0, args.budget / len(presets))
     out = Path(args.out or ROOT / "multirun" / f"demo-{datetime.now():%Y-%m-%d_%H-%M-%S}")
-    print(f"demo: {len(presets)} presets ({', '.join(presets)}), up to {args.max_steps} steps or {per_run:.0f} s of training each", flush=True)
-    cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", *overrides, f"model={','.join(presets)}",
-           f"trainer.max_steps={args.max_steps}", f"trainer.max_time_s={per_run:.1f}", f"hydra.sweep.dir={out}"]
+    print(
+        f"demo: {len(presets)} presets ({', '.join(presets)}), up to {args.max_steps} steps or {per_run:.0f} s of training each",
+        flush=True,
+    )
+    cmd = [
+        sys.executable,
+        str(ROOT / "experiments" / "train.py"),
+        "-m",
+        *overrides,
+        f"model={','.join(presets)}",
+        f"trainer.max_steps={args.max_steps}",
+        f"trainer.max_time_s={per_run:.1f}",
+        f"hydra.sweep.dir={out}",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_SILENT="true")
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:

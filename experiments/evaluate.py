@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="", help="also write the result as JSON here")
     add_protocol_arguments(parser)
     args = parser.parse_args(argv)
-    _, task, model, ckpt = load_run(args.checkpoint, data={"path": args.data_path} if args.data_path else None, batch_size=args.batch_size or None)
+    _, task, model, ckpt = load_run(
+        args.checkpoint, data={"path": args.data_path} if args.data_path else None, batch_size=args.batch_size or None
+    )
     device = pick_device(args.device)
     model.to(device)
     start = time.perf_counter()
@@ -50,7 +52,14 @@ def main(argv: list[str] | None = None) -> dict:
         result = evaluate_protocol(model, task, args.split, settings, max_batches=args.batches, device=device)
     else:
         result = evaluate_model(model, task, args.split, args.batches, device=device)
-    result.update(checkpoint=str(args.checkpoint), step=ckpt["step"], model=model.config.name, data=task.registry_name, seconds=time.perf_counter() - start, memory_carried=bool(task.contiguous))
+    result.update(
+        checkpoint=str(args.checkpoint),
+        step=ckpt["step"],
+        model=model.config.name,
+        data=task.registry_name,
+        seconds=time.perf_counter() - start,
+        memory_carried=bool(task.contiguous),
+    )
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -58,13 +58,24 @@ def evaluate(model, task: dict, n: int, seed: int) -> torch.Tensor:
 
 def run(name: str, seed: int, args, task: dict, log) -> dict:
     torch.manual_seed(seed)
-    model = zoo.create_model(name, vocab_size=vocab_size(task["n_cues"], task["n_noise"]), d_model=args.d_model, n_layers=args.layers, n_heads=4, d_ff=4 * args.d_model, dropout=0.0, attention={"mem_len": task["segment_len"]})
+    model = zoo.create_model(
+        name,
+        vocab_size=vocab_size(task["n_cues"], task["n_noise"]),
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=4,
+        d_ff=4 * args.d_model,
+        dropout=0.0,
+        attention={"mem_len": task["segment_len"]},
+    )
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     g = torch.Generator().manual_seed(seed)
     curve, start = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         opt.zero_grad(set_to_none=True)
-        loss, _ = stream_loss(model, delayed_recall_batch(args.batch, generator=g, **task), task["segment_len"], train=True)
+        loss, _ = stream_loss(
+            model, delayed_recall_batch(args.batch, generator=g, **task), task["segment_len"], train=True
+        )
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % args.eval_every == 0 or step == args.steps:
@@ -73,8 +84,20 @@ def run(name: str, seed: int, args, task: dict, log) -> dict:
     final = curve[-1]
     longest = f"acc_delay{task['n_segments'] - 1}"
     first_solved = next((c["step"] for c in curve if c[longest] >= args.threshold), None)
-    result = dict(model=name, seed=seed, final_loss=final["loss"], **{k: v for k, v in final.items() if k.startswith("acc")}, success=final[longest] >= args.threshold, first_step_solved=first_solved, diverged=not torch.isfinite(torch.tensor(final["loss"])).item(), seconds=time.perf_counter() - start, curve=curve)
-    log(f"{name} seed {seed}: final loss {final['loss']:.3f}, accuracy by delay {[round(final[f'acc_delay{d}'], 3) for d in range(task['n_segments'])]}, solved at step {first_solved}, {result['seconds']:.0f}s")
+    result = dict(
+        model=name,
+        seed=seed,
+        final_loss=final["loss"],
+        **{k: v for k, v in final.items() if k.startswith("acc")},
+        success=final[longest] >= args.threshold,
+        first_step_solved=first_solved,
+        diverged=not torch.isfinite(torch.tensor(final["loss"])).item(),
+        seconds=time.perf_counter() - start,
+        curve=curve,
+    )
+    log(
+        f"{name} seed {seed}: final loss {final['loss']:.3f}, accuracy by delay {[round(final[f'acc_delay{d}'], 3) for d in range(task['n_segments'])]}, solved at step {first_solved}, {result['seconds']:.0f}s"
+    )
     return result
 
 
@@ -131,12 +154,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.load:  # summarise runs made by earlier invocations (e.g. one process per model)
         results = [r for path in args.load.split(",") for r in json.loads(Path(path).read_text())]
-        lines.extend(line for path in args.load.split(",") for line in json.loads(Path(path).read_text())[0].get("log", []))
+        lines.extend(
+            line for path in args.load.split(",") for line in json.loads(Path(path).read_text())[0].get("log", [])
+        )
     else:
-        results = [run(name, int(seed), args, task, log) for name in args.models.split(",") for seed in args.seeds.split(",")]
+        results = [
+            run(name, int(seed), args, task, log) for name in args.models.split(",") for seed in args.seeds.split(",")
+        ]
         if results:
             results[0]["log"] = list(lines)
-            results[0]["command"] = "python " + " ".join(["experiments/gtrxl_recall.py", *(argv if argv is not None else sys.argv[1:])])
+            results[0]["command"] = "python " + " ".join(
+                ["experiments/gtrxl_recall.py", *(argv if argv is not None else sys.argv[1:])]
+            )
         (out / "runs.json").write_text(json.dumps(results, indent=1))
     args.models = ",".join(dict.fromkeys(r["model"] for r in results))
     longest = f"acc_delay{args.segments - 1}"
@@ -145,20 +174,38 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerow(["model", "seed", "step", "loss", *[f"acc_delay{d}" for d in range(args.segments)]])
         for r in results:
             for c in r["curve"]:
-                writer.writerow([r["model"], r["seed"], c["step"], f"{c['loss']:.4f}", *[f"{c[f'acc_delay{d}']:.4f}" for d in range(args.segments)]])
+                writer.writerow(
+                    [
+                        r["model"],
+                        r["seed"],
+                        c["step"],
+                        f"{c['loss']:.4f}",
+                        *[f"{c[f'acc_delay{d}']:.4f}" for d in range(args.segments)],
+                    ]
+                )
     plot(results, out / "curves.png", args.segments, args.threshold)
     command = "python " + " ".join(["experiments/gtrxl_recall.py", *(argv if argv is not None else sys.argv[1:])])
     runs = [r["command"] for r in results if "command" in r]
     shown = "; ".join(f"`{c}`" for c in [*runs, command])
-    md = [f"# Delayed recall: TrXL vs TrXL-I vs GTrXL\n\nCommand(s): {shown}  \nTask: {args.segments} segments of {args.segment_len} tokens, cue in segment 0, asked at the end of every segment (delays 0..{args.segments - 1}); chance = 1/8. Model: {args.layers} layers, d {args.d_model}, 4 heads, mem_len {args.segment_len}; batch {args.batch}, Adam lr {args.lr}, {args.steps} steps, 1 thread. Success: accuracy at delay {args.segments - 1} >= {args.threshold} on {args.eval_streams} held-out streams.\n"]
-    md.append(f"| model | success | per seed: accuracy at delays 0..{args.segments - 1} (final) | first step solved | final loss |\n|---|---|---|---|---|")
+    md = [
+        f"# Delayed recall: TrXL vs TrXL-I vs GTrXL\n\nCommand(s): {shown}  \nTask: {args.segments} segments of {args.segment_len} tokens, cue in segment 0, asked at the end of every segment (delays 0..{args.segments - 1}); chance = 1/8. Model: {args.layers} layers, d {args.d_model}, 4 heads, mem_len {args.segment_len}; batch {args.batch}, Adam lr {args.lr}, {args.steps} steps, 1 thread. Success: accuracy at delay {args.segments - 1} >= {args.threshold} on {args.eval_streams} held-out streams.\n"
+    ]
+    md.append(
+        f"| model | success | per seed: accuracy at delays 0..{args.segments - 1} (final) | first step solved | final loss |\n|---|---|---|---|---|"
+    )
     for name in args.models.split(","):
         runs = [r for r in results if r["model"] == name]
-        accs = "; ".join(f"s{r['seed']}: " + "/".join(f"{r[f'acc_delay{d}']:.2f}" for d in range(args.segments)) for r in runs)
+        accs = "; ".join(
+            f"s{r['seed']}: " + "/".join(f"{r[f'acc_delay{d}']:.2f}" for d in range(args.segments)) for r in runs
+        )
         solved = ", ".join(str(r["first_step_solved"]) for r in runs)
         losses = ", ".join(f"{r['final_loss']:.3f}" for r in runs)
         md.append(f"| {name} | {sum(r['success'] for r in runs)}/{len(runs)} | {accs} | {solved} | {losses} |")
-    md.append(f"\nLearning curves (accuracy at the longest delay, per seed): `curves.png`, all delays in `curves.csv` ({longest} is the longest).\n\nLog:\n\n```\n" + "\n".join(lines) + "\n```\n")
+    md.append(
+        f"\nLearning curves (accuracy at the longest delay, per seed): `curves.png`, all delays in `curves.csv` ({longest} is the longest).\n\nLog:\n\n```\n"
+        + "\n".join(lines)
+        + "\n```\n"
+    )
     (out / "README.md").write_text("\n".join(md))
     return 0
 

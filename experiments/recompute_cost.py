@@ -34,7 +34,9 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, t, 64, generator=g, requires_grad=True) for _ in range(3))
     valid = key_validity(None, t, t, q.device)
-    union = zoo.create_attention("sparse_fixed", d_model=256, n_heads=4, causal=True, stride=128, c=32, combine="union").train()
+    union = zoo.create_attention(
+        "sparse_fixed", d_model=256, n_heads=4, causal=True, stride=128, c=32, combine="union"
+    ).train()
     cases = {}
     for label, span in (("adaptive_span fixed S=1024", 1024.0), ("adaptive_span z=224", 224.0)):
         spans = torch.full((4,), span, requires_grad=True)
@@ -56,8 +58,10 @@ def main() -> None:
         steps = {mode: functools.partial(step, fn, inputs, mode == "recomputed") for mode in ("plain", "recomputed")}
         rounds = paired_rounds(steps, args.rounds, progress=lambda line: None)
         cost = paired_ratios(rounds, "recomputed")["plain"]  # recomputed time / plain time, per round
-        print(f"{label} at {t}: recomputed / plain time {cost['ratio']:.2f}x ({cost['ratio_min']:.2f}-"
-              f"{cost['ratio_max']:.2f}), {args.rounds} rounds, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}")
+        print(
+            f"{label} at {t}: recomputed / plain time {cost['ratio']:.2f}x ({cost['ratio_min']:.2f}-"
+            f"{cost['ratio_max']:.2f}), {args.rounds} rounds, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,18 @@ def attention(mode: str, chunk: int) -> dict:
 
 def build(mode: str, args: argparse.Namespace) -> zoo.models.ZooModel:
     return zoo.create_model(
-        "reformer", vocab_size=args.n_symbols + 1, d_model=args.d_model, d_ff=args.d_model, n_heads=args.heads, n_layers=1,
-        dropout=0.0, position="learned", max_len=args.length, stack="sequential", ff_chunk_size=0, attention=attention(mode, args.chunk),
+        "reformer",
+        vocab_size=args.n_symbols + 1,
+        d_model=args.d_model,
+        d_ff=args.d_model,
+        n_heads=args.heads,
+        n_layers=1,
+        dropout=0.0,
+        position="learned",
+        max_len=args.length,
+        stack="sequential",
+        ff_chunk_size=0,
+        attention=attention(mode, args.chunk),
     )
 
 
@@ -77,7 +87,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/reformer_duplication")
-    parser.add_argument("--merge", default="", help="comma-separated output folders of runs with one --train each: combine them into --out")
+    parser.add_argument(
+        "--merge",
+        default="",
+        help="comma-separated output folders of runs with one --train each: combine them into --out",
+    )
     args = parser.parse_args()
     if args.merge:
         merge(args)
@@ -86,7 +100,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     g_eval = torch.Generator().manual_seed(10_000 + args.seed)
-    eval_batches = [duplication_batch(64, args.length, n_symbols=args.n_symbols, generator=g_eval) for _ in range(args.eval_sequences // 64)]
+    eval_batches = [
+        duplication_batch(64, args.length, n_symbols=args.n_symbols, generator=g_eval)
+        for _ in range(args.eval_sequences // 64)
+    ]
 
     results: dict[str, dict[str, float]] = {}
     log_rows = []
@@ -107,14 +124,27 @@ def main() -> None:
             after_optimizer_step(model)  # LSH: fresh rotations for the next step
             if step % 100 == 0 or step == args.steps:
                 acc = accuracy(model, eval_batches[:2])
-                log_rows.append(dict(train=mode, step=step, loss=round(loss.item(), 4), accuracy=round(acc, 2), seconds=round(time.time() - start, 1)))
-                print(f"{mode:>5} step {step:5d} loss {loss.item():.4f} acc {acc:6.2f}% ({time.time() - start:.0f} s)", flush=True)
+                log_rows.append(
+                    dict(
+                        train=mode,
+                        step=step,
+                        loss=round(loss.item(), 4),
+                        accuracy=round(acc, 2),
+                        seconds=round(time.time() - start, 1),
+                    )
+                )
+                print(
+                    f"{mode:>5} step {step:5d} loss {loss.item():.4f} acc {acc:6.2f}% ({time.time() - start:.0f} s)",
+                    flush=True,
+                )
         state = model.state_dict()
         results[mode] = {}
         for evaluation in EVALS:
             evaluator = build(evaluation, args)
             mismatched = evaluator.load_state_dict(state, strict=False)  # only LSH's rotation step may differ
-            assert all(k.endswith("hash_step") for k in mismatched.missing_keys + mismatched.unexpected_keys), mismatched
+            assert all(k.endswith("hash_step") for k in mismatched.missing_keys + mismatched.unexpected_keys), (
+                mismatched
+            )
             for module in evaluator.modules():  # evaluate with the rotations of the last training step
                 if hasattr(module, "hash_step"):
                     module.hash_step.fill_(args.steps)
@@ -145,7 +175,9 @@ def merge(args: argparse.Namespace) -> None:
     write_outputs(out, results, log_rows, run_args, commands)
 
 
-def write_outputs(out: Path, results: dict, log_rows: list, args: argparse.Namespace, commands: list[str] | None = None) -> None:
+def write_outputs(
+    out: Path, results: dict, log_rows: list, args: argparse.Namespace, commands: list[str] | None = None
+) -> None:
     with open(out / "duplication.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["train", "eval", "accuracy_percent", "paper_percent"])
@@ -156,13 +188,21 @@ def write_outputs(out: Path, results: dict, log_rows: list, args: argparse.Names
         writer = csv.DictWriter(f, fieldnames=list(log_rows[0]))
         writer.writeheader()
         writer.writerows(log_rows)
-    (out / "config.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k not in ("merge", "train")}, indent=2))
+    (out / "config.json").write_text(
+        json.dumps({k: v for k, v in vars(args).items() if k not in ("merge", "train")}, indent=2)
+    )
     steps = {row["train"]: int(row["step"]) for row in log_rows}
     write_markdown(out, results, args, commands, steps)
     plot(out, results)
 
 
-def write_markdown(out: Path, results: dict, args: argparse.Namespace, commands: list[str] | None = None, steps: dict[str, int] | None = None) -> None:
+def write_markdown(
+    out: Path,
+    results: dict,
+    args: argparse.Namespace,
+    commands: list[str] | None = None,
+    steps: dict[str, int] | None = None,
+) -> None:
     names = {"full": "full", "lsh8": "LSH-8", "lsh4": "LSH-4", "lsh2": "LSH-2", "lsh1": "LSH-1"}
     lines = ["| train \\ eval | " + " | ".join(names[e] for e in EVALS) + " |", "|---|" + "---|" * len(EVALS)]
     for mode, row in results.items():
@@ -178,10 +218,21 @@ def write_markdown(out: Path, results: dict, args: argparse.Namespace, commands:
         *lines,
         "",
     ]
-    own = "python experiments/reformer_duplication.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "merge")) + f" --out {args.out}"
+    own = (
+        "python experiments/reformer_duplication.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "merge"))
+        + f" --out {args.out}"
+    )
     if commands:
-        text += ["Commands (one process per trained model, then merged):", "", *[f"    {c.strip('`')}" for c in commands]]
-        text += ["", f"    python experiments/reformer_duplication.py --merge {args.merge if hasattr(args, 'merge') and args.merge else '...'} --out {out}"]
+        text += [
+            "Commands (one process per trained model, then merged):",
+            "",
+            *[f"    {c.strip('`')}" for c in commands],
+        ]
+        text += [
+            "",
+            f"    python experiments/reformer_duplication.py --merge {args.merge if hasattr(args, 'merge') and args.merge else '...'} --out {out}",
+        ]
     else:
         text.append(f"Command: `{own}`")
     (out / "README.md").write_text("\n".join(text) + "\n")

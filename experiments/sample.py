@@ -42,7 +42,9 @@ def sample_images(args: argparse.Namespace, task, model, device: torch.device) -
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
-    parser.add_argument("--prompt", default="", help="text to continue (text tasks); empty = the start of a validation batch")
+    parser.add_argument(
+        "--prompt", default="", help="text to continue (text tasks); empty = the start of a validation batch"
+    )
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=0)
@@ -53,7 +55,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--images", type=int, default=8, help="image tasks: samples and completions per row")
     parser.add_argument("--png", default="", help="image tasks: the grid's path (default: beside the checkpoint)")
     args = parser.parse_args(argv)
-    _, task, model, _ = load_run(args.checkpoint, data={"path": args.data_path} if args.data_path else None, batch_size=1)
+    _, task, model, _ = load_run(
+        args.checkpoint, data={"path": args.data_path} if args.data_path else None, batch_size=1
+    )
     if model.config.kind != "lm":
         raise SystemExit(f"error: sampling needs a language model; this checkpoint is a {model.config.kind} model")
     device = pick_device(args.device)
@@ -63,7 +67,9 @@ def main(argv: list[str] | None = None) -> str:
     ids = task.encode(args.prompt) if args.prompt else task.batch("val", 0)["tokens"][0, :16].tolist()
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    out = model.generate(prompt, args.tokens, temperature=args.temperature, top_k=args.top_k, greedy=args.greedy, generator=generator)
+    out = model.generate(
+        prompt, args.tokens, temperature=args.temperature, top_k=args.top_k, greedy=args.greedy, generator=generator
+    )
     text = task.decode(out[0].tolist())
     print(text)
     return text

@@ -35,7 +35,9 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for label in labels:
-        mine = sorted((int(r["length"]), float(r["time_min_ms"]), float(r["act_mib"])) for r in rows if r["variant"] == label)
+        mine = sorted(
+            (int(r["length"]), float(r["time_min_ms"]), float(r["act_mib"])) for r in rows if r["variant"] == label
+        )
         tail = [m for m in mine if m[0] >= args.start]
         shared = [m for m in mine if m[0] in base]
         speedup = f"{base[shared[-1][0]] / shared[-1][1]:.2f}x at {shared[-1][0]}" if shared else "n/a"

@@ -28,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         problems = check(args.conf)
         for line in problems:
             print(line)
-        print("conf/ is in sync with the registries" if not problems else f"{len(problems)} mismatch(es); run experiments/sync_configs.py")
+        print(
+            "conf/ is in sync with the registries"
+            if not problems
+            else f"{len(problems)} mismatch(es); run experiments/sync_configs.py"
+        )
         return 1 if problems else 0
     changes, problems = sync(args.conf)
     for line in changes + problems:

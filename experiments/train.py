@@ -48,8 +48,19 @@ def main(cfg: DictConfig) -> float:
         out = Path(HydraConfig.get().runtime.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "error.txt").write_text(traceback.format_exc())
-        (out / "result.json").write_text(json.dumps({"status": f"failed: {type(exc).__name__}: {exc}"[:300], "model": cfg.model.preset, "data": cfg.data.name, "final_metric": float("nan")}))
-        (out / "config.json").exists() or (out / "config.json").write_text(json.dumps({"run": f"{HydraConfig.get().job.num}:{HydraConfig.get().job.override_dirname}"}))
+        (out / "result.json").write_text(
+            json.dumps(
+                {
+                    "status": f"failed: {type(exc).__name__}: {exc}"[:300],
+                    "model": cfg.model.preset,
+                    "data": cfg.data.name,
+                    "final_metric": float("nan"),
+                }
+            )
+        )
+        (out / "config.json").exists() or (out / "config.json").write_text(
+            json.dumps({"run": f"{HydraConfig.get().job.num}:{HydraConfig.get().job.override_dirname}"})
+        )
         print(f"run failed ({type(exc).__name__}: {exc}); see {out / 'error.txt'}", file=sys.stderr)
         return float("nan")
 

@@ -27,16 +27,27 @@ from zoo.training import adam, schedule, train_step
 
 # Paper, Table 4 (train length 40, test length 400): (char-acc, seq-acc)
 PAPER = {
-    ("copy", "transformer"): (0.53, 0.03), ("copy", "ut"): (0.91, 0.35),
-    ("reverse", "transformer"): (0.13, 0.06), ("reverse", "ut"): (0.96, 0.46),
-    ("addition", "transformer"): (0.07, 0.0), ("addition", "ut"): (0.34, 0.02),
+    ("copy", "transformer"): (0.53, 0.03),
+    ("copy", "ut"): (0.91, 0.35),
+    ("reverse", "transformer"): (0.13, 0.06),
+    ("reverse", "ut"): (0.96, 0.46),
+    ("addition", "transformer"): (0.07, 0.0),
+    ("addition", "ut"): (0.34, 0.02),
 }
 
 # name -> (preset, overrides, paper row). Equal parameter budget: 4 vanilla layers at d 64
 # hold as many weights as one shared block at d 128 (params ~ layers * d^2).
 MODELS = {
-    "universal_transformer_act": ("universal_seq2seq_act", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"max_steps": 8}), "ut"),
-    "universal_transformer": ("universal_seq2seq_act", dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"act": False}), "ut"),
+    "universal_transformer_act": (
+        "universal_seq2seq_act",
+        dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"max_steps": 8}),
+        "ut",
+    ),
+    "universal_transformer": (
+        "universal_seq2seq_act",
+        dict(d_model=128, n_heads=4, d_ff=512, n_layers=4, stack={"act": False}),
+        "ut",
+    ),
     "vanilla_seq2seq": ("vanilla_seq2seq", dict(d_model=64, n_heads=4, d_ff=256, n_layers=4), "transformer"),
 }
 
@@ -71,7 +82,14 @@ def run(task: str, name: str, args) -> dict:
             print(f"  {task} {name} step {step} loss {loss.item():.3f}", flush=True)
     train_cpu = time.process_time() - start
     model.eval()
-    row = {"task": task, "model": name, "params": model.num_parameters, "train_steps": args.steps, "train_cpu_s": round(train_cpu, 1), "final_loss": round(loss.item(), 4)}
+    row = {
+        "task": task,
+        "model": name,
+        "params": model.num_parameters,
+        "train_steps": args.steps,
+        "train_cpu_s": round(train_cpu, 1),
+        "final_loss": round(loss.item(), 4),
+    }
     row["iid_char_acc"], row["iid_seq_acc"] = evaluate(model, task, args.train_max, args.n_test, args.seed + 2)
     row["test_char_acc"], row["test_seq_acc"] = evaluate(model, task, args.test_len, args.n_test, args.seed + 3)
     paper = PAPER[(task, MODELS[name][2])]
@@ -94,7 +112,12 @@ def ponder_plot(model, task: str, args, path: Path) -> None:
     enc, dec = out.stats["encoder/act/steps"], out.stats["act/steps"]
     fig, axes = plt.subplots(3, 2, figsize=(10, 5), sharey=True)
     for i in range(3):
-        for j, (steps, mask, label) in enumerate(((enc, batch["src_pad_mask"], "encoder (source position)"), (dec, batch["tgt_pad_mask"], "decoder (target position)"))):
+        for j, (steps, mask, label) in enumerate(
+            (
+                (enc, batch["src_pad_mask"], "encoder (source position)"),
+                (dec, batch["tgt_pad_mask"], "decoder (target position)"),
+            )
+        ):
             n = int(mask[i].sum())
             axes[i, j].bar(range(n), steps[i, :n].numpy(), color="tab:blue" if j == 0 else "tab:orange")
             axes[i, j].set_ylabel("steps")
@@ -151,7 +174,9 @@ def write_table(rows: list[dict], out: Path, args) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['task']} | {r['model']} | {int(r['params']):,} | {r['train_cpu_s']} | {float(r['iid_char_acc']):.2f} | {float(r['iid_seq_acc']):.2f} | {float(r['test_char_acc']):.2f} | {float(r['test_seq_acc']):.2f} | {float(r['paper_char_acc']):.2f} / {float(r['paper_seq_acc']):.2f} |")
+        lines.append(
+            f"| {r['task']} | {r['model']} | {int(r['params']):,} | {r['train_cpu_s']} | {float(r['iid_char_acc']):.2f} | {float(r['iid_seq_acc']):.2f} | {float(r['test_char_acc']):.2f} | {float(r['test_seq_acc']):.2f} | {float(r['paper_char_acc']):.2f} / {float(r['paper_seq_acc']):.2f} |"
+        )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -51,7 +51,14 @@ def streams(data: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def make_model(kind: str, args) -> torch.nn.Module:
-    size = dict(vocab_size=256, d_model=args.d_model, n_layers=args.layers, n_heads=4, d_ff=4 * args.d_model, dropout=args.dropout)
+    size = dict(
+        vocab_size=256,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=4,
+        d_ff=4 * args.d_model,
+        dropout=args.dropout,
+    )
     if kind == "vanilla_lm":
         return zoo.create_model("vanilla_lm", **size, max_len=args.segment)
     mem = args.segment if kind == "xl_memory" else 0
@@ -71,7 +78,11 @@ def train(kind: str, data: torch.Tensor, args, log) -> tuple[torch.nn.Module, li
             pos, state = 0, None
         chunk = source[:, pos : pos + args.segment + 1]
         pos += args.segment
-        out = model(chunk[:, :-1], chunk[:, 1:], state=state) if kind == "xl_memory" else model(chunk[:, :-1], chunk[:, 1:])
+        out = (
+            model(chunk[:, :-1], chunk[:, 1:], state=state)
+            if kind == "xl_memory"
+            else model(chunk[:, :-1], chunk[:, 1:])
+        )
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
@@ -80,7 +91,9 @@ def train(kind: str, data: torch.Tensor, args, log) -> tuple[torch.nn.Module, li
         state = out.state if kind == "xl_memory" else None
         losses.append(out.loss.item() / math.log(2))
     seconds = time.perf_counter() - start
-    log(f"{kind}: trained {args.steps} steps in {seconds:.0f}s, last-50 train bpc {sum(losses[-50:]) / len(losses[-50:]):.3f}")
+    log(
+        f"{kind}: trained {args.steps} steps in {seconds:.0f}s, last-50 train bpc {sum(losses[-50:]) / len(losses[-50:]):.3f}"
+    )
     return model, losses, seconds
 
 
@@ -120,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-chars", type=int, default=32768)
-    parser.add_argument("--eval-mem", type=int, default=256, help="longer evaluation memory for the XL model trained with memory (0 = skip)")
+    parser.add_argument(
+        "--eval-mem",
+        type=int,
+        default=256,
+        help="longer evaluation memory for the XL model trained with memory (0 = skip)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--models", default="xl_memory,xl_no_memory,vanilla_lm")
@@ -154,11 +172,27 @@ def main(argv: list[str] | None = None) -> int:
         model, losses, seconds = train(kind, train_data, args, log)
         curves[kind] = losses
         bpc, bpc_early = evaluate(model, kind, eval_data, args)
-        rows.append(dict(model=kind, eval_memory=args.segment if kind == "xl_memory" else 0, eval_bpc=bpc, eval_bpc_first_quarter=bpc_early, train_seconds=seconds))
+        rows.append(
+            dict(
+                model=kind,
+                eval_memory=args.segment if kind == "xl_memory" else 0,
+                eval_bpc=bpc,
+                eval_bpc_first_quarter=bpc_early,
+                train_seconds=seconds,
+            )
+        )
         log(f"{kind}: eval bpc {bpc:.3f} (first quarter of segments {bpc_early:.3f})")
         if kind == "xl_memory" and args.eval_mem:
             bpc, bpc_early = evaluate(model, kind, eval_data, args, mem_len=args.eval_mem)
-            rows.append(dict(model=kind, eval_memory=args.eval_mem, eval_bpc=bpc, eval_bpc_first_quarter=bpc_early, train_seconds=seconds))
+            rows.append(
+                dict(
+                    model=kind,
+                    eval_memory=args.eval_mem,
+                    eval_bpc=bpc,
+                    eval_bpc_first_quarter=bpc_early,
+                    train_seconds=seconds,
+                )
+            )
             log(f"{kind} with eval memory {args.eval_mem}: eval bpc {bpc:.3f} (first quarter {bpc_early:.3f})")
     if not args.load:
         (out / "runs.json").write_text(json.dumps(dict(rows=rows, curves=curves, log=lines, command=command)))
@@ -174,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     window = 25
     for kind, losses in curves.items():
-        smooth = [sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1]) for i in range(len(losses))]
+        smooth = [
+            sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
+            for i in range(len(losses))
+        ]
         ax.plot(smooth, label=kind)
     ax.set_xlabel("step")
     ax.set_ylabel(f"train bpc (moving mean of {window})")
@@ -184,10 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     fig.savefig(out / "train_curves.png", dpi=100)
     shown = "; ".join(f"`{c}`" for c in commands)
-    md = [f"# Memory helps: tiny Shakespeare, bits per character\n\nCommand(s): {shown}  \n{args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, segment {args.segment}, batch {args.batch} streams, {args.steps} steps, lr {args.lr} (cosine), dropout {args.dropout}, seed {args.seed}, 1 thread. Evaluation: first {args.eval_chars} held-out characters (last 10% of the file), 8 streams.\n"]
-    md.append("| model | eval memory | eval bpc | bpc, first quarter of each segment | train seconds |\n|---|---|---|---|---|")
+    md = [
+        f"# Memory helps: tiny Shakespeare, bits per character\n\nCommand(s): {shown}  \n{args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, segment {args.segment}, batch {args.batch} streams, {args.steps} steps, lr {args.lr} (cosine), dropout {args.dropout}, seed {args.seed}, 1 thread. Evaluation: first {args.eval_chars} held-out characters (last 10% of the file), 8 streams.\n"
+    ]
+    md.append(
+        "| model | eval memory | eval bpc | bpc, first quarter of each segment | train seconds |\n|---|---|---|---|---|"
+    )
     for r in rows:
-        md.append(f"| {r['model']} | {r['eval_memory']} | {r['eval_bpc']:.3f} | {r['eval_bpc_first_quarter']:.3f} | {r['train_seconds']:.0f} |")
+        md.append(
+            f"| {r['model']} | {r['eval_memory']} | {r['eval_bpc']:.3f} | {r['eval_bpc_first_quarter']:.3f} | {r['train_seconds']:.0f} |"
+        )
     md.append("\nLog:\n\n```\n" + "\n".join(lines) + "\n```\n")
     (out / "README.md").write_text("\n".join(md))
     return 0

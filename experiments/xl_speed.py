@@ -85,8 +85,19 @@ def eval_speed(lengths: list[int], segment: int, rounds: int, shape: dict, log) 
                 van_times.append(t_van)
                 xl_times.append(t_xl)
                 ratios.append(t_van / t_xl)
-        row = dict(attention_length=length, segment=seg, vanilla_ms_per_token=1e3 * statistics.median(van_times), xl_ms_per_token=1e3 * statistics.median(xl_times), speedup=statistics.median(ratios), speedup_min=min(ratios), speedup_max=max(ratios), paper_speedup=PAPER_TABLE9.get(length, ""))
-        log(f"eval L={length} seg={seg}: vanilla {row['vanilla_ms_per_token']:.2f} ms/token, XL {row['xl_ms_per_token']:.4f} ms/token, speed-up {row['speedup']:.0f}x (range {row['speedup_min']:.0f}-{row['speedup_max']:.0f})")
+        row = dict(
+            attention_length=length,
+            segment=seg,
+            vanilla_ms_per_token=1e3 * statistics.median(van_times),
+            xl_ms_per_token=1e3 * statistics.median(xl_times),
+            speedup=statistics.median(ratios),
+            speedup_min=min(ratios),
+            speedup_max=max(ratios),
+            paper_speedup=PAPER_TABLE9.get(length, ""),
+        )
+        log(
+            f"eval L={length} seg={seg}: vanilla {row['vanilla_ms_per_token']:.2f} ms/token, XL {row['xl_ms_per_token']:.4f} ms/token, speed-up {row['speedup']:.0f}x (range {row['speedup_min']:.0f}-{row['speedup_max']:.0f})"
+        )
         rows.append(row)
     return rows
 
@@ -99,7 +110,12 @@ def train_speed(configs: list[tuple[int, int]], rounds: int, log) -> list[dict]:
     for n, mem in configs:
         torch.manual_seed(0)
         ours = zoo.create_model("transformer_xl", **shape, attention={"mem_len": mem}).train()
-        peer = TransformerWrapper(num_tokens=256, max_seq_len=n, max_mem_len=mem, attn_layers=Decoder(dim=256, depth=2, heads=4, ff_mult=4, rel_pos_bias=True)).train()
+        peer = TransformerWrapper(
+            num_tokens=256,
+            max_seq_len=n,
+            max_mem_len=mem,
+            attn_layers=Decoder(dim=256, depth=2, heads=4, ff_mult=4, rel_pos_bias=True),
+        ).train()
         tokens = torch.randint(0, 256, (1, n + 1))
         ours_state = peer_mems = None
         if mem:  # a full memory of `mem` states from the previous segment, as in the steady state
@@ -112,9 +128,17 @@ def train_speed(configs: list[tuple[int, int]], rounds: int, log) -> list[dict]:
         for _ in range(rounds):
             ours_t.append(timed(ours_step, ours, tokens, ours_state))
             peer_t.append(timed(peer_step, peer, tokens, peer_mems))
-        row = dict(segment=n, memory=mem, transformer_xl_ms=1e3 * statistics.median(ours_t), x_transformers_ms=1e3 * statistics.median(peer_t), peer_in_benchmarks_md_ms=PEER_BENCHMARKS_MS.get(n + mem, ""))
+        row = dict(
+            segment=n,
+            memory=mem,
+            transformer_xl_ms=1e3 * statistics.median(ours_t),
+            x_transformers_ms=1e3 * statistics.median(peer_t),
+            peer_in_benchmarks_md_ms=PEER_BENCHMARKS_MS.get(n + mem, ""),
+        )
         row["ratio_ours_over_peer"] = row["transformer_xl_ms"] / row["x_transformers_ms"]
-        log(f"train segment {n} + memory {mem}: transformer_xl {row['transformer_xl_ms']:.0f} ms, x-transformers {row['x_transformers_ms']:.0f} ms, ratio {row['ratio_ours_over_peer']:.2f}")
+        log(
+            f"train segment {n} + memory {mem}: transformer_xl {row['transformer_xl_ms']:.0f} ms, x-transformers {row['x_transformers_ms']:.0f} ms, ratio {row['ratio_ours_over_peer']:.2f}"
+        )
         rows.append(row)
     return rows
 
@@ -154,15 +178,23 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="128,256,512,800")
-    parser.add_argument("--segment", type=int, default=128, help="XL evaluation segment length (capped at the attention length)")
+    parser.add_argument(
+        "--segment", type=int, default=128, help="XL evaluation segment length (capped at the attention length)"
+    )
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--train-configs", default="512+512,1024+0,1024+1024,2048+2048", help="segment+memory pairs; '' to skip the training comparison")
+    parser.add_argument(
+        "--train-configs",
+        default="512+512,1024+0,1024+1024,2048+2048",
+        help="segment+memory pairs; '' to skip the training comparison",
+    )
     parser.add_argument("--train-rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/xl_speed")
-    parser.add_argument("--replot", action="store_true", help="only redraw eval_speed.png from the eval_speed.csv in --out")
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw eval_speed.png from the eval_speed.csv in --out"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -178,25 +210,43 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    shape = dict(vocab_size=256, d_model=args.d_model, n_layers=args.layers, n_heads=4, d_ff=4 * args.d_model, dropout=0.0)
+    shape = dict(
+        vocab_size=256, d_model=args.d_model, n_layers=args.layers, n_heads=4, d_ff=4 * args.d_model, dropout=0.0
+    )
     command = "python " + " ".join(["experiments/xl_speed.py", *(argv if argv is not None else sys.argv[1:])])
     eval_rows = eval_speed([int(x) for x in args.lengths.split(",")], args.segment, args.rounds, shape, log)
     write_csv(eval_rows, out / "eval_speed.csv")
     plot(eval_rows, out / "eval_speed.png")
-    configs = [tuple(int(v) for v in pair.split("+")) for pair in args.train_configs.split(",")] if args.train_configs else []
+    configs = (
+        [tuple(int(v) for v in pair.split("+")) for pair in args.train_configs.split(",")] if args.train_configs else []
+    )
     train_rows = train_speed(configs, args.train_rounds, log) if configs else []
     if train_rows:
         write_csv(train_rows, out / "train_speed.csv")
-    md = [f"# Transformer-XL speed\n\nCommand: `{command}`  \nMachine: {_machine()}, torch {torch.__version__}, {args.threads} threads (shared machine: absolute times are noisy, ratios are measured in the same run, interleaved).\n"]
-    md.append(f"## Evaluation: per-token time, vanilla re-computing its context vs XL state reuse\n\nModel: {args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, vocab 256, batch 1; XL segment {args.segment}, mem_len = attention length.\n")
-    md.append("| attention length | vanilla ms/token | XL ms/token | speed-up (median of rounds) | range | paper (GPU) |\n|---|---|---|---|---|---|")
+    md = [
+        f"# Transformer-XL speed\n\nCommand: `{command}`  \nMachine: {_machine()}, torch {torch.__version__}, {args.threads} threads (shared machine: absolute times are noisy, ratios are measured in the same run, interleaved).\n"
+    ]
+    md.append(
+        f"## Evaluation: per-token time, vanilla re-computing its context vs XL state reuse\n\nModel: {args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, vocab 256, batch 1; XL segment {args.segment}, mem_len = attention length.\n"
+    )
+    md.append(
+        "| attention length | vanilla ms/token | XL ms/token | speed-up (median of rounds) | range | paper (GPU) |\n|---|---|---|---|---|---|"
+    )
     for r in eval_rows:
-        md.append(f"| {r['attention_length']} | {r['vanilla_ms_per_token']:.2f} | {r['xl_ms_per_token']:.4f} | {r['speedup']:.0f}x | {r['speedup_min']:.0f}-{r['speedup_max']:.0f}x | {str(r['paper_speedup']) + 'x' if r['paper_speedup'] else '-'} |")
+        md.append(
+            f"| {r['attention_length']} | {r['vanilla_ms_per_token']:.2f} | {r['xl_ms_per_token']:.4f} | {r['speedup']:.0f}x | {r['speedup_min']:.0f}-{r['speedup_max']:.0f}x | {str(r['paper_speedup']) + 'x' if r['paper_speedup'] else '-'} |"
+        )
     if train_rows:
-        md.append("\n## Training step (forward + backward): a segment with a full memory from the previous step\n\n2 layers, d 256, 4 heads, FFN 1,024, vocab 256, batch 1. Peer: x-transformers TransformerWrapper(max_mem_len=memory), Decoder(rel_pos_bias=True). BENCHMARKS.md's peer figure is quoted at segment + memory = its token count.\n")
-        md.append("| segment | memory | transformer_xl ms | x-transformers ms (this run) | ours / peer | peer in BENCHMARKS.md |\n|---|---|---|---|---|---|")
+        md.append(
+            "\n## Training step (forward + backward): a segment with a full memory from the previous step\n\n2 layers, d 256, 4 heads, FFN 1,024, vocab 256, batch 1. Peer: x-transformers TransformerWrapper(max_mem_len=memory), Decoder(rel_pos_bias=True). BENCHMARKS.md's peer figure is quoted at segment + memory = its token count.\n"
+        )
+        md.append(
+            "| segment | memory | transformer_xl ms | x-transformers ms (this run) | ours / peer | peer in BENCHMARKS.md |\n|---|---|---|---|---|---|"
+        )
         for r in train_rows:
-            md.append(f"| {r['segment']} | {r['memory']} | {r['transformer_xl_ms']:.0f} | {r['x_transformers_ms']:.0f} | {r['ratio_ours_over_peer']:.2f} | {r['peer_in_benchmarks_md_ms'] or '-'} |")
+            md.append(
+                f"| {r['segment']} | {r['memory']} | {r['transformer_xl_ms']:.0f} | {r['x_transformers_ms']:.0f} | {r['ratio_ours_over_peer']:.2f} | {r['peer_in_benchmarks_md_ms'] or '-'} |"
+            )
     md.append("\nLog:\n\n```\n" + "\n".join(lines) + "\n```\n")
     (out / "README.md").write_text("\n".join(md))
     return 0

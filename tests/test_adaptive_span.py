@@ -91,6 +91,7 @@ def set_spans(attn, spans):
 
 # -- the mask --------------------------------------------------------------------------------------
 
+
 def test_soft_mask_values_and_ramp():
     x = torch.arange(-2, 12, dtype=torch.float64)
     m = soft_mask(x, torch.tensor(5.0, dtype=torch.float64), 4)
@@ -106,6 +107,7 @@ def test_soft_mask_values_and_ramp():
 
 
 # -- blocked computation against the dense reference ----------------------------------------------
+
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["learned", "dynamic"])
 @pytest.mark.parametrize("t,m,block", [(37, 0, 5), (37, 11, 7), (16, 20, 4), (9, 3, 64), (1, 30, 0)])
@@ -124,7 +126,9 @@ def test_blocked_equals_dense_reference_forward_and_gradients(dynamic, t, m, blo
     ramp = 4
     reach = span_reach(float(spans.detach().max()), ramp)
     for key_valid in (None, valid):
-        out = blocked_span_attention(q, keys, values, spans=spans, ramp=ramp, reach=reach, key_valid=key_valid, block_size=block)
+        out = blocked_span_attention(
+            q, keys, values, spans=spans, ramp=ramp, reach=reach, key_valid=key_valid, block_size=block
+        )
         ref = dense_soft_attention(q, keys, values, spans, ramp, key_valid)
         torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-8)  # every row, padded queries included
         weight = torch.randn(out.shape, generator=g, dtype=torch.float64)
@@ -142,17 +146,27 @@ def test_cropped_equals_uncropped_when_span_fits(mode):
     q = torch.randn(b, h, t, k, generator=g, requires_grad=True)
     keys = torch.randn(b, h, m + t, k, generator=g, requires_grad=True)
     values = torch.randn(b, h, m + t, k, generator=g, requires_grad=True)
-    spans = {"learned": torch.tensor([0.0, 2.5, 6.0, 9.0]), "fixed": torch.full((h,), 9.0), "dynamic": torch.rand(b, h, t, generator=g) * 9}[mode]
+    spans = {
+        "learned": torch.tensor([0.0, 2.5, 6.0, 9.0]),
+        "fixed": torch.full((h,), 9.0),
+        "dynamic": torch.rand(b, h, t, generator=g) * 9,
+    }[mode]
     spans.requires_grad_(True)
     cropped = blocked_span_attention(q, keys, values, spans=spans, ramp=4, reach=span_reach(9.0, 4), block_size=6)
-    full = blocked_span_attention(q, keys, values, spans=spans, ramp=4, reach=m + t, block_size=t)  # one block, every key
+    full = blocked_span_attention(
+        q, keys, values, spans=spans, ramp=4, reach=m + t, block_size=t
+    )  # one block, every key
     torch.testing.assert_close(cropped, full, atol=1e-6, rtol=1e-5)
     w = torch.randn(cropped.shape, generator=g)
-    for a, c in zip(torch.autograd.grad((cropped * w).sum(), (q, keys, values, spans)), torch.autograd.grad((full * w).sum(), (q, keys, values, spans))):
+    for a, c in zip(
+        torch.autograd.grad((cropped * w).sum(), (q, keys, values, spans)),
+        torch.autograd.grad((full * w).sum(), (q, keys, values, spans)),
+    ):
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
 
 
 # -- the module ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", ["learned", "dynamic", "fixed"])
 def test_module_equals_dense_reference(mode):
@@ -289,6 +303,7 @@ def test_model_reports_spans_per_layer_and_carries_the_cache():
 
 # -- bad input ------------------------------------------------------------------------------------
 
+
 def test_bad_configs_and_states_are_refused_with_the_reason():
     with pytest.raises(ValueError, match=r"max_span=64 is larger than the cache \(cache_size=32\)"):
         build(max_span=64, cache_size=32)
@@ -309,11 +324,21 @@ def test_bad_configs_and_states_are_refused_with_the_reason():
 
 # -- learning --------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_span_grows_when_the_task_needs_a_longer_context():
     """Copy the token 6 back: it sits on the ramp of a span-0 head (R = 8), so z must grow."""
     torch.manual_seed(0)
-    model = zoo.create_model("adaptive_span_lm", vocab_size=16, d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.0, attention={"max_span": 32, "ramp": 8, "l1": 0.0})
+    model = zoo.create_model(
+        "adaptive_span_lm",
+        vocab_size=16,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        d_ff=64,
+        dropout=0.0,
+        attention={"max_span": 32, "ramp": 8, "l1": 0.0},
+    )
     opt = adam(model, lr=3e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(60):

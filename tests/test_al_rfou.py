@@ -100,8 +100,15 @@ def test_multi_target_gradient_reaches_the_bottom_layer():
 def test_schedule_drops_layer_l_after_l_over_2L():
     model = tiny_model()
     tokens, targets = batch()
-    for progress, expected in [(0.0, {1, 2, 3}), (1 / 8 - 1e-6, {1, 2, 3}), (1 / 8, {2, 3}), (2 / 8, {3}),
-                               (3 / 8 - 1e-6, {3}), (3 / 8, set()), (1.0, set())]:
+    for progress, expected in [
+        (0.0, {1, 2, 3}),
+        (1 / 8 - 1e-6, {1, 2, 3}),
+        (1 / 8, {2, 3}),
+        (2 / 8, {3}),
+        (3 / 8 - 1e-6, {3}),
+        (3 / 8, set()),
+        (1.0, set()),
+    ]:
         set_training_progress(model, progress)
         names = {k for k in model(tokens, targets).aux_losses if k.startswith("intermediate_l")}
         assert names == {f"intermediate_l{i}" for i in expected}, progress
@@ -120,10 +127,22 @@ def test_hydra_run_reaches_the_losses_and_the_trainer_sets_progress(tmp_path):
     def record(trainer, step):
         seen.append((trainer.model.aux_heads.progress, trainer.model.aux_heads.options.multi_target))
 
-    overrides = ["experiment=tiny", "logger=csv", "trainer.max_steps=4", "trainer.eval_every=0", "trainer.batch_size=2",
-                 "trainer.seq_len=16", "trainer.progress=false", "trainer.device=cpu", "model=al_rfou_lm",
-                 "model.n_layers=4", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
-                 "model.aux_losses={intermediate:true,multi_target:0.25}"]
+    overrides = [
+        "experiment=tiny",
+        "logger=csv",
+        "trainer.max_steps=4",
+        "trainer.eval_every=0",
+        "trainer.batch_size=2",
+        "trainer.seq_len=16",
+        "trainer.progress=false",
+        "trainer.device=cpu",
+        "model=al_rfou_lm",
+        "model.n_layers=4",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "model.aux_losses={intermediate:true,multi_target:0.25}",
+    ]
     run(compose(overrides), run_dir=tmp_path, callbacks=[record])
     assert seen == [(0.0, 0.25), (0.25, 0.25), (0.5, 0.25), (0.75, 0.25)]
 
@@ -166,8 +185,9 @@ def test_a_copy_and_a_reload_compute_the_same_losses_from_their_own_layers():
     with torch.no_grad():
         for p in twin.stack.blocks[0].parameters():
             p.add_(0.1)
-    assert not torch.allclose(twin(tokens, targets).aux_losses["intermediate_l1"],
-                              model(tokens, targets).aux_losses["intermediate_l1"])
+    assert not torch.allclose(
+        twin(tokens, targets).aux_losses["intermediate_l1"], model(tokens, targets).aux_losses["intermediate_l1"]
+    )
     rebuilt = create_model(**model.config.to_dict()).train()
     rebuilt.load_state_dict(model.state_dict())
     for name, value in model(tokens, targets).aux_losses.items():

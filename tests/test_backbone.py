@@ -225,14 +225,29 @@ def test_backbone_memory_example_runs_and_writes_its_outputs(tmp_path):
     spec = importlib.util.spec_from_file_location("zoo_backbone_memory_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    common = ["--segment", "4", "--segments", "3", "--mem-len", "8", "--d-model", "16", "--streams", "2", "--eval-batch", "4"]
+    common = [
+        "--segment",
+        "4",
+        "--segments",
+        "3",
+        "--mem-len",
+        "8",
+        "--d-model",
+        "16",
+        "--streams",
+        "2",
+        "--eval-batch",
+        "4",
+    ]
     common += ["--threads", str(torch.get_num_threads())]  # leave the test session's setting as it is
     assert script.main(["--presets", "gtrxl", "vanilla_lm", "--ks", "2", "6", *common, "--out", str(tmp_path)]) == 0
     with open(tmp_path / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["preset"], r["k"], r["delay"]) for r in rows] == [
-        ("gtrxl", "2", "within segment"), ("gtrxl", "6", "beyond segment"),
-        ("vanilla_lm", "2", "within segment"), ("vanilla_lm", "6", "beyond segment"),
+        ("gtrxl", "2", "within segment"),
+        ("gtrxl", "6", "beyond segment"),
+        ("vanilla_lm", "2", "within segment"),
+        ("vanilla_lm", "6", "beyond segment"),
     ]
     assert rows[1]["share_source_earlier"] == "1.00" and rows[0]["mse_source_in_segment"]
     assert (tmp_path / "mse_vs_delay.png").stat().st_size > 0 and (tmp_path / "results.md").exists()

@@ -16,7 +16,11 @@ from zoo import bench
 def test_rotation_order_changes_each_round():
     labels = ["a", "b", "c"]
     assert [bench.rotation(labels, r) for r in range(4)] == [
-        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
 
 
 def test_paired_rounds_rotate_and_do_not_record_the_warm_up():
@@ -28,6 +32,7 @@ def test_paired_rounds_rotate_and_do_not_record_the_warm_up():
         def run():
             calls.append(label)
             return next(fake[label])
+
         return run
 
     rounds = bench.paired_rounds({k: step(k) for k in fake}, 3, progress=lambda s: None)
@@ -54,9 +59,29 @@ def test_median_of_ratios_is_not_ratio_of_medians():
 
 def test_paired_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "paired"
-    code = bench.main(["--paired", "--attention", "vanilla,local_1d", "--baseline", "vanilla",
-                       "--lengths", "32", "--d-model", "32", "--heads", "2", "--rounds", "2", "--device", "cpu",
-                       "--threads", "1", "--out", str(out)])
+    code = bench.main(
+        [
+            "--paired",
+            "--attention",
+            "vanilla,local_1d",
+            "--baseline",
+            "vanilla",
+            "--lengths",
+            "32",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--rounds",
+            "2",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = {r["variant"]: r for r in csv.DictReader(open(out / "paired.csv"))}
     assert set(rows) == {"vanilla", "local_1d"} and float(rows["vanilla"]["speedup"]) == 1.0
@@ -81,8 +106,16 @@ def test_device_option(tmp_path):
     assert bench.pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="--device='nowhere' is not a device"):
         bench.pick_device("nowhere")
-    rows = bench.run([bench.Variant("vanilla", "zoo", "vanilla_lm")], [16], d_model=16, heads=2, rss=False,
-                     repeats=1, device="cpu", progress=lambda s: None)
+    rows = bench.run(
+        [bench.Variant("vanilla", "zoo", "vanilla_lm")],
+        [16],
+        d_model=16,
+        heads=2,
+        rss=False,
+        repeats=1,
+        device="cpu",
+        progress=lambda s: None,
+    )
     assert rows[0]["status"] == "ok" and rows[0]["device"] == "cpu" and "gpu_peak_mib" not in rows[0]
 
 
@@ -105,9 +138,18 @@ def test_reformer_flop_count_and_share():
     # linear in length at a fixed chunk (hashing grows with the bucket count: left out of this check)
     longer = bench.reformer_step_flops(512, d=64, d_ff=128)
     assert longer["lsh_attention"] == 2 * bench.reformer_step_flops(256, d=64, d_ff=128)["lsh_attention"]
-    summary = bench.run_paired([bench.named_variant("reformer"), bench.named_variant("vanilla_lm")], [64],
-                               "vanilla_lm", rounds=1, d_model=64, heads=4, d_ff=128, flops=True, threads=1,
-                               progress=lambda s: None)[1]
+    summary = bench.run_paired(
+        [bench.named_variant("reformer"), bench.named_variant("vanilla_lm")],
+        [64],
+        "vanilla_lm",
+        rounds=1,
+        d_model=64,
+        heads=4,
+        d_ff=128,
+        flops=True,
+        threads=1,
+        progress=lambda s: None,
+    )[1]
     by_label = {s["variant"]: s for s in summary}
     assert by_label["reformer"]["flop_share"] > 0 and "flop_share" not in by_label["vanilla_lm"]
 
@@ -135,19 +177,37 @@ def test_compile_flag_adds_a_compiled_twin_per_variant():
     args = argparse.Namespace(attention="vanilla,lsh", model=None, variant=[], peers="", compile=True)
     variants = bench.variants_from_args(args)
     assert [(v.label, v.compile) for v in variants] == [
-        ("vanilla", False), ("vanilla+compile", True), ("lsh", False), ("lsh+compile", True)]
+        ("vanilla", False),
+        ("vanilla+compile", True),
+        ("lsh", False),
+        ("lsh+compile", True),
+    ]
 
 
 def test_compiled_twin_is_compared_with_its_own_eager_run(monkeypatch):
     # compile replaced by the identity (compilation itself is covered by the slow test): the
     # summary and the markdown carry each twin's speed-up over its own eager variant
     monkeypatch.setattr(torch, "compile", lambda module: module)
-    variants = [bench.Variant("vanilla", "zoo", "vanilla_lm"),
-                bench.Variant("vanilla+compile", "zoo", "vanilla_lm", compile=True)]
-    _, summary = bench.run_paired(variants, [16], "vanilla", rounds=2, d_model=16, heads=2, threads=1,
-                                  progress=lambda s: None)
+    variants = [
+        bench.Variant("vanilla", "zoo", "vanilla_lm"),
+        bench.Variant("vanilla+compile", "zoo", "vanilla_lm", compile=True),
+    ]
+    _, summary = bench.run_paired(
+        variants, [16], "vanilla", rounds=2, d_model=16, heads=2, threads=1, progress=lambda s: None
+    )
     twin = next(s for s in summary if s["variant"] == "vanilla+compile")
     assert twin["compile_speedup_min"] <= twin["compile_speedup"] <= twin["compile_speedup_max"]
-    meta = dict(command="x", machine="m", device="cpu", torch="t", threads=1, batch=1, d_model=16, heads=2, layers=2,
-                vocab=256, load="0")
+    meta = dict(
+        command="x",
+        machine="m",
+        device="cpu",
+        torch="t",
+        threads=1,
+        batch=1,
+        d_model=16,
+        heads=2,
+        layers=2,
+        vocab=256,
+        load="0",
+    )
     assert "| vanilla | " in bench.paired_markdown(summary, meta).split("torch.compile against eager")[1]

@@ -29,9 +29,20 @@ from zoo.app.run import run  # noqa: E402
 from zoo.trainer import CheckpointError, TrainingDiverged, load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["experiment=tiny", "logger=csv", "trainer.max_steps=4", "trainer.eval_every=2", "trainer.eval_batches=1",
-        "trainer.batch_size=2", "trainer.seq_len=16", "trainer.progress=false", "model.d_model=32", "model.d_ff=64",
-        "model.n_heads=2", "trainer.device=cpu"]
+TINY = [
+    "experiment=tiny",
+    "logger=csv",
+    "trainer.max_steps=4",
+    "trainer.eval_every=2",
+    "trainer.eval_batches=1",
+    "trainer.batch_size=2",
+    "trainer.seq_len=16",
+    "trainer.progress=false",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "trainer.device=cpu",
+]
 
 
 def train(run_dir, *overrides, callbacks=()):
@@ -60,6 +71,7 @@ def sha256_sidecar(path):
 
 
 # -- 6. checkpoints are data -----------------------------------------------------------------------------
+
 
 class RunsCode:
     """Unpickling this runs ``exec``: what a crafted checkpoint would do."""
@@ -131,13 +143,14 @@ def test_save_load_safetensors_round_trip(tmp_path, preset):
 
 # -- 7. corruption is refused -------------------------------------------------------------------------
 
+
 def test_flipped_bytes_are_refused_naming_the_file_and_the_sound_one(tmp_path):
     """Before: 64 flipped bytes in the middle loaded with rc 0 and corrupted tensors silently."""
     train(tmp_path, "trainer.eval_every=0")
     last, best = tmp_path / "checkpoints" / "last.pt", tmp_path / "checkpoints" / "best.pt"
     data = bytearray(last.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
     last.write_bytes(bytes(data))
     os.utime(best, (1, 1))  # older than anything: still named, as the only sound one
     expected = rf"refusing checkpoint {last}: its SHA-256.*sound checkpoint beside it is {best}"
@@ -152,11 +165,19 @@ def test_flipped_bytes_are_refused_naming_the_file_and_the_sound_one(tmp_path):
 
 # -- 8. divergence never overwrites a sound checkpoint ------------------------------------------------
 
+
 def test_divergence_names_a_checkpoint_that_evaluates_finite(tmp_path):
     """Before: "loss is nan ... last good checkpoint: .../last.pt", and that file evaluated to NaN."""
     with pytest.raises(TrainingDiverged) as info:
-        train(tmp_path, "optim.lr=1e3", "optim.schedule=constant", "optim.warmup=0", "trainer.clip=0",
-              "trainer.eval_every=1", "trainer.max_steps=20")
+        train(
+            tmp_path,
+            "optim.lr=1e3",
+            "optim.schedule=constant",
+            "optim.warmup=0",
+            "trainer.clip=0",
+            "trainer.eval_every=1",
+            "trainer.max_steps=20",
+        )
     message = str(info.value)
     last = tmp_path / "checkpoints" / "last.pt"
     assert str(last) in message, message
@@ -168,6 +189,7 @@ def test_divergence_names_a_checkpoint_that_evaluates_finite(tmp_path):
 
 # -- 3. resume is exact for every preset ----------------------------------------------------------------
 
+
 def preset_overrides(preset, text_file):
     from zoo.data.layouts import write_aan
 
@@ -176,10 +198,12 @@ def preset_overrides(preset, text_file):
         aan = text_file.parent / "aan"
         if not aan.exists():
             write_aan(aan)
-    data = {"lm": ["data=char_lm", f"data.path={text_file}"],
-            "classifier": ["data=listops", "data.min_length=4", "data.max_length=16", "data.eval_size=4"],
-            "pair_classifier": ["data=aan", f"data.path={text_file.parent / 'aan'}"],
-            "seq2seq": ["data=reverse", "data.eval_size=4"]}[kind]
+    data = {
+        "lm": ["data=char_lm", f"data.path={text_file}"],
+        "classifier": ["data=listops", "data.min_length=4", "data.max_length=16", "data.eval_size=4"],
+        "pair_classifier": ["data=aan", f"data.path={text_file.parent / 'aan'}"],
+        "seq2seq": ["data=reverse", "data.eval_size=4"],
+    }[kind]
     return [f"model={preset}", *data, "model.dropout=0.1", "trainer.eval_every=0", "trainer.log_every=1"]
 
 
@@ -215,6 +239,7 @@ def test_lsh_rotation_step_is_saved():
 
 
 # -- 2. state is carried for every memory mechanism -------------------------------------------------------
+
 
 def library_metric(model, task, batches):
     """The library's own loop: init_state, then feed out.state back segment after segment."""
@@ -257,6 +282,7 @@ def test_state_is_carried_through_train_evaluate_and_sample(tmp_path, text_file,
 
 # -- 4. changed optimiser settings on resume -----------------------------------------------------------
 
+
 def test_resume_applies_rate_and_decay_and_refuses_what_breaks_the_state(tmp_path, caplog):
     """Before: optim.lr / weight_decay given on resume were silently replaced by the checkpoint's."""
     common = ["optim.schedule=constant", "optim.warmup=0", "trainer.eval_every=0"]
@@ -292,6 +318,7 @@ def test_adam_with_weight_decay_is_adam(tmp_path):
 
 # -- 9. work is not lost ----------------------------------------------------------------------------------
 
+
 def test_sigterm_saves_and_prints_the_resume_command(tmp_path):
     """Before: SIGTERM (what Slurm and containers send) killed the run with nothing saved."""
     code = textwrap.dedent(f"""
@@ -303,7 +330,7 @@ def test_sigterm_saves_and_prints_the_resume_command(tmp_path):
             if step == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
         try:
-            run(compose({TINY + ['trainer.eval_every=0']!r}), run_dir={str(tmp_path)!r}, callbacks=(term,))
+            run(compose({TINY + ["trainer.eval_every=0"]!r}), run_dir={str(tmp_path)!r}, callbacks=(term,))
         except KeyboardInterrupt:
             sys.exit(143)
     """)
@@ -311,8 +338,9 @@ def test_sigterm_saves_and_prints_the_resume_command(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     last = tmp_path / "checkpoints" / "last.pt"
     assert proc.returncode == 143, proc.stderr[-2000:]
-    assert f"terminated (SIGTERM) at step 2; checkpoint saved to {last}; resume with trainer.resume={last}" \
-        in proc.stdout
+    assert (
+        f"terminated (SIGTERM) at step 2; checkpoint saved to {last}; resume with trainer.resume={last}" in proc.stdout
+    )
     assert load_checkpoint(last)["step"] == 2
 
 
@@ -352,8 +380,11 @@ def test_metrics_are_cut_to_the_checkpoint_step_on_resume(tmp_path):
     with pytest.raises(RuntimeError, match="power cut"):
         train(tmp_path, *common, callbacks=(crash,))
     train(tmp_path, *common, "trainer.resume=auto")
-    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-             if "train/loss" in json.loads(line)]
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if "train/loss" in json.loads(line)
+    ]
     assert steps == [1, 2, 3, 4]
 
 
@@ -361,8 +392,13 @@ def test_a_split_too_short_is_refused_before_training(tmp_path, text_file):
     """Before: found only at the final evaluation, after training, with no checkpoint written."""
     steps = []
     with pytest.raises(ValueError, match=r"val split.*too small.*trainer.seq_len=16"):
-        train(tmp_path, "data=char_lm", f"data.path={text_file}", "data.split=[18990,10,1000]",
-              callbacks=(lambda t, s: steps.append(s),))
+        train(
+            tmp_path,
+            "data=char_lm",
+            f"data.path={text_file}",
+            "data.split=[18990,10,1000]",
+            callbacks=(lambda t, s: steps.append(s),),
+        )
     assert steps == []
 
 
@@ -372,6 +408,7 @@ def test_bad_device_names_the_key(tmp_path):
 
 
 # -- 10. nothing is written outside the run directory --------------------------------------------------
+
 
 @pytest.mark.parametrize("artefact", ["metrics.jsonl", "result.json", "config.json", "checkpoints"])
 def test_planted_links_are_refused(tmp_path, artefact):
@@ -397,6 +434,7 @@ def test_planted_links_are_refused(tmp_path, artefact):
 
 
 # -- 5. one run per directory -------------------------------------------------------------------------------
+
 
 def test_a_run_directory_holding_a_run_is_refused_unless_resuming(tmp_path):
     """Before: a second run in the same directory shared its checkpoints and interleaved metrics."""
@@ -427,6 +465,7 @@ def test_runs_started_in_the_same_second_get_their_own_directories(monkeypatch):
 
 # -- 12. the trainer reuses the library's step -----------------------------------------------------------
 
+
 def test_trainer_step_is_the_library_step(tmp_path):
     """One trainer step == zoo.training.train_step on the same batch (same weights after), and the
     trainer and the benchmark measure activations with one meter."""
@@ -452,7 +491,15 @@ def test_a_sweep_rerun_into_the_same_directory_leaves_the_earlier_jobs_alone(tmp
 
     train_script = script("train")
     sweep = tmp_path / "sweep"
-    argv = ["train.py", "-m", *TINY, "trainer.max_steps=1", "trainer.eval_every=0", "seed=0", f"hydra.sweep.dir={sweep}"]
+    argv = [
+        "train.py",
+        "-m",
+        *TINY,
+        "trainer.max_steps=1",
+        "trainer.eval_every=0",
+        "seed=0",
+        f"hydra.sweep.dir={sweep}",
+    ]
     results = []
     for _ in range(2):
         monkeypatch.setattr(sys, "argv", argv)

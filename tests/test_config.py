@@ -24,8 +24,19 @@ from zoo.app.schema import named_schema, options_defaults, schema_type  # noqa: 
 from zoo.config import merge_config  # noqa: E402
 from zoo.data import list_tasks  # noqa: E402
 
-GROUPS = ["model", "attention", "residual", "stack", "position", "data", "optim", "trainer", "logger", "experiment",
-          "sweep"]
+GROUPS = [
+    "model",
+    "attention",
+    "residual",
+    "stack",
+    "position",
+    "data",
+    "optim",
+    "trainer",
+    "logger",
+    "experiment",
+    "sweep",
+]
 
 
 def options(group: str) -> list[str]:
@@ -99,13 +110,16 @@ def test_sync_is_idempotent_and_repairs(tmp_path):
     assert any("not_a_preset" in p and "vanilla_lm" in p for p in sync.check(conf))
 
 
-@pytest.mark.parametrize("override,valid", [
-    ("attention.max_cach=3", "max_cache"),
-    ("trainer.max_step=3", "max_steps"),
-    ("model.dmodel=3", "d_model"),
-    ("data.n_symbol=3", "n_symbols"),
-    ("sed=1", "seed"),
-])
+@pytest.mark.parametrize(
+    "override,valid",
+    [
+        ("attention.max_cach=3", "max_cache"),
+        ("trainer.max_step=3", "max_steps"),
+        ("model.dmodel=3", "d_model"),
+        ("data.n_symbol=3", "n_symbols"),
+        ("sed=1", "seed"),
+    ],
+)
 def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
     argv = ["attention=vanilla", override] if override.startswith("attention") else [override]
     message = precheck(argv)
@@ -134,9 +148,34 @@ def test_wrong_type_fails_at_compose_time():
 
 
 def test_first_keys_users_reach_for():
-    cfg = compose(["model=vanilla_lm", "attention=additive", "data=associative_recall", "logger=csv", "seed=3", "trainer.max_steps=7", "trainer.eval_every=2", "trainer.device=cpu", "trainer.batch_size=5", "trainer.seq_len=32"])
-    assert (cfg.model.preset, cfg.attention.name, cfg.data.name, cfg.logger.name, cfg.seed) == ("vanilla_lm", "additive", "associative_recall", "csv", 3)
-    assert (cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.trainer.device, cfg.trainer.batch_size, cfg.trainer.seq_len) == (7, 2, "cpu", 5, 32)
+    cfg = compose(
+        [
+            "model=vanilla_lm",
+            "attention=additive",
+            "data=associative_recall",
+            "logger=csv",
+            "seed=3",
+            "trainer.max_steps=7",
+            "trainer.eval_every=2",
+            "trainer.device=cpu",
+            "trainer.batch_size=5",
+            "trainer.seq_len=32",
+        ]
+    )
+    assert (cfg.model.preset, cfg.attention.name, cfg.data.name, cfg.logger.name, cfg.seed) == (
+        "vanilla_lm",
+        "additive",
+        "associative_recall",
+        "csv",
+        3,
+    )
+    assert (
+        cfg.trainer.max_steps,
+        cfg.trainer.eval_every,
+        cfg.trainer.device,
+        cfg.trainer.batch_size,
+        cfg.trainer.seq_len,
+    ) == (7, 2, "cpu", 5, 32)
 
 
 def test_attention_group_swaps_and_tweaks_the_mechanism():
@@ -149,7 +188,11 @@ def test_attention_group_swaps_and_tweaks_the_mechanism():
     _, overrides = model_overrides(cfg)
     assert overrides["attention"] == {"name": "vanilla", "max_cache": 5}  # only what was set
     preset_values = {"attention": {"name": "vanilla", "bias": False}}  # a preset with tuned options
-    assert merge_config(preset_values, {"attention": overrides["attention"]})["attention"] == {"name": "vanilla", "bias": False, "max_cache": 5}
+    assert merge_config(preset_values, {"attention": overrides["attention"]})["attention"] == {
+        "name": "vanilla",
+        "bias": False,
+        "max_cache": 5,
+    }
     assert merge_config(preset_values, {"attention": {"name": "additive"}})["attention"] == {"name": "additive"}
     # null attention keeps the preset's mechanism
     _, _, model = build(compose(base))
@@ -193,7 +236,11 @@ def test_conf_has_no_machine_paths():
 
 
 def test_model_tiny_starts_from_the_presets_tiny_variant():
-    cfg = zoo.app.run.as_dict(compose(["model=vanilla_lm", "model.tiny=true", "model.n_layers=3", "attention=vanilla", "attention.max_cache=4"]))
+    cfg = zoo.app.run.as_dict(
+        compose(
+            ["model=vanilla_lm", "model.tiny=true", "model.n_layers=3", "attention=vanilla", "attention.max_cache=4"]
+        )
+    )
     preset, overrides = model_overrides(cfg)
     tiny = zoo.models.get_preset("vanilla_lm").tiny
     assert overrides["d_model"] == tiny["d_model"] and overrides["n_layers"] == 3 and "vocab_size" not in overrides

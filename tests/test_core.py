@@ -64,7 +64,9 @@ def test_bad_tokens_are_refused():
         model(torch.randn(1, 3))
     with pytest.raises(ValueError, match="pad_mask must be a bool"):
         model(torch.tensor([[1, 2]]), pad_mask=torch.ones(1, 2))
-    learned = zoo.create_model("vanilla_lm", vocab_size=10, d_model=16, n_layers=1, n_heads=2, d_ff=32, position="learned", max_len=8)
+    learned = zoo.create_model(
+        "vanilla_lm", vocab_size=10, d_model=16, n_layers=1, n_heads=2, d_ff=32, position="learned", max_len=8
+    )
     with pytest.raises(ValueError, match="max_len=8"):
         learned(torch.zeros(1, 9, dtype=torch.long))
 
@@ -79,7 +81,9 @@ def test_cross_attention_from_incapable_mechanism_refused_at_build():
     ATTENTION.register("_test_no_cross", NoCross)
     try:
         with pytest.raises(ValueError, match="supports_cross=False"):
-            zoo.create_model("vanilla_seq2seq", cross_attention="_test_no_cross", d_model=16, n_heads=2, n_layers=1, d_ff=16)
+            zoo.create_model(
+                "vanilla_seq2seq", cross_attention="_test_no_cross", d_model=16, n_heads=2, n_layers=1, d_ff=16
+            )
     finally:
         ATTENTION._entries.pop("_test_no_cross")
 
@@ -124,7 +128,9 @@ def test_noam_schedule_matches_the_paper():
 
 
 def test_label_smoothing_and_aux_loss_sum():
-    model = zoo.create_model("vanilla_lm", vocab_size=10, d_model=16, n_layers=1, n_heads=2, d_ff=32, label_smoothing=0.1).eval()
+    model = zoo.create_model(
+        "vanilla_lm", vocab_size=10, d_model=16, n_layers=1, n_heads=2, d_ff=32, label_smoothing=0.1
+    ).eval()
     tokens = torch.randint(0, 10, (2, 5))
     out = model(tokens, tokens)
     expected = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), tokens.flatten(), label_smoothing=0.1)

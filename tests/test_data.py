@@ -55,7 +55,9 @@ def _independent_listops_value(text: str) -> int:
             stack.append([tok])
         elif tok == "]":
             op, *args = stack.pop()
-            value = {"[MIN": min, "[MAX": max, "[SM": lambda a: sum(a) % 10, "[MED": lambda a: int(np.median(a))}[op](args)
+            value = {"[MIN": min, "[MAX": max, "[SM": lambda a: sum(a) % 10, "[MED": lambda a: int(np.median(a))}[op](
+                args
+            )
             stack[-1].append(value)
         else:
             stack[-1].append(int(tok))
@@ -151,7 +153,11 @@ def test_enwik8_standard_split_and_small_files(tmp_path):
         create_task("enwik8", batch_size=2, seq_len=8, path=str(path))  # 90M/5M/5M does not fit 1000 bytes
     from zoo.data.text import STANDARD_SPLIT, split_bounds
 
-    assert split_bounds(100_000_000, STANDARD_SPLIT, "enwik8") == {"train": (0, 90_000_000), "val": (90_000_000, 95_000_000), "test": (95_000_000, 100_000_000)}
+    assert split_bounds(100_000_000, STANDARD_SPLIT, "enwik8") == {
+        "train": (0, 90_000_000),
+        "val": (90_000_000, 95_000_000),
+        "test": (95_000_000, 100_000_000),
+    }
     text8 = create_task("text8", batch_size=2, seq_len=8, path=str(path), split=[0.9, 0.05, 0.05])
     assert text8.bounds["train"] == (0, 900)
 
@@ -203,5 +209,9 @@ def test_imdb_from_shared_data():
     if not path.is_file():
         pytest.skip(f"{path} absent (set ZOO_DATA_DIR)")
     task = create_task("imdb", batch_size=8, seq_len=256, path=str(path))
-    assert len(task.splits["train"][1]) == 24_000 and len(task.splits["val"][1]) == 1000 and len(task.splits["test"][1]) == 25_000
+    assert (
+        len(task.splits["train"][1]) == 24_000
+        and len(task.splits["val"][1]) == 1000
+        and len(task.splits["test"][1]) == 25_000
+    )
     assert task.splits["test"][1].float().mean() == 0.5

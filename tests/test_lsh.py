@@ -28,7 +28,9 @@ def dense_lsh(attn, x, pad_mask=None):
     tp = -(-t // c) * c
     qk, v = attn.split_heads(attn.to_qk(x)), attn.split_heads(attn.to_v(x))  # [b, h, t, k]
     real = torch.ones(b, t, dtype=torch.bool) if pad_mask is None else pad_mask
-    buckets = attn.hash(F.pad(qk, (0, 0, 0, tp - t)), F.pad(real, (0, tp - t)), attn.n_buckets_for(tp))[..., :t]  # [b, h, R, t]
+    buckets = attn.hash(F.pad(qk, (0, 0, 0, tp - t)), F.pad(real, (0, tp - t)), attn.n_buckets_for(tp))[
+        ..., :t
+    ]  # [b, h, R, t]
     scores = torch.einsum("bhik,bhjk->bhij", qk, F.normalize(qk, dim=-1)) * qk.shape[-1] ** -0.5
     eye = torch.eye(t, dtype=torch.bool)
     outs, lses = [], []
@@ -236,8 +238,20 @@ def test_lsh_learns_to_copy_at_long_range():
     from zoo.training import after_optimizer_step
 
     torch.manual_seed(0)
-    model = zoo.create_model("reformer", vocab_size=17, d_model=128, n_heads=4, d_ff=128, n_layers=1, dropout=0.0, position="learned", max_len=64,
-                             attention={"chunk_size": 16, "n_hashes": 2, "n_buckets": 2}, stack="sequential", ff_chunk_size=0)
+    model = zoo.create_model(
+        "reformer",
+        vocab_size=17,
+        d_model=128,
+        n_heads=4,
+        d_ff=128,
+        n_layers=1,
+        dropout=0.0,
+        position="learned",
+        max_len=64,
+        attention={"chunk_size": 16, "n_hashes": 2, "n_buckets": 2},
+        stack="sequential",
+        ff_chunk_size=0,
+    )
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(800):

@@ -15,8 +15,12 @@ from zoo.models import get_preset
 
 # 1-layer pre-norm models with input memory: the paper's two (trxl_i, gtrxl), XL with pre_norm, and
 # adaptive span (whose cache is also of layer inputs) with pre_norm
-PRE_NORM = [("trxl_i", {}), ("gtrxl", {}), ("transformer_xl", {"residual": "pre_norm"}),
-            ("adaptive_span_lm", {"residual": "pre_norm"})]
+PRE_NORM = [
+    ("trxl_i", {}),
+    ("gtrxl", {}),
+    ("transformer_xl", {"residual": "pre_norm"}),
+    ("adaptive_span_lm", {"residual": "pre_norm"}),
+]
 
 
 def one_layer(name: str, **overrides) -> zoo.models.ZooModel:

@@ -15,8 +15,9 @@ R, T, D, B = 20, 6, 16, 64
 
 def position(name: str, random_offset_max: int = R, max_len: int = 64):
     torch.manual_seed(0)
-    config = ModelConfig(d_model=D, n_heads=2, max_len=max_len,
-                         position={"name": name, "random_offset_max": random_offset_max})
+    config = ModelConfig(
+        d_model=D, n_heads=2, max_len=max_len, position={"name": name, "random_offset_max": random_offset_max}
+    )
     return create_position(config)
 
 
@@ -32,7 +33,7 @@ def recovered_offsets(module, x, out, offset: int = 0) -> list[int]:
     found = []
     for b in range(x.shape[0]):
         signal = (out[b] - x[b]).detach()
-        matches = [u for u in range(R + 1) if torch.allclose(signal, rows[offset + u:offset + u + T], atol=1e-6)]
+        matches = [u for u in range(R + 1) if torch.allclose(signal, rows[offset + u : offset + u + T], atol=1e-6)]
         assert len(matches) == 1, (b, matches)
         found.append(matches[0])
     return found
@@ -83,8 +84,16 @@ def test_default_is_off_and_bad_values_are_refused():
 
 
 def test_reaches_a_model_from_the_config():
-    model = create_model("vanilla_lm", vocab_size=16, d_model=D, n_layers=1, n_heads=2, d_ff=32, dropout=0.0,
-                         position={"name": "sinusoidal", "random_offset_max": R})
+    model = create_model(
+        "vanilla_lm",
+        vocab_size=16,
+        d_model=D,
+        n_layers=1,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        position={"name": "sinusoidal", "random_offset_max": R},
+    )
     assert model.position.options.random_offset_max == R
     tokens = torch.randint(0, 16, (4, T))
     model.eval()
@@ -99,9 +108,17 @@ def test_reaches_a_model_from_the_config():
 def test_universal_transformer_takes_the_offsets_with_its_own_position_signal_off():
     """The route for the length-generalisation runs: stack.position_signal=false hands the position
     signal to the position axis, which then draws the offsets (added once, at the embedding)."""
-    model = create_model("universal_transformer", vocab_size=16, d_model=D, n_layers=2, n_heads=2, d_ff=32,
-                         dropout=0.0, position={"name": "sinusoidal", "random_offset_max": R},
-                         stack={"position_signal": False})
+    model = create_model(
+        "universal_transformer",
+        vocab_size=16,
+        d_model=D,
+        n_layers=2,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        position={"name": "sinusoidal", "random_offset_max": R},
+        stack={"position_signal": False},
+    )
     tokens = torch.randint(0, 16, (4, T))
     model.eval()
     torch.testing.assert_close(model(tokens).logits, model(tokens).logits)

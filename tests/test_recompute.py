@@ -34,7 +34,10 @@ def span_case(dynamic, dtype=torch.float64, seed=0, b=2, h=3, t=13, m=5, k=4):
 
 def span_fn(reach, block=4, dropout=0.0):
     def attend(q, k, v, spans, key_valid):
-        return blocked_span_attention(q, k, v, spans=spans, ramp=3, reach=reach, key_valid=key_valid, block_size=block, dropout=dropout)
+        return blocked_span_attention(
+            q, k, v, spans=spans, ramp=3, reach=reach, key_valid=key_valid, block_size=block, dropout=dropout
+        )
+
     return attend
 
 
@@ -84,7 +87,9 @@ def layer(name, **options):
     return zoo.create_attention(name, d_model=32, n_heads=4, causal=True, **options).train()
 
 
-@pytest.mark.parametrize("options", [dict(mode="fixed"), dict(span_init=200.0), dict(mode="dynamic")], ids=["fixed", "learned", "dynamic"])
+@pytest.mark.parametrize(
+    "options", [dict(mode="fixed"), dict(span_init=200.0), dict(mode="dynamic")], ids=["fixed", "learned", "dynamic"]
+)
 def test_adaptive_span_keeps_no_more_than_fused_dense(options):
     t = 2048
     dense = saved_bytes(layer("vanilla", dropout=0.0), t)
@@ -92,7 +97,11 @@ def test_adaptive_span_keeps_no_more_than_fused_dense(options):
     assert span <= dense, f"adaptive_span keeps {span} bytes, fused dense attention {dense}"
 
 
-@pytest.mark.parametrize("name,options", [("sparse_strided", dict(stride=64)), ("sparse_fixed", dict(stride=64, c=8))], ids=["strided", "fixed"])
+@pytest.mark.parametrize(
+    "name,options",
+    [("sparse_strided", dict(stride=64)), ("sparse_fixed", dict(stride=64, c=8))],
+    ids=["strided", "fixed"],
+)
 def test_merged_head_keeps_at_most_one_and_a_half_dense(name, options):
     t = 2048
     dense = saved_bytes(layer("vanilla", dropout=0.0), t)

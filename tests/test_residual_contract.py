@@ -122,8 +122,17 @@ def test_branch_exists_exactly_when_additive(name):
             zoo.create_model("reformer", residual=name, **REFORMER_SMALL)
 
 
-REFORMER_SMALL = dict(vocab_size=40, d_model=32, n_heads=4, d_ff=96, n_layers=2, dropout=0.1, attention_dropout=0.1,
-                      attention={"chunk_size": 8, "n_hashes": 2}, ff_chunk_size=8)
+REFORMER_SMALL = dict(
+    vocab_size=40,
+    d_model=32,
+    n_heads=4,
+    d_ff=96,
+    n_layers=2,
+    dropout=0.1,
+    attention_dropout=0.1,
+    attention={"chunk_size": 8, "n_hashes": 2},
+    ff_chunk_size=8,
+)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if RESIDUAL.get(n).additive])
@@ -176,6 +185,7 @@ def test_tiny_model_learns_a_fixed_batch(name):
 
 # -- reference maths of the registered policies --------------------------------------------------
 
+
 def plain_sublayer(x):
     return 2.0 * x + 1.0
 
@@ -192,6 +202,7 @@ def test_policies_follow_their_formulas():
 
 
 # -- a throwaway policy: registering it is all it takes --------------------------------------------
+
 
 class HalfStep(AdditiveResidual):
     """x + 0.5 * Dropout(Sublayer(LayerNorm(x))): defined, registered and nothing else."""
@@ -219,10 +230,15 @@ def half_step():
 
 
 def test_a_new_residual_needs_only_its_registration(half_step):
-    checks = [test_sublayer_input_acts_on_each_position_alone, test_every_parameter_gets_a_gradient,
-              test_memory_is_read_with_the_current_weights, test_branch_exists_exactly_when_additive,
-              test_additive_residual_reversible_gradients_equal_stored_ones, test_final_norm_follows_the_flag,
-              test_tiny_model_learns_a_fixed_batch]
+    checks = [
+        test_sublayer_input_acts_on_each_position_alone,
+        test_every_parameter_gets_a_gradient,
+        test_memory_is_read_with_the_current_weights,
+        test_branch_exists_exactly_when_additive,
+        test_additive_residual_reversible_gradients_equal_stored_ones,
+        test_final_norm_follows_the_flag,
+        test_tiny_model_learns_a_fixed_batch,
+    ]
     for dtype in (torch.float32, torch.float64):
         test_forward_is_the_join_of_the_sublayer_on_its_input(half_step, dtype)
     for check in checks:

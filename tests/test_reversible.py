@@ -11,7 +11,16 @@ import torch
 import zoo
 from zoo.blocks import FeedForward
 
-SMALL = dict(vocab_size=40, d_model=32, n_heads=4, d_ff=96, dropout=0.1, attention_dropout=0.1, attention={"chunk_size": 8, "n_hashes": 2}, ff_chunk_size=8)
+SMALL = dict(
+    vocab_size=40,
+    d_model=32,
+    n_heads=4,
+    d_ff=96,
+    dropout=0.1,
+    attention_dropout=0.1,
+    attention={"chunk_size": 8, "n_hashes": 2},
+    ff_chunk_size=8,
+)
 
 
 def batch(b=2, t=30, vocab=40, seed=0):
@@ -33,7 +42,9 @@ def test_dropout_actually_differs_between_seeds():
 
 def test_autograd_grad_sees_parameters_and_inputs():
     stack = zoo.create_model("reformer", n_layers=2, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0}).stack
-    plain = zoo.create_model("reformer", n_layers=2, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0, "stack": {"recompute": False}}).stack
+    plain = zoo.create_model(
+        "reformer", n_layers=2, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0, "stack": {"recompute": False}}
+    ).stack
     plain.load_state_dict(stack.state_dict())
     x = torch.randn(2, 20, 32, requires_grad=True)
     params = list(stack.parameters())
@@ -65,7 +76,9 @@ def test_activation_memory_is_flat_in_depth():
     for stack in ("reversible", "sequential"):
         for layers in (2, 12):
             torch.manual_seed(0)
-            model = zoo.create_model("reformer", n_layers=layers, stack=stack, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0})
+            model = zoo.create_model(
+                "reformer", n_layers=layers, stack=stack, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0}
+            )
             memory[stack, layers] = activation_bytes(model, tokens, targets)
     assert memory["reversible", 12] <= 1.25 * memory["reversible", 2], memory
     assert memory["sequential", 12] > 3 * memory["sequential", 2], memory  # the counter does count layers
@@ -96,8 +109,12 @@ def test_chunked_feed_forward_equals_unchunked():
     whole.load_state_dict(ff.state_dict())
     x = torch.randn(3, 23, 16)
     torch.testing.assert_close(ff(x), whole(x))
-    chunked = zoo.create_model("reformer", n_layers=2, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0, "ff_chunk_size": 7}).eval()
-    unchunked = zoo.create_model("reformer", n_layers=2, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0, "ff_chunk_size": 0}).eval()
+    chunked = zoo.create_model(
+        "reformer", n_layers=2, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0, "ff_chunk_size": 7}
+    ).eval()
+    unchunked = zoo.create_model(
+        "reformer", n_layers=2, **{**SMALL, "dropout": 0.0, "attention_dropout": 0.0, "ff_chunk_size": 0}
+    ).eval()
     unchunked.load_state_dict(chunked.state_dict())
     tokens, _ = batch()
     torch.testing.assert_close(chunked(tokens).logits, unchunked(tokens).logits, atol=1e-5, rtol=1e-4)
@@ -111,8 +128,16 @@ def test_refused_at_build_time_with_the_reason():
     with pytest.raises(ValueError, match="supports_memory"):
         zoo.create_model("reformer", **{**SMALL, "attention": "vanilla"})
     with pytest.raises(ValueError, match="cross-attention"):
-        zoo.create_model("vanilla_seq2seq", d_model=32, n_heads=4, d_ff=32, n_layers=1, residual=additive,
-                         stack="reversible", attention="shared_qk")
+        zoo.create_model(
+            "vanilla_seq2seq",
+            d_model=32,
+            n_heads=4,
+            d_ff=32,
+            n_layers=1,
+            residual=additive,
+            stack="reversible",
+            attention="shared_qk",
+        )
     model = zoo.create_model("reformer", n_layers=1, **SMALL)
     with pytest.raises(ValueError, match="keeps no state"):
         model.stack(torch.randn(1, 8, 32), state=[object()])

@@ -134,7 +134,9 @@ def test_strided_pattern_is_the_papers_sets(causal, combine, layer, t):
 @pytest.mark.parametrize("t,pad", [(20, False), (23, False), (23, True)])
 def test_strided_equals_dense_reference(causal, combine, layer, t, pad):
     attn = build("sparse_strided", causal, layer, stride=5, combine=combine)
-    check_against_reference(attn, t, expected_heads(attn, t, strided_sets(t, 5, causal)), padding(2, t) if pad else None)
+    check_against_reference(
+        attn, t, expected_heads(attn, t, strided_sets(t, 5, causal)), padding(2, t) if pad else None
+    )
 
 
 # -- sparse_fixed ------------------------------------------------------------------------------
@@ -154,7 +156,9 @@ def test_fixed_pattern_is_the_papers_sets(causal, combine, layer, t, c):
 @pytest.mark.parametrize("t,pad", [(20, False), (23, False), (23, True)])
 def test_fixed_equals_dense_reference(causal, combine, layer, t, pad):
     attn = build("sparse_fixed", causal, layer, stride=5, c=2, combine=combine)
-    check_against_reference(attn, t, expected_heads(attn, t, fixed_sets(t, 5, 2, causal)), padding(2, t) if pad else None)
+    check_against_reference(
+        attn, t, expected_heads(attn, t, fixed_sets(t, 5, 2, causal)), padding(2, t) if pad else None
+    )
 
 
 def test_auto_stride_is_ceil_sqrt_t():
@@ -165,7 +169,15 @@ def test_auto_stride_is_ceil_sqrt_t():
 
 
 def test_interleaving_follows_depth_in_a_model():
-    model = zoo.create_model("sparse_transformer", vocab_size=16, d_model=16, n_layers=3, n_heads=2, d_ff=16, attention={"combine": "interleaved", "stride": 4, "c": 1})
+    model = zoo.create_model(
+        "sparse_transformer",
+        vocab_size=16,
+        d_model=16,
+        n_layers=3,
+        n_heads=2,
+        d_ff=16,
+        attention={"combine": "interleaved", "stride": 4, "c": 1},
+    )
     patterns = [block.attention.head_patterns()[0] for block in model.stack.blocks]
     assert patterns == ["A1", "A2", "A1"]
 
@@ -190,7 +202,10 @@ def test_local_1d_equals_dense_reference(causal, t, pad):
 
 # -- local_2d ----------------------------------------------------------------------------------
 
-SHAPES_2D = [dict(width=6, query_height=2, query_width=3, flange_height=2, flange_width=2), dict(width=7, query_height=3, query_width=2, flange_height=1, flange_width=0)]
+SHAPES_2D = [
+    dict(width=6, query_height=2, query_width=3, flange_height=2, flange_width=2),
+    dict(width=7, query_height=3, query_width=2, flange_height=1, flange_width=0),
+]
 
 
 @pytest.mark.parametrize("causal", CAUSAL, ids=["causal", "bidir"])
@@ -199,7 +214,15 @@ SHAPES_2D = [dict(width=6, query_height=2, query_width=3, flange_height=2, flang
 def test_local_2d_pattern_is_the_papers_set(causal, shape, rows_extra):
     t = rows_extra[0] * shape["width"] + rows_extra[1]
     attn = build("local_2d", causal, **shape)
-    want = local_2d_set(t, shape["width"], shape["query_height"], shape["query_width"], shape["flange_height"], shape["flange_width"], causal)
+    want = local_2d_set(
+        t,
+        shape["width"],
+        shape["query_height"],
+        shape["query_width"],
+        shape["flange_height"],
+        shape["flange_width"],
+        causal,
+    )
     assert torch.equal(attended_pairs(attn, t), want.expand(4, t, t))
 
 
@@ -241,7 +264,12 @@ def test_bad_configurations_and_inputs_are_refused():
 
 
 def test_lengths_that_do_not_suit_the_block_are_padded_not_refused():
-    for name, options in [("sparse_strided", dict(stride=8)), ("sparse_fixed", dict(stride=8, c=2)), ("local_1d", dict(block=8)), ("local_2d", dict(width=5))]:
+    for name, options in [
+        ("sparse_strided", dict(stride=8)),
+        ("sparse_fixed", dict(stride=8, c=2)),
+        ("local_1d", dict(block=8)),
+        ("local_2d", dict(width=5)),
+    ]:
         out = build(name, True, **options)(torch.randn(2, 13, 32)).out
         assert out.shape == (2, 13, 32) and torch.isfinite(out).all()
 

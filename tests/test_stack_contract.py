@@ -97,8 +97,11 @@ def test_every_layer_returns_its_aux_loss_and_stats(name, variant):
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads[1:])
 
 
-@pytest.mark.parametrize("name,variant", [c for c in CASES if STACK.get(c[0]).supports_cross],
-                         ids=[i for c, i in zip(CASES, IDS) if STACK.get(c[0]).supports_cross])
+@pytest.mark.parametrize(
+    "name,variant",
+    [c for c in CASES if STACK.get(c[0]).supports_cross],
+    ids=[i for c, i in zip(CASES, IDS) if STACK.get(c[0]).supports_cross],
+)
 def test_cross_attention_stats_sit_beside_self_attention_stats(name, variant):
     stack = probe_stack(name, variant, cross=True).eval()
     context = torch.randn(2, 5, D)
@@ -110,8 +113,11 @@ def test_cross_attention_stats_sit_beside_self_attention_stats(name, variant):
     torch.testing.assert_close(out.aux["probe"], total)
 
 
-@pytest.mark.parametrize("name,variant", [c for c in CASES if STACK.get(c[0]).keeps_state],
-                         ids=[i for c, i in zip(CASES, IDS) if STACK.get(c[0]).keeps_state])
+@pytest.mark.parametrize(
+    "name,variant",
+    [c for c in CASES if STACK.get(c[0]).keeps_state],
+    ids=[i for c, i in zip(CASES, IDS) if STACK.get(c[0]).keeps_state],
+)
 def test_state_threads_one_entry_per_layer(name, variant):
     """A stateful attention (the first registered one with supports_memory and a plain KV cache
     contract) continues a sequence across calls: two calls equal one."""
@@ -131,8 +137,11 @@ def test_state_threads_one_entry_per_layer(name, variant):
     torch.testing.assert_close(torch.cat([first.x, second.x], dim=1), whole.x, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,variant", [c for c in CASES if not STACK.get(c[0]).keeps_state],
-                         ids=[i for c, i in zip(CASES, IDS) if not STACK.get(c[0]).keeps_state])
+@pytest.mark.parametrize(
+    "name,variant",
+    [c for c in CASES if not STACK.get(c[0]).keeps_state],
+    ids=[i for c, i in zip(CASES, IDS) if not STACK.get(c[0]).keeps_state],
+)
 def test_stateless_stack_refuses_a_state(name, variant):
     stack = probe_stack(name, variant)
     assert stack.init_state(2) is None
@@ -140,8 +149,11 @@ def test_stateless_stack_refuses_a_state(name, variant):
         stack(torch.randn(2, T, D), state=[object()] * LAYERS)
 
 
-@pytest.mark.parametrize("name,variant", [c for c in CASES if STACK.get(c[0]).needs_additive],
-                         ids=[i for c, i in zip(CASES, IDS) if STACK.get(c[0]).needs_additive])
+@pytest.mark.parametrize(
+    "name,variant",
+    [c for c in CASES if STACK.get(c[0]).needs_additive],
+    ids=[i for c, i in zip(CASES, IDS) if STACK.get(c[0]).needs_additive],
+)
 def test_needs_additive_refuses_other_residuals(name, variant):
     for residual in RESIDUAL.list():
         if not RESIDUAL.get(residual).additive:

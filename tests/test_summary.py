@@ -193,16 +193,24 @@ def test_summary_memory_and_throughput_are_the_benchmarks(tmp_path, text_file):
     run_dir = tmp_path / "run"
     # a language model on text: every target scored, as in the bench's step (a task that leaves
     # targets unscored, like duplication, changes what the loss saves by a few bytes)
-    run(compose(TINY + ["trainer.max_steps=3", "model.dropout=0.0", "data=char_lm", f"data.path={text_file}"]),
-        run_dir=run_dir)
+    run(
+        compose(TINY + ["trainer.max_steps=3", "model.dropout=0.0", "data=char_lm", f"data.path={text_file}"]),
+        run_dir=run_dir,
+    )
     result = json.loads((run_dir / "result.json").read_text())
     write_summary(tmp_path)
     row = read_rows(tmp_path)[0]
     assert "peak_mem_mb" not in row and "activations_mb" not in result  # one name, bench's
     config = json.loads((run_dir / "config.json").read_text())["model_config"]
     variant = bench.Variant("same", "zoo", result["model"], config)
-    shape = dict(d_model=config["d_model"], heads=config["n_heads"], layers=config["n_layers"],
-                 vocab=config["vocab_size"], batch=2, d_ff=config["d_ff"])
+    shape = dict(
+        d_model=config["d_model"],
+        heads=config["n_heads"],
+        layers=config["n_layers"],
+        vocab=config["vocab_size"],
+        batch=2,
+        d_ff=config["d_ff"],
+    )
     module, loss_fn = bench.build(variant, 16, shape, {})
     assert module.config.to_dict() == config
     expected = bench.activation_bytes(module, loss_fn, bench.bench_tokens(shape["vocab"], 2, 16)) / 2**20

@@ -26,8 +26,20 @@ from zoo.data import DataFileNotFound  # noqa: E402
 from zoo.trainer import CheckpointError, TrainingDiverged, load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["experiment=tiny", "logger=csv", "trainer.max_steps=4", "trainer.eval_every=2", "trainer.eval_batches=1", "trainer.batch_size=2",
-        "trainer.seq_len=16", "trainer.progress=false", "model.d_model=32", "model.d_ff=64", "model.n_heads=2", "trainer.device=cpu"]
+TINY = [
+    "experiment=tiny",
+    "logger=csv",
+    "trainer.max_steps=4",
+    "trainer.eval_every=2",
+    "trainer.eval_batches=1",
+    "trainer.batch_size=2",
+    "trainer.seq_len=16",
+    "trainer.progress=false",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "trainer.device=cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +64,9 @@ def result(run_dir):
     return json.loads((Path(run_dir) / "result.json").read_text())
 
 
-@pytest.mark.parametrize("task", ["duplication", "associative_recall", "listops", "char_lm", "enwik8", "imdb", "reverse"])
+@pytest.mark.parametrize(
+    "task", ["duplication", "associative_recall", "listops", "char_lm", "enwik8", "imdb", "reverse"]
+)
 def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
     extra = {
         "duplication": [],
@@ -106,6 +120,7 @@ def test_resume_equals_straight_run(tmp_path, text_file):
 def test_nan_weights_are_never_saved_and_the_sound_checkpoint_is_named(tmp_path):
     """Weights poisoned after step 2: the step-2 save is refused (last.pt keeps step 1, finite) and
     the error names that file. (Before: last.pt was overwritten with NaN and called "good".)"""
+
     def poison(trainer, step):
         if step == 2:
             with torch.no_grad():
@@ -185,7 +200,17 @@ def _train_main(argv, monkeypatch):
 
 def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
-    _train_main(["-m", *TINY, "trainer.max_steps=2", "trainer.eval_every=0", "attention=vanilla,additive", f"hydra.sweep.dir={sweep}"], monkeypatch)
+    _train_main(
+        [
+            "-m",
+            *TINY,
+            "trainer.max_steps=2",
+            "trainer.eval_every=0",
+            "attention=vanilla,additive",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        monkeypatch,
+    )
     with open(sweep / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["attention"] for r in rows} == {"vanilla", "additive"} and all(r["status"] == "finished" for r in rows)
@@ -197,16 +222,23 @@ def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
 
 def test_multirun_survives_a_failing_variant(tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
-    _train_main(["-m", *TINY, "trainer.max_steps=1", "trainer.eval_every=0", "model.n_heads=2,3", f"hydra.sweep.dir={sweep}"], monkeypatch)
+    _train_main(
+        ["-m", *TINY, "trainer.max_steps=1", "trainer.eval_every=0", "model.n_heads=2,3", f"hydra.sweep.dir={sweep}"],
+        monkeypatch,
+    )
     with open(sweep / "summary.csv") as f:
         rows = list(csv.DictReader(f))
-    assert sorted(r["status"][:6] for r in rows) == ["failed", "finis"] or {r["status"].split(":")[0] for r in rows} == {"finished", "failed"}
+    assert sorted(r["status"][:6] for r in rows) == ["failed", "finis"] or {
+        r["status"].split(":")[0] for r in rows
+    } == {"finished", "failed"}
     failed = next(r for r in rows if r["status"].startswith("failed"))
     assert "divisible" in failed["status"]
 
 
 def _ddp_worker(rank, world_size, port, overrides, run_dir, errors):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     try:
         torch.set_num_threads(1)
         run(compose(overrides), run_dir=run_dir)
@@ -237,7 +269,9 @@ def _compare_ddp_with_single(tmp_path, text_file):
     assert a["world_size"] == 2 and a["step"] == 2
     for key in a["model"]:  # different data would differ by ~lr (3e-3) per step; reduction order by ~1e-5
         torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-3, atol=3e-4)
-    assert len((tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()) == len((tmp_path / "single" / "metrics.jsonl").read_text().splitlines())
+    assert len((tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()) == len(
+        (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()
+    )
 
 
 def test_ddp_two_cpu_processes_match_one_process(tmp_path, text_file):
@@ -261,8 +295,18 @@ def test_ddp_two_cpu_processes_match_one_process(tmp_path, text_file):
 
 @pytest.mark.slow
 def test_ddp_with_torchrun(tmp_path, text_file):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "experiments" / "train.py"),
-           *TINY, *DDP_COMMON, f"data.path={text_file}", f"hydra.run.dir={tmp_path / 'ddp'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "experiments" / "train.py"),
+        *TINY,
+        *DDP_COMMON,
+        f"data.path={text_file}",
+        f"hydra.run.dir={tmp_path / 'ddp'}",
+    ]
     proc = subprocess.run(cmd, env=_subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _compare_ddp_with_single(tmp_path, text_file)
@@ -284,7 +328,9 @@ def memory_attention():
 
     class ToyMemory(VanillaAttention):
         def forward(self, x, *, context=None, pad_mask=None, state=None):
-            return super().forward(x, context=context, pad_mask=pad_mask, state=state if state is not None else self.init_state(x.shape[0]))
+            return super().forward(
+                x, context=context, pad_mask=pad_mask, state=state if state is not None else self.init_state(x.shape[0])
+            )
 
     ToyMemory.registry_name = None
     ATTENTION.register("toy_memory_for_tests", ToyMemory)
@@ -293,7 +339,12 @@ def memory_attention():
 
 
 def test_resume_restores_carried_memory(tmp_path, text_file, memory_attention):
-    common = ["data=char_lm", f"data.path={text_file}", "trainer.eval_every=0", f"model.attention={{name: {memory_attention}, max_cache: 8}}"]
+    common = [
+        "data=char_lm",
+        f"data.path={text_file}",
+        "trainer.eval_every=0",
+        f"model.attention={{name: {memory_attention}, max_cache: 8}}",
+    ]
     train(tmp_path / "straight", *common)
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "split", *common, callbacks=(_interrupt_at(2),))
@@ -313,7 +364,12 @@ def test_resume_restores_carried_memory(tmp_path, text_file, memory_attention):
 def test_evaluate_script_carries_memory(tmp_path, text_file, memory_attention, capsys):
     import importlib.util
 
-    train(tmp_path, "data=char_lm", f"data.path={text_file}", f"model.attention={{name: {memory_attention}, max_cache: 8}}")
+    train(
+        tmp_path,
+        "data=char_lm",
+        f"data.path={text_file}",
+        f"model.attention={{name: {memory_attention}, max_cache: 8}}",
+    )
     spec = importlib.util.spec_from_file_location("zoo_eval_script", ROOT / "experiments" / "evaluate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -376,8 +432,13 @@ def test_compile_option_reaches_the_trainer(tmp_path, monkeypatch):
 
     train(tmp_path / "eager", "trainer.max_steps=2", "trainer.checkpoints=false", callbacks=[look])
     assert seen["eager"] != "Compiled" and not calls
-    train(tmp_path / "compiled", "trainer.max_steps=2", "trainer.checkpoints=false", "trainer.compile=true",
-          callbacks=[look])
+    train(
+        tmp_path / "compiled",
+        "trainer.max_steps=2",
+        "trainer.checkpoints=false",
+        "trainer.compile=true",
+        callbacks=[look],
+    )
     assert seen["compiled"] == "Compiled" and len(calls) == 2  # one training forward per step
     assert result(tmp_path / "compiled")["steps"] == 2
 

@@ -17,9 +17,18 @@ from zoo.universal import UniversalStack
 D, H = 16, 2
 
 
-def make_stack(*, causal: bool = False, cross: bool = False, residual: str = "post_norm", n_layers: int = 4, **stack_options) -> UniversalStack:
-    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, residual={"name": residual},
-                         position={"name": "none"}, stack={"name": "universal", **stack_options})
+def make_stack(
+    *, causal: bool = False, cross: bool = False, residual: str = "post_norm", n_layers: int = 4, **stack_options
+) -> UniversalStack:
+    config = ModelConfig(
+        d_model=D,
+        n_heads=H,
+        d_ff=32,
+        dropout=0.0,
+        residual={"name": residual},
+        position={"name": "none"},
+        stack={"name": "universal", **stack_options},
+    )
     stack = build_stack(config, causal=causal, cross=cross, n_layers=n_layers)
     return stack.eval()
 
@@ -135,7 +144,15 @@ def test_padding_does_not_change_real_positions_under_act():
 
 @pytest.mark.parametrize("act", [False, True])
 def test_universal_lm_is_causal(act):
-    model = zoo.create_model("universal_transformer_act" if act else "universal_transformer", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=4, dropout=0.0).eval()
+    model = zoo.create_model(
+        "universal_transformer_act" if act else "universal_transformer",
+        vocab_size=20,
+        d_model=D,
+        n_heads=H,
+        d_ff=32,
+        n_layers=4,
+        dropout=0.0,
+    ).eval()
     tokens = torch.randint(0, 20, (2, 9))
     changed = tokens.clone()
     changed[:, 5] = (changed[:, 5] + 1) % 20
@@ -166,7 +183,9 @@ def test_presets_build_train_and_decode_by_recomputation():
     expected = s2s.config.stack.get("ponder_weight", 0.01) * (out.stats["encoder/act/ponder"] + out.stats["act/ponder"])
     torch.testing.assert_close(out.aux_losses["ponder"].detach(), expected)
     assert s2s.generate(src, max_len=4, beam_size=2).shape[0] == 2
-    clf = zoo.create_model("universal_transformer", kind="classifier", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
+    clf = zoo.create_model(
+        "universal_transformer", kind="classifier", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2
+    )
     assert clf(src, torch.tensor([0, 1])).loss.isfinite()
 
 
@@ -192,7 +211,7 @@ def test_algorithmic_data():
         digits = [int(v) - 3 for v in src if v != 0]
         plus = digits.index(10)
         a = int("".join(map(str, digits[:plus][::-1])))
-        b = int("".join(map(str, digits[plus + 1:][::-1])))
+        b = int("".join(map(str, digits[plus + 1 :][::-1])))
         answer = [int(v) - 3 for v in targets if v >= 3]
         assert int("".join(map(str, answer[::-1]))) == a + b
     rev = algorithmic_batch("reverse", 4, 3, 5, generator=g)
@@ -209,7 +228,9 @@ def test_algorithmic_data():
 @pytest.mark.slow
 def test_universal_act_learns_copy():
     torch.manual_seed(0)
-    model = zoo.create_model("universal_seq2seq_act", vocab_size=vocab_size("copy"), d_model=32, n_heads=4, d_ff=64, n_layers=4, dropout=0.0)
+    model = zoo.create_model(
+        "universal_seq2seq_act", vocab_size=vocab_size("copy"), d_model=32, n_heads=4, d_ff=64, n_layers=4, dropout=0.0
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(1)
     for _ in range(300):
@@ -227,9 +248,15 @@ def test_universal_act_learns_copy():
 def test_each_step_runs_the_block_as_its_layer_so_interleaved_patterns_alternate():
     """Sparse Transformer's interleaved combination puts A1 in even layers and A2 in odd ones; a
     universal stack's step n is layer n - 1, so T steps equal a weight-shared sequential stack."""
-    config = ModelConfig(d_model=D, n_heads=H, d_ff=32, dropout=0.0, position={"name": "none"},
-                         attention={"name": "sparse_strided", "stride": 3, "combine": "interleaved"},
-                         stack={"name": "universal", "position_signal": False, "timestep_signal": False})
+    config = ModelConfig(
+        d_model=D,
+        n_heads=H,
+        d_ff=32,
+        dropout=0.0,
+        position={"name": "none"},
+        attention={"name": "sparse_strided", "stride": 3, "combine": "interleaved"},
+        stack={"name": "universal", "position_signal": False, "timestep_signal": False},
+    )
     stack = build_stack(config, causal=True, cross=False, n_layers=4).eval()
     seen = []
     stack.block.attention.register_forward_pre_hook(lambda module, args: seen.append(module.head_patterns()[0]))

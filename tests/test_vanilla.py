@@ -47,7 +47,9 @@ def test_vanilla_cross_attention_equals_naive():
     x, ctx = torch.randn(2, 6, 32), torch.randn(2, 13, 32)
     mask = torch.ones(2, 13, dtype=torch.bool)
     mask[1, 9:] = False
-    torch.testing.assert_close(attn(x, context=ctx, pad_mask=mask).out, vanilla_reference(attn, x, ctx, mask), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        attn(x, context=ctx, pad_mask=mask).out, vanilla_reference(attn, x, ctx, mask), atol=1e-5, rtol=1e-4
+    )
 
 
 def test_lm_incremental_generation_equals_full_forward():
@@ -117,7 +119,17 @@ def copy_batch(b, t, vocab, g):
 def test_seq2seq_learns_to_reverse_and_decodes_greedy_and_beam():
     torch.manual_seed(0)
     vocab = 12
-    model = zoo.create_model("vanilla_seq2seq", vocab_size=vocab, d_model=48, n_layers=2, n_heads=4, d_ff=96, dropout=0.0, label_smoothing=0.0, residual="pre_norm")
+    model = zoo.create_model(
+        "vanilla_seq2seq",
+        vocab_size=vocab,
+        d_model=48,
+        n_layers=2,
+        n_heads=4,
+        d_ff=96,
+        dropout=0.0,
+        label_smoothing=0.0,
+        residual="pre_norm",
+    )
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(300):
@@ -150,5 +162,7 @@ def test_seq2seq_incremental_decoder_equals_full():
 def test_three_way_tying():
     model = zoo.create_model("vanilla_seq2seq", vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32)
     assert model.src_embed is model.tgt_embed and model.head.weight is model.tgt_embed.weight
-    untied = zoo.create_model("vanilla_seq2seq", vocab_size=20, src_vocab_size=30, d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    untied = zoo.create_model(
+        "vanilla_seq2seq", vocab_size=20, src_vocab_size=30, d_model=16, n_layers=1, n_heads=2, d_ff=32
+    )
     assert untied.src_embed is not untied.tgt_embed and untied.head.weight is untied.tgt_embed.weight

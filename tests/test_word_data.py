@@ -140,8 +140,22 @@ def test_char_lm_directory_trains_through_the_app(tmp_path):
     text = "abcde fghij " * 60
     for name in ("train.txt", "valid.txt", "test.txt"):
         (tmp_path / name).write_text(text)
-    cfg = compose(["experiment=tiny", "data=char_lm", f"data.path={tmp_path}", "data.vocab=chars", "trainer.max_steps=2",
-                   "trainer.eval_every=0", "trainer.eval_batches=0", "trainer.seq_len=16", "trainer.batch_size=2",
-                   "logger=none", "trainer.progress=false", "trainer.checkpoints=false", "trainer.device=cpu"])
+    cfg = compose(
+        [
+            "experiment=tiny",
+            "data=char_lm",
+            f"data.path={tmp_path}",
+            "data.vocab=chars",
+            "trainer.max_steps=2",
+            "trainer.eval_every=0",
+            "trainer.eval_batches=0",
+            "trainer.seq_len=16",
+            "trainer.batch_size=2",
+            "logger=none",
+            "trainer.progress=false",
+            "trainer.checkpoints=false",
+            "trainer.device=cpu",
+        ]
+    )
     value = run(cfg, run_dir=tmp_path / "run")
     assert np.isfinite(value) and value > 0  # bits per character on valid.txt

@@ -59,7 +59,9 @@ def test_rel_shift_moves_each_row_to_key_order():
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("clamp_len", [0, 3])
 def test_attention_equals_naive_four_term_score(causal, clamp_len):
-    attn = zoo.create_attention("xl_rel", d_model=D, n_heads=H, causal=causal, mem_len=6, clamp_len=clamp_len, block_size=3).eval()
+    attn = zoo.create_attention(
+        "xl_rel", d_model=D, n_heads=H, causal=causal, mem_len=6, clamp_len=clamp_len, block_size=3
+    ).eval()
     x, mem = torch.randn(2, 7, D), torch.randn(2, 5, D)
     got = attn(x, state=XLMemory(mem)).out
     want = naive_xl(attn, x, mem)

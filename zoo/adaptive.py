@@ -224,7 +224,10 @@ def adaptive_input_and_softmax(config) -> tuple[AdaptiveInput, AdaptiveSoftmax]:
     """The embedding and head of a causal LM whose ``config.adaptive`` is set (weights tied when
     ``config.tie_embeddings``)."""
     require(config.kind == "lm", f"model.adaptive is an LM head option; model kind is {config.kind!r}")
-    require(config.head == "linear", "model.adaptive builds its own output (adaptive softmax); it cannot be combined with head='none'")
+    require(
+        config.head == "linear",
+        "model.adaptive builds its own output (adaptive softmax); it cannot be combined with head='none'",
+    )
     require(
         config.label_smoothing == 0.0, f"model.adaptive does not support label_smoothing (got {config.label_smoothing})"
     )

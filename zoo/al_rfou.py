@@ -46,10 +46,13 @@ class AuxLossOptions:
     multi_target: float = 0.0  # weight of the character-after-next loss; 0 = off, the paper: 0.5
 
     def __post_init__(self) -> None:
-        require(isinstance(self.intermediate, bool),
-                f"aux_losses.intermediate must be true or false, got {self.intermediate!r}")
-        require(self.intermediate_weight > 0,
-                f"aux_losses.intermediate_weight must be > 0, got {self.intermediate_weight}")
+        require(
+            isinstance(self.intermediate, bool),
+            f"aux_losses.intermediate must be true or false, got {self.intermediate!r}",
+        )
+        require(
+            self.intermediate_weight > 0, f"aux_losses.intermediate_weight must be > 0, got {self.intermediate_weight}"
+        )
         require(self.multi_target >= 0, f"aux_losses.multi_target must be >= 0 (0 = off), got {self.multi_target}")
 
 
@@ -65,8 +68,9 @@ class AlRfouLosses(nn.Module):
     ``blocks``: the stack's per-layer blocks (read through forward hooks); ``norm`` and ``head``:
     the model's final norm and output projection, shared by the intermediate predictions."""
 
-    def __init__(self, options: dict, *, blocks: nn.ModuleList, norm: nn.Module, head: nn.Module,
-                 d_model: int, vocab_size: int):
+    def __init__(
+        self, options: dict, *, blocks: nn.ModuleList, norm: nn.Module, head: nn.Module, d_model: int, vocab_size: int
+    ):
         super().__init__()
         self.options = build_options(AuxLossOptions, options, "aux_losses")
         self.n_layers = len(blocks)
@@ -94,16 +98,19 @@ class AlRfouLosses(nn.Module):
         (training with targets), else record nothing (evaluation, decoding)."""
         self._hidden = [] if active and self.options.intermediate else None
 
-    def losses(self, hidden: Tensor, targets: Tensor, pad_mask: Tensor | None,
-               label_smoothing: float) -> dict[str, Tensor]:
+    def losses(
+        self, hidden: Tensor, targets: Tensor, pad_mask: Tensor | None, label_smoothing: float
+    ) -> dict[str, Tensor]:
         """Weighted auxiliary losses from the final ``hidden`` [b, t, d] (after the final norm) and
         the intermediate outputs recorded; ``targets`` [b, t] are the next characters."""
         from zoo.models import token_loss
 
         captured, self._hidden = self._hidden or [], None
         if self.options.intermediate and len(captured) != self.n_layers - 1:
-            raise RuntimeError(f"aux_losses: recorded {len(captured)} intermediate outputs for {self.n_layers} layers; "
-                               "the stack must call each block once (stack 'sequential')")
+            raise RuntimeError(
+                f"aux_losses: recorded {len(captured)} intermediate outputs for {self.n_layers} layers; "
+                "the stack must call each block once (stack 'sequential')"
+            )
         weight = self.options.multi_target
         norm, head = self._norm[0], self._head[0]
 

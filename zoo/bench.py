@@ -115,8 +115,10 @@ def names(text: str | None, flag: str) -> list[str]:
     out = [n.strip() for n in (text or "").split(",") if n.strip()]
     for name in out:
         if not name.replace("-", "_").isidentifier():
-            raise ValueError(f"{flag}: {name!r} is not a name; give options as one variant of dotted key=value items, "
-                             "e.g. --variant attention=lsh attention.n_hashes=4 (model=<preset> picks the preset)")
+            raise ValueError(
+                f"{flag}: {name!r} is not a name; give options as one variant of dotted key=value items, "
+                "e.g. --variant attention=lsh attention.n_hashes=4 (model=<preset> picks the preset)"
+            )
     return out
 
 
@@ -129,19 +131,24 @@ def peer_variant(name: str) -> Variant:
 
 def named_variant(label: str) -> Variant:
     """``peer:<name>`` -> that peer; anything else -> that preset as registered."""
-    return peer_variant(label[len("peer:"):]) if label.startswith("peer:") else Variant(label, "zoo", label)
+    return peer_variant(label[len("peer:") :]) if label.startswith("peer:") else Variant(label, "zoo", label)
 
 
 # -- peers: other libraries' models, same shape of step -----------------------------------------
 # Each entry builds ``module(tokens) -> logits`` from ``(length, shape)``; its docstring's first line
 # describes it in tables and --help. Install them with ``pip install transformer-zoo[peers]``.
 
+
 @PEER.register("x_transformers")
 def _peer_x_transformers(length: int, shape: dict[str, int]) -> nn.Module:
     """x-transformers Decoder, attn_flash=True (SDPA)"""
     from x_transformers import Decoder, TransformerWrapper
 
-    return TransformerWrapper(num_tokens=shape["vocab"], max_seq_len=length, attn_layers=Decoder(dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], attn_flash=True))
+    return TransformerWrapper(
+        num_tokens=shape["vocab"],
+        max_seq_len=length,
+        attn_layers=Decoder(dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], attn_flash=True),
+    )
 
 
 @PEER.register("local_attention")
@@ -149,7 +156,15 @@ def _peer_local_attention(length: int, shape: dict[str, int]) -> nn.Module:
     """local-attention LocalTransformer, window 128"""
     from local_attention import LocalTransformer
 
-    return LocalTransformer(num_tokens=shape["vocab"], max_seq_len=length, dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], causal=True, local_attn_window_size=128)
+    return LocalTransformer(
+        num_tokens=shape["vocab"],
+        max_seq_len=length,
+        dim=shape["d_model"],
+        depth=shape["layers"],
+        heads=shape["heads"],
+        causal=True,
+        local_attn_window_size=128,
+    )
 
 
 @PEER.register("reformer_pytorch")
@@ -157,10 +172,20 @@ def _peer_reformer_pytorch(length: int, shape: dict[str, int]) -> nn.Module:
     """reformer-pytorch ReformerLM, 4 hashes, bucket 64, reversible"""
     from reformer_pytorch import ReformerLM
 
-    return ReformerLM(num_tokens=shape["vocab"], dim=shape["d_model"], depth=shape["layers"], max_seq_len=length, heads=shape["heads"], bucket_size=64, n_hashes=4, causal=True)
+    return ReformerLM(
+        num_tokens=shape["vocab"],
+        dim=shape["d_model"],
+        depth=shape["layers"],
+        max_seq_len=length,
+        heads=shape["heads"],
+        bucket_size=64,
+        n_hashes=4,
+        causal=True,
+    )
 
 
 # -- building and stepping ----------------------------------------------------------------------
+
 
 def split_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
     """[batch, length + 1] -> inputs and targets [batch, length], each its own tensor as in a training
@@ -169,8 +194,9 @@ def split_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any],
-          device: torch.device | str = "cpu") -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
+def build(
+    variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any], device: torch.device | str = "cpu"
+) -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
     """The module (on ``device``) and a ``loss(tokens)`` closure for one training step.
 
     A zoo variant's config: its preset, then the bench's sizes, then the variant's overrides, then
@@ -191,7 +217,15 @@ def build(variant: Variant, length: int, shape: dict[str, int], overrides: dict[
     from zoo.config import merge_config
     from zoo.training import total_loss
 
-    sizing = dict(vocab_size=shape["vocab"], d_model=shape["d_model"], n_heads=shape["heads"], n_layers=shape["layers"], d_ff=shape["d_ff"], dropout=0.0, max_len=max(length, 16))
+    sizing = dict(
+        vocab_size=shape["vocab"],
+        d_model=shape["d_model"],
+        n_heads=shape["heads"],
+        n_layers=shape["layers"],
+        d_ff=shape["d_ff"],
+        dropout=0.0,
+        max_len=max(length, 16),
+    )
     config = zoo.preset_config(variant.name).to_dict()
     for layer in (sizing, variant.overrides, overrides):
         config = merge_config(config, layer)
@@ -238,7 +272,14 @@ def timed_step(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: T
     return elapsed
 
 
-def time_steps(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tokens: Tensor, warmup: int, repeats: int, max_seconds: float) -> list[float]:
+def time_steps(
+    module: nn.Module,
+    loss_fn: Callable[[Tensor], Tensor],
+    tokens: Tensor,
+    warmup: int,
+    repeats: int,
+    max_seconds: float,
+) -> list[float]:
     """Seconds per forward + backward; fewer repeats when one step alone exceeds ``max_seconds``."""
     module.train()
     times = []
@@ -266,10 +307,16 @@ def _rss_kib() -> int:
         return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-def measure_rss(variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any], threads: int) -> tuple[float, float]:
+def measure_rss(
+    variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any], threads: int
+) -> tuple[float, float]:
     """(peak MiB, step MiB) of a fresh process that builds the model and runs one step."""
-    payload = json.dumps({"variant": asdict(variant), "length": length, "shape": shape, "overrides": overrides, "threads": threads})
-    proc = subprocess.run([sys.executable, "-m", "zoo.bench", "--_rss-child", payload], capture_output=True, text=True, timeout=1800)
+    payload = json.dumps(
+        {"variant": asdict(variant), "length": length, "shape": shape, "overrides": overrides, "threads": threads}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.bench", "--_rss-child", payload], capture_output=True, text=True, timeout=1800
+    )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "rss child failed")
     peak, step = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -290,11 +337,26 @@ def _rss_child(payload: str) -> None:
 
 # -- the run ------------------------------------------------------------------------------------
 
-def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None = None, d_model: int = 256,
-        heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None,
-        overrides: dict[str, Any] | None = None, threads: int = 2, warmup: int = 1, repeats: int = 3,
-        max_seconds: float = 60.0, rss: bool = True, device: torch.device | str = "cpu",
-        progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+
+def run(
+    variants: list[Variant],
+    lengths: list[int],
+    *,
+    layers: list[int] | None = None,
+    d_model: int = 256,
+    heads: int = 4,
+    vocab: int = 256,
+    batch: int = 1,
+    d_ff: int | None = None,
+    overrides: dict[str, Any] | None = None,
+    threads: int = 2,
+    warmup: int = 1,
+    repeats: int = 3,
+    max_seconds: float = 60.0,
+    rss: bool = True,
+    device: torch.device | str = "cpu",
+    progress: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
     """Measure every variant at every (length, depth) on ``device``; returns one row per point.
 
     On CUDA the memory figure beside ``act_mib`` is ``gpu_peak_mib`` (``torch.cuda.max_memory_allocated``
@@ -315,10 +377,20 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
     for depth in layers:
         for length in lengths:
             for variant in variants:
-                shape = dict(d_model=d_model, heads=heads, layers=depth, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
-                row: dict[str, Any] = dict(variant=variant.label, kind=variant.kind, length=length, layers=depth,
-                                           batch=batch, d_model=d_model, heads=heads, threads=threads,
-                                           device=str(device))
+                shape = dict(
+                    d_model=d_model, heads=heads, layers=depth, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model
+                )
+                row: dict[str, Any] = dict(
+                    variant=variant.label,
+                    kind=variant.kind,
+                    length=length,
+                    layers=depth,
+                    batch=batch,
+                    d_model=d_model,
+                    heads=heads,
+                    threads=threads,
+                    device=str(device),
+                )
                 if stop_reason[variant.label]:
                     rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
                     continue
@@ -333,10 +405,17 @@ def run(variants: list[Variant], lengths: list[int], *, layers: list[int] | None
                     if repeats > 0:  # repeats 0: activation memory only (exact, and cheap on a busy machine)
                         times = time_steps(module, loss_fn, tokens, warmup, repeats, max_seconds)
                         median = statistics.median(times)
-                        row.update(time_ms=median * 1e3, time_min_ms=min(times) * 1e3, repeats=len(times), tokens_per_s=batch * length / median)
+                        row.update(
+                            time_ms=median * 1e3,
+                            time_min_ms=min(times) * 1e3,
+                            repeats=len(times),
+                            tokens_per_s=batch * length / median,
+                        )
                     del module
                     if rss:
-                        row["rss_peak_mib"], row["rss_step_mib"] = measure_rss(variant, length, shape, overrides, threads)
+                        row["rss_peak_mib"], row["rss_step_mib"] = measure_rss(
+                            variant, length, shape, overrides, threads
+                        )
                     if median > max_seconds:
                         stop_reason[variant.label] = f"step > {max_seconds:.0f} s"
                 except Exception as error:  # noqa: BLE001  (recorded in the table, not hidden)
@@ -360,14 +439,20 @@ def _progress_line(row: dict[str, Any]) -> str:
 # step of each variant back to back, in an order rotated by one each round (A B C, B C A, C A B):
 # each round gives ratios under nearly the same load, and no variant always runs first or last.
 
+
 def rotation(labels: list[str], round_index: int) -> list[str]:
     """The order of round ``round_index``: ``labels`` rotated left by ``round_index``."""
     shift = round_index % len(labels)
     return labels[shift:] + labels[:shift]
 
 
-def paired_rounds(steps: dict[str, Callable[[], float]], rounds: int, *, probe: Callable[[], float] | None = None,
-                  progress: Callable[[str], None] = print) -> list[dict[str, float]]:
+def paired_rounds(
+    steps: dict[str, Callable[[], float]],
+    rounds: int,
+    *,
+    probe: Callable[[], float] | None = None,
+    progress: Callable[[str], None] = print,
+) -> list[dict[str, float]]:
     """Seconds per step of every variant in ``rounds`` recorded rounds, after one warm-up round that is
     not recorded; ``steps[label]()`` runs one step and returns its seconds. ``probe`` (the matmul
     rate probe of ``--flops``) runs before and after each round; its faster time is recorded."""
@@ -379,8 +464,11 @@ def paired_rounds(steps: dict[str, Callable[[], float]], rounds: int, *, probe: 
         seconds.update((label, ran[label]) for label in labels)  # recorded in the given order
         if probe:
             seconds["matmul_probe"] = min(seconds["matmul_probe"], probe())
-        progress(f"round {round_index:2d}  " + "  ".join(f"{k} {v * 1e3:,.1f} ms" for k, v in seconds.items())
-                 + f"  load {os.getloadavg()[0]:.1f}")
+        progress(
+            f"round {round_index:2d}  "
+            + "  ".join(f"{k} {v * 1e3:,.1f} ms" for k, v in seconds.items())
+            + f"  load {os.getloadavg()[0]:.1f}"
+        )
         if round_index >= 0:
             recorded.append(seconds)
     return recorded
@@ -390,18 +478,34 @@ def paired_ratios(rounds: list[dict[str, float]], baseline: str) -> dict[str, di
     """Per variant: median seconds, and the speed-up over ``baseline`` (baseline time / variant time,
     taken per round: > 1 is faster) as the median over rounds with its min and max."""
     if not rounds or baseline not in rounds[0]:
-        raise ValueError(f"--baseline {baseline!r} is not a measured variant; "
-                         f"choose one of: {', '.join(k for k in (rounds[0] if rounds else {}) if k != 'matmul_probe')}")
+        raise ValueError(
+            f"--baseline {baseline!r} is not a measured variant; "
+            f"choose one of: {', '.join(k for k in (rounds[0] if rounds else {}) if k != 'matmul_probe')}"
+        )
     out = {}
     for label in (k for k in rounds[0] if k != "matmul_probe"):
         ratios = [r[baseline] / r[label] for r in rounds]
-        out[label] = dict(median_s=statistics.median(r[label] for r in rounds), ratio=statistics.median(ratios),
-                          ratio_min=min(ratios), ratio_max=max(ratios))
+        out[label] = dict(
+            median_s=statistics.median(r[label] for r in rounds),
+            ratio=statistics.median(ratios),
+            ratio_min=min(ratios),
+            ratio_max=max(ratios),
+        )
     return out
 
 
-def reformer_step_flops(t: int, d: int = 256, heads: int = 4, layers: int = 2, d_ff: int = 1024, vocab: int = 256,
-                        hashes: int = 4, chunk: int = 64, n_buckets: int = 0, batch: int = 1) -> dict[str, float]:
+def reformer_step_flops(
+    t: int,
+    d: int = 256,
+    heads: int = 4,
+    layers: int = 2,
+    d_ff: int = 1024,
+    vocab: int = 256,
+    hashes: int = 4,
+    chunk: int = 64,
+    n_buckets: int = 0,
+    batch: int = 1,
+) -> dict[str, float]:
     """Matmul FLOPs of one training step of the ``reformer`` preset (multiply-add = 2; elementwise
     work not counted). Per layer, forward: projections to_qk, to_v, to_out (3 x 2 t d^2), feed-forward
     (2 x 2 t d d_ff), LSH attention with R hashes and chunk c (scores and weighted values, each query
@@ -433,10 +537,18 @@ def step_flops(module: nn.Module, length: int, shape: dict[str, int]) -> dict[st
     stack_name = stack.get("name") if isinstance(stack, dict) else stack
     if attention.get("name") != "lsh" or stack_name != "reversible":
         return None
-    return reformer_step_flops(length, d=shape["d_model"], heads=shape["heads"], layers=shape["layers"],
-                               d_ff=shape["d_ff"], vocab=shape["vocab"], hashes=attention.get("n_hashes", 4),
-                               chunk=attention.get("chunk_size", 64), n_buckets=attention.get("n_buckets", 0),
-                               batch=shape["batch"])
+    return reformer_step_flops(
+        length,
+        d=shape["d_model"],
+        heads=shape["heads"],
+        layers=shape["layers"],
+        d_ff=shape["d_ff"],
+        vocab=shape["vocab"],
+        hashes=attention.get("n_hashes", 4),
+        chunk=attention.get("chunk_size", 64),
+        n_buckets=attention.get("n_buckets", 0),
+        batch=shape["batch"],
+    )
 
 
 def matmul_probe(length: int, shape: dict[str, int], device: torch.device) -> tuple[Callable[[], float], float]:
@@ -456,11 +568,24 @@ def matmul_probe(length: int, shape: dict[str, int], device: torch.device) -> tu
     return probe, 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
 
 
-def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, rounds: int = 5, d_model: int = 256,
-               heads: int = 4, vocab: int = 256, batch: int = 1, d_ff: int | None = None, layers: int = 2,
-               overrides: dict[str, Any] | None = None, threads: int = 2, device: torch.device | str = "cpu",
-               flops: bool = False, progress: Callable[[str], None] = print,
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_paired(
+    variants: list[Variant],
+    lengths: list[int],
+    baseline: str,
+    *,
+    rounds: int = 5,
+    d_model: int = 256,
+    heads: int = 4,
+    vocab: int = 256,
+    batch: int = 1,
+    d_ff: int | None = None,
+    layers: int = 2,
+    overrides: dict[str, Any] | None = None,
+    threads: int = 2,
+    device: torch.device | str = "cpu",
+    flops: bool = False,
+    progress: Callable[[str], None] = print,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Alternating rounds at each length (see :func:`paired_rounds`). Returns (one row per round and
     variant: ms, speed-up over ``baseline`` in that round, load; one summary row per length and
     variant: median ms, median speed-up with min-max, activation MiB, FLOP-bound share where known)."""
@@ -472,33 +597,60 @@ def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, ro
         built = {v.label: build(v, length, shape, overrides or {}, device) for v in variants}
         tokens = bench_tokens(vocab, batch, length, device)
         acts = {label: activation_bytes(module, loss_fn, tokens) / 2**20 for label, (module, loss_fn) in built.items()}
-        steps = {label: functools.partial(timed_step, module.train(), loss_fn, tokens)
-                 for label, (module, loss_fn) in built.items()}
+        steps = {
+            label: functools.partial(timed_step, module.train(), loss_fn, tokens)
+            for label, (module, loss_fn) in built.items()
+        }
         probe, probe_flops = matmul_probe(length, shape, device) if flops else (None, 0.0)
         progress(f"length {length}: {rounds} rounds after a warm-up round")
         recorded = paired_rounds(steps, rounds, probe=probe, progress=progress)
         ratios = paired_ratios(recorded, baseline)
         for index, seconds in enumerate(recorded):
             for label in built:
-                round_rows.append(dict(length=length, round=index, variant=label, ms=seconds[label] * 1e3,
-                                       speedup=seconds[baseline] / seconds[label], load_1min=os.getloadavg()[0]))
+                round_rows.append(
+                    dict(
+                        length=length,
+                        round=index,
+                        variant=label,
+                        ms=seconds[label] * 1e3,
+                        speedup=seconds[baseline] / seconds[label],
+                        load_1min=os.getloadavg()[0],
+                    )
+                )
         for label, (module, _) in built.items():
-            entry = dict(length=length, variant=label, baseline=baseline, median_ms=ratios[label]["median_s"] * 1e3,
-                         speedup=ratios[label]["ratio"], speedup_min=ratios[label]["ratio_min"],
-                         speedup_max=ratios[label]["ratio_max"], act_mib=acts[label], rounds=len(recorded),
-                         device=str(device), threads=threads)
+            entry = dict(
+                length=length,
+                variant=label,
+                baseline=baseline,
+                median_ms=ratios[label]["median_s"] * 1e3,
+                speedup=ratios[label]["ratio"],
+                speedup_min=ratios[label]["ratio_min"],
+                speedup_max=ratios[label]["ratio_max"],
+                act_mib=acts[label],
+                rounds=len(recorded),
+                device=str(device),
+                threads=threads,
+            )
             eager = label.removesuffix("+compile")
             if label != eager and eager in built:  # --compile: the compiled twin against its own eager run
                 own = paired_ratios(recorded, eager)[label]
-                entry.update(compile_speedup=own["ratio"], compile_speedup_min=own["ratio_min"],
-                             compile_speedup_max=own["ratio_max"])
+                entry.update(
+                    compile_speedup=own["ratio"],
+                    compile_speedup_min=own["ratio_min"],
+                    compile_speedup_max=own["ratio_max"],
+                )
             count = step_flops(module, length, shape) if flops else None
             if count is not None:  # bound = FLOPs at the round's matmul rate; share = bound / step time
                 shares = [count["total"] / (probe_flops / r["matmul_probe"]) / r[label] for r in recorded]
-                entry.update(gflop=count["total"] / 1e9, flop_share=statistics.median(shares),
-                             flop_share_min=min(shares), flop_share_max=max(shares),
-                             flop_parts=", ".join(f"{k.replace('_', ' ')} {v / 1e9:.1f}"
-                                                  for k, v in count.items() if k != "total"))
+                entry.update(
+                    gflop=count["total"] / 1e9,
+                    flop_share=statistics.median(shares),
+                    flop_share_min=min(shares),
+                    flop_share_max=max(shares),
+                    flop_parts=", ".join(
+                        f"{k.replace('_', ' ')} {v / 1e9:.1f}" for k, v in count.items() if k != "total"
+                    ),
+                )
             summary.append(entry)
         del built
     return round_rows, summary
@@ -506,37 +658,61 @@ def run_paired(variants: list[Variant], lengths: list[int], baseline: str, *, ro
 
 def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     baseline = summary[0]["baseline"]
-    lines = [f"# {meta.get('title') or 'zoo.bench --paired: alternating rounds'}", "",
-             f"Command: `{meta['command']}`", "",
-             f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}, {meta['threads']} threads; "
-             f"batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, {meta['layers']} layers, "
-             f"vocab {meta['vocab']}; load average at the end {meta['load']}. One training step = forward + backward; "
-             "every round times each variant once, in an order rotated each round, after one unrecorded "
-             "warm-up round.", ""]
+    lines = [
+        f"# {meta.get('title') or 'zoo.bench --paired: alternating rounds'}",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}, {meta['threads']} threads; "
+        f"batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, {meta['layers']} layers, "
+        f"vocab {meta['vocab']}; load average at the end {meta['load']}. One training step = forward + backward; "
+        "every round times each variant once, in an order rotated each round, after one unrecorded "
+        "warm-up round.",
+        "",
+    ]
     has_flops = any("flop_share" in s for s in summary)
     for length in dict.fromkeys(s["length"] for s in summary):
-        lines += [f"## Length {length:,}", "",
-                  f"| variant | median ms | speed-up over `{baseline}` (median of per-round ratios) | min-max "
-                  "| activation MiB |"
-                  + (" FLOP-bound share (min-max) |" if has_flops else ""),
-                  "|---|---|---|---|---|" + ("---|" if has_flops else "")]
+        lines += [
+            f"## Length {length:,}",
+            "",
+            f"| variant | median ms | speed-up over `{baseline}` (median of per-round ratios) | min-max "
+            "| activation MiB |" + (" FLOP-bound share (min-max) |" if has_flops else ""),
+            "|---|---|---|---|---|" + ("---|" if has_flops else ""),
+        ]
         for s in (s for s in summary if s["length"] == length):
             share = ""
             if has_flops:
-                share = (f" {s['flop_share']:.2f} ({s['flop_share_min']:.2f}-{s['flop_share_max']:.2f}) |"
-                         if "flop_share" in s else " |")
-            lines.append(f"| {s['variant']} | {s['median_ms']:,.1f} | {s['speedup']:.2f}x "
-                         f"| {s['speedup_min']:.2f}-{s['speedup_max']:.2f} | {s['act_mib']:,.1f} |{share}")
+                share = (
+                    f" {s['flop_share']:.2f} ({s['flop_share_min']:.2f}-{s['flop_share_max']:.2f}) |"
+                    if "flop_share" in s
+                    else " |"
+                )
+            lines.append(
+                f"| {s['variant']} | {s['median_ms']:,.1f} | {s['speedup']:.2f}x "
+                f"| {s['speedup_min']:.2f}-{s['speedup_max']:.2f} | {s['act_mib']:,.1f} |{share}"
+            )
         twins = [s for s in summary if s["length"] == length and "compile_speedup" in s]
         if twins:
-            lines += ["", "torch.compile against eager (eager time / compiled time per round; compilation happens in "
-                      "the warm-up round):", "", "| variant | speed-up from compile | min-max |", "|---|---|---|"]
-            lines += [f"| {s['variant'].removesuffix('+compile')} | {s['compile_speedup']:.2f}x | "
-                      f"{s['compile_speedup_min']:.2f}-{s['compile_speedup_max']:.2f} |" for s in twins]
+            lines += [
+                "",
+                "torch.compile against eager (eager time / compiled time per round; compilation happens in "
+                "the warm-up round):",
+                "",
+                "| variant | speed-up from compile | min-max |",
+                "|---|---|---|",
+            ]
+            lines += [
+                f"| {s['variant'].removesuffix('+compile')} | {s['compile_speedup']:.2f}x | "
+                f"{s['compile_speedup_min']:.2f}-{s['compile_speedup_max']:.2f} |"
+                for s in twins
+            ]
         for s in (s for s in summary if s["length"] == length and "gflop" in s):
-            lines += ["", f"FLOP bound of one `{s['variant']}` step: {s['gflop']:.1f} GFLOP ({s['flop_parts']}); "
-                      "share = "
-                      "that many FLOPs at the round's matmul rate ([t, d] x [d, d_ff] probe) / the step's time."]
+            lines += [
+                "",
+                f"FLOP bound of one `{s['variant']}` step: {s['gflop']:.1f} GFLOP ({s['flop_parts']}); "
+                "share = "
+                "that many FLOPs at the round's matmul rate ([t, d] x [d, d_ff] probe) / the step's time.",
+            ]
         lines.append("")
     return "\n".join(lines)
 
@@ -570,13 +746,18 @@ def paired_plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_paired(round_rows: list[dict[str, Any]], summary: list[dict[str, Any]], out: Path,
-                 meta: dict[str, Any]) -> dict[str, Path]:
+def write_paired(
+    round_rows: list[dict[str, Any]], summary: list[dict[str, Any]], out: Path, meta: dict[str, Any]
+) -> dict[str, Path]:
     """``paired.csv`` (one row per length and variant), ``paired_rounds.csv`` (every round),
     ``paired.md``, ``paired.png``."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out / "paired.csv", "rounds": out / "paired_rounds.csv", "md": out / "paired.md",
-             "png": out / "paired.png"}
+    paths = {
+        "csv": out / "paired.csv",
+        "rounds": out / "paired_rounds.csv",
+        "md": out / "paired.md",
+        "png": out / "paired.png",
+    }
     for key, rows in (("csv", summary), ("rounds", round_rows)):
         with open(paths[key], "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
@@ -588,6 +769,7 @@ def write_paired(round_rows: list[dict[str, Any]], summary: list[dict[str, Any]]
 
 
 # -- analysis and outputs -----------------------------------------------------------------------
+
 
 def fit_slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log(y) against log(x); nan with fewer than two points."""
@@ -645,15 +827,19 @@ def summarise(rows: list[dict[str, Any]], baseline: str | None) -> list[dict[str
     return summary
 
 
-def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any], baseline: str | None) -> str:
+def markdown(
+    rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: dict[str, Any], baseline: str | None
+) -> str:
     axis = sweep_axis(rows)
     points = sorted({r[axis] for r in rows})
     labels = list(dict.fromkeys(r["variant"] for r in rows))
     baseline = baseline if baseline in labels else labels[0]
     lines = [f"# {meta.get('title', 'zoo.bench')}", "", f"Command: `{meta['command']}`", ""]
-    lines.append(f"Machine: {meta['machine']}; device {meta.get('device', 'cpu')}; torch {meta['torch']}, "
-                 f"{meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, "
-                 f"vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up.")
+    lines.append(
+        f"Machine: {meta['machine']}; device {meta.get('device', 'cpu')}; torch {meta['torch']}, "
+        f"{meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, "
+        f"vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up."
+    )
     lines.append("")
 
     def table(key: str, title: str, fmt: str) -> None:
@@ -687,7 +873,9 @@ def markdown(rows: list[dict[str, Any]], summary: list[dict[str, Any]], meta: di
     lines.append(f"| variant | time slope | memory slope | memory last/first | faster than {baseline} from {axis} |")
     lines.append("|---|---|---|---|---|")
     for s in summary:
-        lines.append(f"| {s['variant']} | {s['time_slope']:.2f} | {s['memory_slope']:.2f} | {s.get('memory_last_over_first', float('nan')):.2f} | {s.get('faster_than_baseline_from', '(baseline)')} |")
+        lines.append(
+            f"| {s['variant']} | {s['time_slope']:.2f} | {s['memory_slope']:.2f} | {s.get('memory_last_over_first', float('nan')):.2f} | {s.get('faster_than_baseline_from', '(baseline)')} |"
+        )
     lines.append("")
     return "\n".join(lines)
 
@@ -722,7 +910,9 @@ def plot(rows: list[dict[str, Any]], summary: list[dict[str, Any]], path: Path, 
     plt.close(fig)
 
 
-def write_outputs(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any], baseline: str | None = None) -> dict[str, Path]:
+def write_outputs(
+    rows: list[dict[str, Any]], out: Path, meta: dict[str, Any], baseline: str | None = None
+) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarise(rows, baseline)
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -741,13 +931,22 @@ def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
     """--attention, --model, --variant, --peers, --compile: what to measure."""
     parser.add_argument("--attention", help="comma-separated mechanisms, each in the --model skeleton (vanilla_lm)")
     parser.add_argument("--model", help="comma-separated presets; with --attention, a single preset is the skeleton")
-    parser.add_argument("--variant", action="append", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="one variant as dotted config overrides, e.g. "
-                             "--variant attention=lsh attention.n_hashes=8; "
-                             "model=<preset> picks the preset (default: the skeleton); repeat for more variants")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one variant as dotted config overrides, e.g. "
+        "--variant attention=lsh attention.n_hashes=8; "
+        "model=<preset> picks the preset (default: the skeleton); repeat for more variants",
+    )
     parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(PEER.list())}")
-    parser.add_argument("--compile", action="store_true",
-                        help="also measure every variant under torch.compile, labelled <label>+compile")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also measure every variant under torch.compile, labelled <label>+compile",
+    )
 
 
 def variants_from_args(args: argparse.Namespace) -> list[Variant]:
@@ -772,35 +971,60 @@ def variants_from_args(args: argparse.Namespace) -> list[Variant]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zoo.bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m zoo.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_variant_arguments(parser)
     parser.add_argument("--lengths", default="256,512,1024", help="comma-separated sequence lengths")
-    parser.add_argument("--layers", default="2", help="comma-separated depths (several with one length = a depth sweep)")
+    parser.add_argument(
+        "--layers", default="2", help="comma-separated depths (several with one length = a depth sweep)"
+    )
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-ff", type=int, default=0, help="feed-forward width (default 4 * d_model)")
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override on top of every zoo variant, "
-                             "e.g. residual=pre_norm or attention.n_hashes=4")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override on top of every zoo variant, e.g. residual=pre_norm or attention.n_hashes=4",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="auto", help="auto (cuda when present, else cpu), cpu, cuda or cuda:N")
-    parser.add_argument("--paired", action="store_true",
-                        help="alternating rounds in one run: every round times one step of each variant, in an order "
-                             "rotated each round, after a warm-up round; reports the median speed-up over --baseline "
-                             "with its min-max over rounds (paired.csv, paired_rounds.csv, paired.md, paired.png)")
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="alternating rounds in one run: every round times one step of each variant, in an order "
+        "rotated each round, after a warm-up round; reports the median speed-up over --baseline "
+        "with its min-max over rounds (paired.csv, paired_rounds.csv, paired.md, paired.png)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="--paired: recorded rounds")
-    parser.add_argument("--flops", action="store_true",
-                        help="--paired: the share of the matmul FLOP bound each step reaches, where the count is "
-                             "known (the Reformer: LSH attention in a reversible stack), against a matmul probe "
-                             "timed each round")
+    parser.add_argument(
+        "--flops",
+        action="store_true",
+        help="--paired: the share of the matmul FLOP bound each step reaches, where the count is "
+        "known (the Reformer: LSH attention in a reversible stack), against a matmul probe "
+        "timed each round",
+    )
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (0: activation memory and RSS only, no timing)")
-    parser.add_argument("--max-seconds", type=float, default=60.0, help="a step slower than this is measured once and the variant skips larger points")
-    parser.add_argument("--baseline", default=None,
-                        help="variant label the crossover (or --paired's speed-up) is measured against "
-                             "(default: the first)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed steps per point (0: activation memory and RSS only, no timing)"
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        help="a step slower than this is measured once and the variant skips larger points",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="variant label the crossover (or --paired's speed-up) is measured against (default: the first)",
+    )
     parser.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS measurement")
     parser.add_argument("--title", default=None)
     parser.add_argument("--out", default="results/bench", help="output folder for bench.csv, bench.md, bench.png")
@@ -820,27 +1044,55 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     layers = [int(x) for x in args.layers.split(",") if x.strip()]
     command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = dict(title=args.title or "zoo.bench: one training step", command=command, machine=_machine(),
-                torch=torch.__version__, threads=args.threads, batch=args.batch, d_model=args.d_model,
-                heads=args.heads, vocab=args.vocab, device=str(device))
-    sizes = dict(d_model=args.d_model, heads=args.heads, vocab=args.vocab, batch=args.batch, d_ff=args.d_ff or None,
-                 overrides=overrides, threads=args.threads, device=device)
+    meta = dict(
+        title=args.title or "zoo.bench: one training step",
+        command=command,
+        machine=_machine(),
+        torch=torch.__version__,
+        threads=args.threads,
+        batch=args.batch,
+        d_model=args.d_model,
+        heads=args.heads,
+        vocab=args.vocab,
+        device=str(device),
+    )
+    sizes = dict(
+        d_model=args.d_model,
+        heads=args.heads,
+        vocab=args.vocab,
+        batch=args.batch,
+        d_ff=args.d_ff or None,
+        overrides=overrides,
+        threads=args.threads,
+        device=device,
+    )
     if args.paired:
         labels = [v.label for v in variants]
         baseline = args.baseline or labels[0]
         if baseline not in labels or len(layers) != 1 or args.rounds < 1:
-            parser.error(f"--paired needs one --layers value, --rounds >= 1 and --baseline among the variants "
-                         f"({', '.join(labels)}); got --layers {args.layers}, --rounds {args.rounds}, "
-                         f"--baseline {baseline}")
-        round_rows, summary = run_paired(variants, lengths, baseline, rounds=args.rounds, layers=layers[0],
-                                         flops=args.flops, **sizes)
+            parser.error(
+                f"--paired needs one --layers value, --rounds >= 1 and --baseline among the variants "
+                f"({', '.join(labels)}); got --layers {args.layers}, --rounds {args.rounds}, "
+                f"--baseline {baseline}"
+            )
+        round_rows, summary = run_paired(
+            variants, lengths, baseline, rounds=args.rounds, layers=layers[0], flops=args.flops, **sizes
+        )
         meta.update(title=args.title, layers=layers[0], load=", ".join(f"{x:.2f}" for x in os.getloadavg()))
         paths = write_paired(round_rows, summary, Path(args.out), meta)
         print(paths["md"].read_text())
         print(f"wrote {', '.join(str(p) for p in paths.values())}")
         return 0
-    rows = run(variants, lengths, layers=layers, warmup=args.warmup, repeats=args.repeats,
-               max_seconds=args.max_seconds, rss=not args.no_rss, **sizes)
+    rows = run(
+        variants,
+        lengths,
+        layers=layers,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        max_seconds=args.max_seconds,
+        rss=not args.no_rss,
+        **sizes,
+    )
     paths = write_outputs(rows, Path(args.out), meta, args.baseline)
     print(paths["md"].read_text())
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")

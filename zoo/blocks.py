@@ -93,8 +93,13 @@ def prefixed(prefix: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
 class Block(nn.Module):
     """attention -> [cross-attention] -> feed-forward, each joined by its own residual policy."""
 
-    def __init__(self, attention: Attention, feed_forward: nn.Module, make_residual: Callable[[], Residual],
-                 cross_attention: Attention | None = None):
+    def __init__(
+        self,
+        attention: Attention,
+        feed_forward: nn.Module,
+        make_residual: Callable[[], Residual],
+        cross_attention: Attention | None = None,
+    ):
         super().__init__()
         self.attention = attention
         self.cross_attention = cross_attention
@@ -118,8 +123,15 @@ class Block(nn.Module):
             return self.attention(h, pad_mask=pad_mask, state=state, layer_input=layer_input)
         return self.attention(h, pad_mask=pad_mask, state=state)
 
-    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: BlockState | None = None,
-                context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> BlockOutput:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        pad_mask: Tensor | None = None,
+        state: BlockState | None = None,
+        context: Tensor | None = None,
+        context_pad_mask: Tensor | None = None,
+    ) -> BlockOutput:
         state = state or BlockState()
         own = self._attend(x, pad_mask, state.attention)
         x = self.attention_residual.join(x, own.out)
@@ -173,8 +185,9 @@ class Block(nn.Module):
         """The parts by registry name, for error messages: "attention 'lsh', residual 'pre_norm'"."""
         return f"attention {self.attention.registry_name!r}, residual {self.attention_residual.registry_name!r}"
 
-    def attention_branch(self, x: Tensor, *, pad_mask: Tensor | None = None
-                         ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    def attention_branch(
+        self, x: Tensor, *, pad_mask: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """F(x) with x + F(x) = the attention half of ``forward`` (additive residuals only), with
         the mechanism's aux losses and its stats (named as ``forward`` names them)."""
         if not self.additive:

@@ -56,20 +56,46 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
     attn_name, attn_options = split_part(config.attention)
     attn_cls = ATTENTION.get(attn_name)
     if attn_cls.causal_only and not causal:
-        raise ValueError(f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another attention for kind={config.kind!r}")
+        raise ValueError(
+            f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another attention for kind={config.kind!r}"
+        )
     cross_name, cross_options = split_part(config.cross_attention)
     if cross and not ATTENTION.get(cross_name).supports_cross:
         capable = [n for n in ATTENTION.list() if ATTENTION.get(n).supports_cross]
         reason = ATTENTION.get(cross_name).no_cross_reason
-        raise ValueError(f"cross_attention {cross_name!r} cannot attend to another sequence (supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}")
+        raise ValueError(
+            f"cross_attention {cross_name!r} cannot attend to another sequence (supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}"
+        )
     make_residual = residual_factory(config)
 
     def make_block(layer_index: int) -> Block:
-        attention = create_attention(attn_name, d_model=config.d_model, n_heads=config.n_heads, causal=causal, dropout=config.attention_dropout, layer_index=layer_index, **attn_options)
+        attention = create_attention(
+            attn_name,
+            d_model=config.d_model,
+            n_heads=config.n_heads,
+            causal=causal,
+            dropout=config.attention_dropout,
+            layer_index=layer_index,
+            **attn_options,
+        )
         cross_attention = None
         if cross:
-            cross_attention = create_attention(cross_name, d_model=config.d_model, n_heads=config.n_heads, causal=False, dropout=config.attention_dropout, layer_index=layer_index, **cross_options)
-        feed_forward = FeedForward(config.d_model, config.d_ff, activation=config.activation, dropout=config.dropout, chunk_size=config.ff_chunk_size)
+            cross_attention = create_attention(
+                cross_name,
+                d_model=config.d_model,
+                n_heads=config.n_heads,
+                causal=False,
+                dropout=config.attention_dropout,
+                layer_index=layer_index,
+                **cross_options,
+            )
+        feed_forward = FeedForward(
+            config.d_model,
+            config.d_ff,
+            activation=config.activation,
+            dropout=config.dropout,
+            chunk_size=config.ff_chunk_size,
+        )
         return Block(attention, feed_forward, make_residual, cross_attention)
 
     stack_name, stack_options = split_part(config.stack)

@@ -45,6 +45,7 @@ class CheckpointError(RuntimeError):
 
 # -- seeds and random generators -------------------------------------------------------------------
 
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
@@ -57,8 +58,12 @@ def rng_state() -> dict[str, Any]:
     _, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state = {
         "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached)},
+        "numpy": {
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -78,6 +83,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # -- carried state <-> data ------------------------------------------------------------------------
 
+
 def state_to_data(state: Any) -> Any:
     """A model's carried state (nested dataclasses, lists, dicts of tensors) as tensors and plain
     types: each dataclass becomes a dict tagged with its class (``module:QualName``)."""
@@ -93,8 +99,10 @@ def state_to_data(state: Any) -> Any:
         return {k: state_to_data(v) for k, v in state.items()}
     if state is None or isinstance(state, (bool, int, float, str)):
         return state
-    raise CheckpointError(f"cannot store a {type(state).__name__} of the carried state in a checkpoint (tensors, "
-                          "dataclasses and plain types only)")
+    raise CheckpointError(
+        f"cannot store a {type(state).__name__} of the carried state in a checkpoint (tensors, "
+        "dataclasses and plain types only)"
+    )
 
 
 def state_class(tag: str) -> type:
@@ -126,6 +134,7 @@ def state_from_data(data: Any, device: torch.device | str = "cpu") -> Any:
 
 
 # -- checksums ---------------------------------------------------------------------------------------
+
 
 def checksum_path(path: str | Path) -> Path:
     path = Path(path)
@@ -183,6 +192,7 @@ def newest_sound_checkpoint(directory: str | Path, exclude: str | Path | None = 
 
 # -- writing and reading -----------------------------------------------------------------------------
 
+
 def is_temp_file(path: Path) -> bool:
     return path.name.startswith(".") and ".tmp" in path.name
 
@@ -228,8 +238,9 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str |
             os.unlink(tmp)
         if _no_space(exc):
             free = shutil.disk_usage(path.parent).free
-            raise CheckpointError(f"no space left on device: {path} (could not write the checkpoint; "
-                                  f"{free / 2**20:.1f} MiB free there)") from None
+            raise CheckpointError(
+                f"no space left on device: {path} (could not write the checkpoint; {free / 2**20:.1f} MiB free there)"
+            ) from None
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f"cannot write checkpoint {path}: {type(exc).__name__}: {exc}") from exc
@@ -250,22 +261,27 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
         if problem:
             sound = newest_sound_checkpoint(path.parent, exclude=path)
             where = f"the newest sound checkpoint beside it is {sound}" if sound else f"no sound one in {path.parent}"
-            raise CheckpointError(f"refusing checkpoint {path}: {problem} (corrupt or not written by this trainer); "
-                                  f"{where}")
+            raise CheckpointError(
+                f"refusing checkpoint {path}: {problem} (corrupt or not written by this trainer); {where}"
+            )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - pickled code, truncated file, not a torch file
         text = str(exc)
         if "weights_only" in text or "Unsupported global" in text or "Unpickler" in text:
             reason = text.strip().splitlines()[0][:300]
-            raise CheckpointError(f"refusing checkpoint {path}: it holds objects other than tensors and plain data, "
-                                  f"which could run code when loaded ({reason})") from None
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}: {text[:300]} "
-                              "(corrupt or not a torch file)") from None
+            raise CheckpointError(
+                f"refusing checkpoint {path}: it holds objects other than tensors and plain data, "
+                f"which could run code when loaded ({reason})"
+            ) from None
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {type(exc).__name__}: {text[:300]} (corrupt or not a torch file)"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise CheckpointError(f"{path} is not a transformer-zoo checkpoint (format {found!r}, "
-                              f"expected {CHECKPOINT_FORMAT!r})")
+        raise CheckpointError(
+            f"{path} is not a transformer-zoo checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r})"
+        )
     missing = [k for k in ("model", "model_config", "step") if k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")

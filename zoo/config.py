@@ -93,7 +93,11 @@ def matches_type(value: Any, tp: Any) -> bool:
 def type_name(tp: Any) -> str:
     """'an int', 'a bool (True or False)', 'a list of numbers', 'an int or None' ..."""
     names = {
-        bool: "a bool (True or False)", int: "an int", float: "a finite number", str: "a string", type(None): "None",
+        bool: "a bool (True or False)",
+        int: "an int",
+        float: "a finite number",
+        str: "a string",
+        type(None): "None",
     }
     if tp in names:
         return names[tp]
@@ -194,8 +198,10 @@ class ModelConfig:
             part = getattr(self, axis)
             if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
                 part = {"name": part}
-            require(isinstance(part, Mapping) and "name" in part,
-                    f"{axis} must be a name or a dict with a 'name' key, got {part!r}")
+            require(
+                isinstance(part, Mapping) and "name" in part,
+                f"{axis} must be a name or a dict with a 'name' key, got {part!r}",
+            )
             setattr(self, axis, dict(part))
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         check_field_types(ModelConfig, values, "model config")
@@ -208,11 +214,17 @@ class ModelConfig:
             require(getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")
         for key in ("ff_chunk_size", "n_encoder_layers", "src_vocab_size"):
             require(getattr(self, key) >= 0, f"{key} must be an int >= 0 (0 = default), got {getattr(self, key)!r}")
-        require(self.n_classes >= 2,
-                f"n_classes must be an int >= 2 (a classifier chooses between classes), got {self.n_classes!r}")
-        require(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        require(
+            self.n_classes >= 2,
+            f"n_classes must be an int >= 2 (a classifier chooses between classes), got {self.n_classes!r}",
+        )
+        require(
+            self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+        )
         require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        require(0.0 <= self.attention_dropout < 1.0, f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
+        require(
+            0.0 <= self.attention_dropout < 1.0, f"attention_dropout must be in [0, 1), got {self.attention_dropout}"
+        )
         require(self.activation in ("relu", "gelu"), f"activation must be relu or gelu, got {self.activation!r}")
         require(self.pooling in ("mean", "first"), f"pooling must be mean or first, got {self.pooling!r}")
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
@@ -225,8 +237,9 @@ class ModelConfig:
         if self.kind == "seq2seq":  # decoding writes these ids into the target sequence
             for key in ("pad_id", "bos_id", "eos_id"):
                 value = getattr(self, key)
-                require(0 <= value < self.vocab_size,
-                        f"{key} must lie in [0, vocab_size={self.vocab_size}), got {value}")
+                require(
+                    0 <= value < self.vocab_size, f"{key} must lie in [0, vocab_size={self.vocab_size}), got {value}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(dataclasses.asdict(self))
@@ -250,8 +263,9 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
         if key in PART_AXES:
             old = merged.get(key, {})  # absent: a tweak stays a tweak ({"act": True} keeps the preset's stack)
             old = {"name": old} if isinstance(old, str) else dict(old)
-            require(isinstance(value, (str, Mapping)),
-                    f"{key} must be a registry name or a dict of options, got {value!r}")
+            require(
+                isinstance(value, (str, Mapping)), f"{key} must be a registry name or a dict of options, got {value!r}"
+            )
             new = {"name": value} if isinstance(value, str) else dict(value)
             if "name" in new and new["name"] != old.get("name"):
                 merged[key] = new

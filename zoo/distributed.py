@@ -27,7 +27,9 @@ class DistInfo:
 
 def from_env() -> DistInfo:
     """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK (defaults: one process)."""
-    return DistInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+    return DistInfo(
+        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    )
 
 
 def setup(device: torch.device) -> DistInfo:

@@ -47,19 +47,23 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> nn.Mod
     config_file, weights = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for needed in (config_file, weights):
         if not needed.is_file():
-            raise FileNotFoundError(f"{needed} not found: zoo.load reads a directory written by zoo.save "
-                                    f"({WEIGHTS_FILE} + {CONFIG_FILE})")
+            raise FileNotFoundError(
+                f"{needed} not found: zoo.load reads a directory written by zoo.save ({WEIGHTS_FILE} + {CONFIG_FILE})"
+            )
     try:
         info: dict[str, Any] = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{config_file} is not valid JSON: {exc}") from None
     if not isinstance(info, dict) or info.get("format") != EXPORT_FORMAT or not isinstance(info.get("config"), dict):
         found = info.get("format") if isinstance(info, dict) else type(info).__name__
-        raise ValueError(f"{config_file} is not a transformer-zoo model config (format {found!r}, "
-                         f"expected {EXPORT_FORMAT!r})")
+        raise ValueError(
+            f"{config_file} is not a transformer-zoo model config (format {found!r}, expected {EXPORT_FORMAT!r})"
+        )
     model = create_model(**info["config"])
     missing, unexpected = load_model(model, str(weights), strict=False, device=str(device))
     if missing or unexpected:
-        raise ValueError(f"{weights} does not fit the model in {config_file}: missing {sorted(missing)[:8]}, "
-                         f"unexpected {sorted(unexpected)[:8]}")
+        raise ValueError(
+            f"{weights} does not fit the model in {config_file}: missing {sorted(missing)[:8]}, "
+            f"unexpected {sorted(unexpected)[:8]}"
+        )
     return model.to(device)

@@ -60,7 +60,10 @@ class GRUGate(Residual):
         gate_bias: float = 2.0  # b_g at initialisation: larger = closer to the identity map
 
         def __post_init__(self) -> None:
-            require(isinstance(self.gate_bias, (int, float)) and not isinstance(self.gate_bias, bool), f"gate_bias must be a number (the paper uses 2; 0 is its ablation), got {self.gate_bias!r}")
+            require(
+                isinstance(self.gate_bias, (int, float)) and not isinstance(self.gate_bias, bool),
+                f"gate_bias must be a number (the paper uses 2; 0 is its ablation), got {self.gate_bias!r}",
+            )
 
     def __init__(self, d_model: int, dropout: float = 0.0, **options):
         super().__init__(d_model, dropout, **options)

@@ -72,9 +72,16 @@ class WandbLogger:
 
         self.wandb = wandb
         self.run = wandb.init(
-            project=options.project, entity=options.entity or None, mode=options.mode, dir=str(run_dir), name=name,
-            group=options.group or group or None, tags=list(options.tags) or None, config=config,
-            reinit="finish_previous", settings=wandb.Settings(silent=True, console="off"),
+            project=options.project,
+            entity=options.entity or None,
+            mode=options.mode,
+            dir=str(run_dir),
+            name=name,
+            group=options.group or group or None,
+            tags=list(options.tags) or None,
+            config=config,
+            reinit="finish_previous",
+            settings=wandb.Settings(silent=True, console="off"),
         )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

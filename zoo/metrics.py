@@ -47,9 +47,17 @@ def scalar_stats(stats: dict[str, Any], prefix: str) -> dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, task: Task, split: str = "val", max_batches: int | None = 0, *,
-                   device: torch.device | None = None, autocast: Callable[[], Any] = contextlib.nullcontext,
-                   rank: int = 0, world_size: int = 1) -> dict[str, float]:
+def evaluate_model(
+    model: nn.Module,
+    task: Task,
+    split: str = "val",
+    max_batches: int | None = 0,
+    *,
+    device: torch.device | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, float]:
     """The task metric of ``model`` on ``split`` (``max_batches`` 0/None = the whole split)."""
     device = device or next(model.parameters()).device
     was_training = model.training
@@ -67,5 +75,9 @@ def evaluate_model(model: nn.Module, task: Task, split: str = "val", max_batches
         nll, correct, count = nll + n, correct + c, count + k
     model.train(was_training)
     nll, correct, count = distributed.all_sum([nll, correct, count], device)
-    return {f"{split}/loss": nll / max(count, 1), f"{split}/accuracy": correct / max(count, 1),
-            f"{split}/{task.metric}": metric_value(task.metric, nll, correct, count), f"{split}/scored": count}
+    return {
+        f"{split}/loss": nll / max(count, 1),
+        f"{split}/accuracy": correct / max(count, 1),
+        f"{split}/{task.metric}": metric_value(task.metric, nll, correct, count),
+        f"{split}/scored": count,
+    }

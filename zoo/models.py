@@ -38,7 +38,18 @@ from zoo.al_rfou import AlRfouLosses
 from zoo.blocks import merge_into
 from zoo.build import attention_class, build_stack, create_position, split_part
 from zoo.config import ModelConfig, check_type, merge_config
-from zoo.inputs import IGNORE_INDEX, check_count, check_embeds, check_pad_mask, check_same_batch, check_sampling, check_targets, check_tokens, count_scored, scored_loss
+from zoo.inputs import (
+    IGNORE_INDEX,
+    check_count,
+    check_embeds,
+    check_pad_mask,
+    check_same_batch,
+    check_sampling,
+    check_targets,
+    check_tokens,
+    count_scored,
+    scored_loss,
+)
 from zoo.positional import LearnedPosition
 from zoo.registry import MODEL, RESIDUAL, STACK
 
@@ -78,7 +89,9 @@ def map_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     if isinstance(state, dict):
         return {k: map_tensors(v, fn) for k, v in state.items()}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return dataclasses.replace(state, **{f.name: map_tensors(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init})
+        return dataclasses.replace(
+            state, **{f.name: map_tensors(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init}
+        )
     return state
 
 
@@ -135,7 +148,10 @@ class ZooModel(nn.Module):
         return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
 
     def input_vectors(
-        self, embedding: TokenEmbedding, tokens: Tensor | None, embeds: Tensor | None,
+        self,
+        embedding: TokenEmbedding,
+        tokens: Tensor | None,
+        embeds: Tensor | None,
         names: tuple[str, str] = ("tokens", "embeds"),
     ) -> Tensor:
         """[b, t, d_model] vectors entering the stack: token ids through ``embedding`` (scaled by
@@ -172,7 +188,10 @@ class ZooModel(nn.Module):
         """True when every attention can continue from a state (KV cache / memory) and the stack
         threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
         token at a time; otherwise it recomputes the whole prefix each step."""
-        return attention_class(self.config.attention).supports_memory and STACK.get(split_part(self.config.stack)[0]).keeps_state
+        return (
+            attention_class(self.config.attention).supports_memory
+            and STACK.get(split_part(self.config.stack)[0]).keeps_state
+        )
 
     def check_decode_length(self, length: int, what: str) -> None:
         """Refuse up front a decode that would run past a learned position table half way through."""
@@ -187,11 +206,15 @@ class ZooModel(nn.Module):
         if state is None:
             return
         if not isinstance(state, cls):
-            raise ValueError(f"state must be the {cls.__name__} this model returned (out.state); got {type(state).__name__}")
+            raise ValueError(
+                f"state must be the {cls.__name__} this model returned (out.state); got {type(state).__name__}"
+            )
         if state.signature and state.signature != self.signature:
             raise ValueError(f"state comes from a different model ({state.signature}); this model is {self.signature}")
         if state.batch_size != batch_size:
-            raise ValueError(f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh with state=None or model.init_state({batch_size})")
+            raise ValueError(
+                f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh with state=None or model.init_state({batch_size})"
+            )
         if state.offset and stack is not None and not stack.keeps_state:
             # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
             raise ValueError(
@@ -227,11 +250,18 @@ class CausalLM(ZooModel):
         """Al-Rfou et al. 2018's intermediate-layer / multiple-target losses (zoo/al_rfou.py)."""
         name = self.config.stack["name"]
         if name != "sequential":  # the others have no per-layer outputs (universal) or skip block() (reversible)
-            raise ValueError(f"aux_losses needs one block per layer, each called in turn (stack 'sequential'); "
-                             f"stack {name!r} is not")
+            raise ValueError(
+                f"aux_losses needs one block per layer, each called in turn (stack 'sequential'); stack {name!r} is not"
+            )
         blocks = self.stack.blocks
-        return AlRfouLosses(self.config.aux_losses, blocks=blocks, norm=self.norm, head=self.head,
-                            d_model=self.config.d_model, vocab_size=self.config.vocab_size)
+        return AlRfouLosses(
+            self.config.aux_losses,
+            blocks=blocks,
+            norm=self.norm,
+            head=self.head,
+            d_model=self.config.d_model,
+            vocab_size=self.config.vocab_size,
+        )
 
     def init_state(self, batch_size: int) -> ModelState:
         """An empty state that turns on caching (KV cache) for incremental decoding."""
@@ -239,8 +269,13 @@ class CausalLM(ZooModel):
         return ModelState(self.stack.init_state(batch_size), 0, batch_size, self.signature)
 
     def forward(
-        self, tokens: Tensor | None = None, targets: Tensor | None = None, *,
-        embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: ModelState | None = None,
+        self,
+        tokens: Tensor | None = None,
+        targets: Tensor | None = None,
+        *,
+        embeds: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: ModelState | None = None,
     ) -> ModelOutput:
         """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one)."""
         self.refuse_without_head(targets)
@@ -275,7 +310,16 @@ class CausalLM(ZooModel):
         return ModelOutput(logits, loss, out.aux, new_state, stats, hidden)
 
     @torch.no_grad()
-    def generate(self, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None) -> Tensor:
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         """Continue ``prompt`` [b, t0] by ``max_new_tokens``; returns [b, t0 + max_new_tokens].
 
         Mechanisms with a cache/memory see one new token per step; the others recompute the
@@ -292,7 +336,9 @@ class CausalLM(ZooModel):
             self.check_decode_length(prompt.shape[1] + max_new_tokens, "prompt length + max_new_tokens")
         out = self(prompt, state=self.init_state(prompt.shape[0]) if incremental else None)
         for _ in range(max_new_tokens):
-            next_token = sample_next(out.logits[:, -1], temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
+            next_token = sample_next(
+                out.logits[:, -1], temperature=temperature, top_k=top_k, greedy=greedy, generator=generator
+            )
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
             if incremental:
                 out = self(next_token[:, None], state=out.state)
@@ -302,7 +348,14 @@ class CausalLM(ZooModel):
         return tokens
 
 
-def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """[b, V] logits -> [b] token ids (argmax, or sampling with temperature and top-k)."""
     if greedy or temperature <= 0:
         return logits.argmax(-1)
@@ -324,8 +377,13 @@ class SequenceClassifier(ZooModel):
         self.head = nn.Linear(config.d_model, config.n_classes) if config.head == "linear" else None
 
     def forward(
-        self, tokens: Tensor | None = None, targets: Tensor | None = None, *,
-        embeds: Tensor | None = None, pad_mask: Tensor | None = None, state: Any = None,
+        self,
+        tokens: Tensor | None = None,
+        targets: Tensor | None = None,
+        *,
+        embeds: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: Any = None,
     ) -> ModelOutput:
         """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one); targets [b] classes."""
         if state is not None:
@@ -376,7 +434,9 @@ class EncoderDecoder(ZooModel):
             self.src_embed = TokenEmbedding(config.src_vocab_size or config.vocab_size, d, name="src")
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
-        self.encoder = build_stack(config, causal=False, cross=False, n_layers=config.n_encoder_layers or config.n_layers)
+        self.encoder = build_stack(
+            config, causal=False, cross=False, n_layers=config.n_encoder_layers or config.n_layers
+        )
         self.encoder_norm = self.final_norm()
         self.decoder = build_stack(config, causal=True, cross=True, n_layers=config.n_layers)
         self.decoder_norm = self.final_norm()
@@ -408,9 +468,16 @@ class EncoderDecoder(ZooModel):
         return Seq2SeqState(memory, src_pad_mask, self.decoder.init_state(b), 0, b, self.signature)
 
     def forward(
-        self, src: Tensor | None = None, tgt: Tensor | None = None, targets: Tensor | None = None, *,
-        src_embeds: Tensor | None = None, tgt_embeds: Tensor | None = None,
-        src_pad_mask: Tensor | None = None, tgt_pad_mask: Tensor | None = None, state: Seq2SeqState | None = None,
+        self,
+        src: Tensor | None = None,
+        tgt: Tensor | None = None,
+        targets: Tensor | None = None,
+        *,
+        src_embeds: Tensor | None = None,
+        tgt_embeds: Tensor | None = None,
+        src_pad_mask: Tensor | None = None,
+        tgt_pad_mask: Tensor | None = None,
+        state: Seq2SeqState | None = None,
     ) -> ModelOutput:
         """Source as ids ``src`` or vectors ``src_embeds`` (not read when ``state`` holds the encoded
         source), target as ids ``tgt`` or vectors ``tgt_embeds``; each side chooses on its own."""
@@ -430,8 +497,13 @@ class EncoderDecoder(ZooModel):
         else:
             memory, memory_pad_mask, layers, offset = state.memory, state.memory_pad_mask, state.layers, state.offset
         check_pad_mask(tgt_pad_mask, y[..., 0], "tgt_pad_mask")
-        out = self.decoder(self.drop(self.position(y, offset)), pad_mask=tgt_pad_mask, state=layers, context=memory,
-                           context_pad_mask=memory_pad_mask)
+        out = self.decoder(
+            self.drop(self.position(y, offset)),
+            pad_mask=tgt_pad_mask,
+            state=layers,
+            context=memory,
+            context_pad_mask=memory_pad_mask,
+        )
         hidden = self.decoder_norm(out.x)
         logits = self.output_head(hidden)
         loss, scored = None, None
@@ -447,7 +519,15 @@ class EncoderDecoder(ZooModel):
         return ModelOutput(logits, loss, aux, new_state, stats, hidden)
 
     @torch.no_grad()
-    def generate(self, src: Tensor, *, max_len: int, src_pad_mask: Tensor | None = None, beam_size: int = 1, length_penalty: float = 0.6) -> Tensor:
+    def generate(
+        self,
+        src: Tensor,
+        *,
+        max_len: int,
+        src_pad_mask: Tensor | None = None,
+        beam_size: int = 1,
+        length_penalty: float = 0.6,
+    ) -> Tensor:
         """Decode [b, max_len'] target ids (starting after BOS, ending at EOS, padded with pad_id).
 
         beam_size 1 is greedy decoding; otherwise beam search with the GNMT length penalty
@@ -521,7 +601,9 @@ class Preset:
     example_length: int  # a sequence length the tiny version accepts
 
 
-def register_preset(name: str, description: str, *, tiny: dict[str, Any] | None = None, example_length: int = 24) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
+def register_preset(
+    name: str, description: str, *, tiny: dict[str, Any] | None = None, example_length: int = 24
+) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
     """Register a preset: a function returning the config values that differ from ModelConfig's.
 
     ``tiny`` is merged over the generic tiny size (:data:`TINY`) for tests and the demo."""

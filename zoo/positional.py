@@ -75,8 +75,10 @@ class Position(nn.Module):
 
 
 def check_random_offset_max(value: int) -> None:
-    require(isinstance(value, int) and value >= 0,
-            f"random_offset_max must be an int >= 0 (0 = positions start at 0 in training too), got {value!r}")
+    require(
+        isinstance(value, int) and value >= 0,
+        f"random_offset_max must be an int >= 0 (0 = positions start at 0 in training too), got {value!r}",
+    )
 
 
 @POSITION.register("sinusoidal")
@@ -108,8 +110,11 @@ class LearnedPosition(Position):
     def __init__(self, d_model: int, max_len: int, **options):
         super().__init__(d_model, max_len, **options)
         shift_max = self.options.random_offset_max
-        require(shift_max < max_len, f"learned positions: random_offset_max={shift_max} must be below "
-                f"max_len={max_len} (the table holds positions 0..max_len-1)")
+        require(
+            shift_max < max_len,
+            f"learned positions: random_offset_max={shift_max} must be below "
+            f"max_len={max_len} (the table holds positions 0..max_len-1)",
+        )
         self.table = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 
@@ -118,8 +123,10 @@ class LearnedPosition(Position):
         end = offset + x.shape[1] + shift_max
         if end > self.max_len:
             shifted = f" with random_offset_max={shift_max}" if shift_max else ""
-            raise ValueError(f"learned positions: sequence reaches position {end}{shifted} but the table holds "
-                             f"max_len={self.max_len}; raise max_len or use position=sinusoidal")
+            raise ValueError(
+                f"learned positions: sequence reaches position {end}{shifted} but the table holds "
+                f"max_len={self.max_len}; raise max_len or use position=sinusoidal"
+            )
         return x + F.embedding(self.positions(x, offset), self.table.weight).to(x.dtype)
 
 

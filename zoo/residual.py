@@ -63,8 +63,10 @@ class Residual(nn.Module):
         raise NotImplementedError
 
     def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
-        raise TypeError(f"residual {self.registry_name!r} is not additive (y != x + branch(x)); the reversible stack "
-                        "needs an additive residual such as pre_norm or rezero")
+        raise TypeError(
+            f"residual {self.registry_name!r} is not additive (y != x + branch(x)); the reversible stack "
+            "needs an additive residual such as pre_norm or rezero"
+        )
 
     def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
         return self.join(x, sublayer(self.sublayer_input(x)))

@@ -117,8 +117,15 @@ class ReversibleStack(Stack):
         for i, block in enumerate(self.blocks):
             check_reversible_block(block, i)
 
-    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None,
-                context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> StackOutput:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        pad_mask: Tensor | None = None,
+        state: list[Any] | None = None,
+        context: Tensor | None = None,
+        context_pad_mask: Tensor | None = None,
+    ) -> StackOutput:
         if any(s is not None for s in self.check_state(state)):
             raise ValueError("stack 'reversible' keeps no state between calls; pass state=None")
         if context is not None:
@@ -145,8 +152,16 @@ class _ReversibleFunction(torch.autograd.Function):
     """(x1, x2, parameters) -> (y1, y2, one scalar per layer and aux loss), storing only (y1, y2)."""
 
     @staticmethod
-    def forward(ctx, x1: Tensor, x2: Tensor, stack: ReversibleStack, pad_mask: Tensor | None, stats: dict,
-                aux_names: list[str], *params: Tensor):
+    def forward(
+        ctx,
+        x1: Tensor,
+        x2: Tensor,
+        stack: ReversibleStack,
+        pad_mask: Tensor | None,
+        stats: dict,
+        aux_names: list[str],
+        *params: Tensor,
+    ):
         rng: list[tuple[_RNG, _RNG]] = []
         aux_values: list[Tensor] = []
         layer_aux_counts: list[int] = []
@@ -174,7 +189,7 @@ class _ReversibleFunction(torch.autograd.Function):
         grads: list[Tensor | None] = [None] * len(index)
         # the aux gradients of each layer, in layer order
         ends = torch.tensor([0, *ctx.layer_aux_counts]).cumsum(0).tolist()
-        layer_d_aux = [d_aux[ends[i]:ends[i + 1]] for i in range(len(stack.blocks))]
+        layer_d_aux = [d_aux[ends[i] : ends[i + 1]] for i in range(len(stack.blocks))]
 
         def accumulate(params: list[Tensor], new: tuple[Tensor | None, ...]) -> None:
             for p, g in zip(params, new):

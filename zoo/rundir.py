@@ -45,7 +45,8 @@ def claim(run_dir: str | Path, *, resuming: bool) -> None:
     if found and not resuming:
         raise RunDirError(
             f"run directory {run_dir} already holds a run ({', '.join(found)}); start this one elsewhere "
-            f"(hydra.run.dir=... or a new run_dir) or continue that run with trainer.resume=auto")
+            f"(hydra.run.dir=... or a new run_dir) or continue that run with trainer.resume=auto"
+        )
 
 
 def safe_path(run_dir: str | Path, path: str | Path) -> Path:
@@ -62,7 +63,8 @@ def safe_path(run_dir: str | Path, path: str | Path) -> Path:
         if current.is_symlink():
             raise RunDirError(
                 f"refusing to write {path}: {current} is a symbolic link (to {os.readlink(current)}); "
-                f"a run writes only inside its directory {run_dir}: remove the link")
+                f"a run writes only inside its directory {run_dir}: remove the link"
+            )
     return path
 
 

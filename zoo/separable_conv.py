@@ -86,8 +86,14 @@ class SeparableConvTransition(nn.Module):
     Called like the position-wise network it replaces, plus the padding mask: ``(x, pad_mask=None)``."""
 
     def __init__(
-        self, d_model: int, d_ff: int, kernel_size: int = DEFAULT_KERNEL_SIZE, *,
-        causal: bool, activation=F.relu, dropout: float = 0.0,
+        self,
+        d_model: int,
+        d_ff: int,
+        kernel_size: int = DEFAULT_KERNEL_SIZE,
+        *,
+        causal: bool,
+        activation=F.relu,
+        dropout: float = 0.0,
     ):
         super().__init__()
         self.conv1 = SeparableConv1d(d_model, d_ff, kernel_size, causal=causal)
@@ -100,8 +106,12 @@ class SeparableConvTransition(nn.Module):
         """The separable-convolution counterpart of ``feed_forward``: same widths, activation, dropout."""
         d_model, d_ff = feed_forward.w1.in_features, feed_forward.w1.out_features
         return cls(
-            d_model, d_ff, kernel_size or DEFAULT_KERNEL_SIZE,
-            causal=causal, activation=feed_forward.activation, dropout=feed_forward.drop.p,
+            d_model,
+            d_ff,
+            kernel_size or DEFAULT_KERNEL_SIZE,
+            causal=causal,
+            activation=feed_forward.activation,
+            dropout=feed_forward.drop.p,
         )
 
     def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:

@@ -70,8 +70,10 @@ class Stack(nn.Module):
             return [None] * self.n_layers
         if not isinstance(state, (list, tuple)) or len(state) != self.n_layers:
             length = len(state) if hasattr(state, "__len__") else "?"
-            raise ValueError(f"stack {self.registry_name!r}: state must be a list with one entry per layer "
-                             f"({self.n_layers}); got {type(state).__name__} of length {length}")
+            raise ValueError(
+                f"stack {self.registry_name!r}: state must be a list with one entry per layer "
+                f"({self.n_layers}); got {type(state).__name__} of length {length}"
+            )
         return list(state)
 
 
@@ -85,8 +87,15 @@ class SequentialStack(Stack):
         states = [block.init_state(batch_size) for block in self.blocks]
         return None if all(s is None for s in states) else states
 
-    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None,
-                context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> StackOutput:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        pad_mask: Tensor | None = None,
+        state: list[Any] | None = None,
+        context: Tensor | None = None,
+        context_pad_mask: Tensor | None = None,
+    ) -> StackOutput:
         states = self.check_state(state)
         new_states, aux, stats = [], {}, {}
         for i, (block, layer_state) in enumerate(zip(self.blocks, states)):

@@ -67,11 +67,14 @@ class OptimOptions:
 
     def __post_init__(self) -> None:
         require(self.name in ("adam", "adamw"), f"optim.name must be adam or adamw, got {self.name!r}")
-        require(self.schedule in ("noam", "cosine", "constant"),
-                f"optim.schedule must be noam, cosine or constant, got {self.schedule!r}")
-        require(self.lr > 0 and self.warmup >= 0 and len(self.betas) == 2,
-                f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; "
-                f"got {self.lr}, {self.warmup}, {list(self.betas)}")
+        require(
+            self.schedule in ("noam", "cosine", "constant"),
+            f"optim.schedule must be noam, cosine or constant, got {self.schedule!r}",
+        )
+        require(
+            self.lr > 0 and self.warmup >= 0 and len(self.betas) == 2,
+            f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; got {self.lr}, {self.warmup}, {list(self.betas)}",
+        )
         require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
 
     def describe(self) -> str:
@@ -104,5 +107,11 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
 
 
 def make_optimizer(model: nn.Module, options: OptimOptions) -> torch.optim.Optimizer:
-    return adam(model, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay,
-                decoupled=options.name == "adamw")
+    return adam(
+        model,
+        lr=options.lr,
+        betas=tuple(options.betas),
+        eps=options.eps,
+        weight_decay=options.weight_decay,
+        decoupled=options.name == "adamw",
+    )

@@ -81,6 +81,7 @@ from zoo.training import (
 
 log = logging.getLogger(__name__)
 
+
 class ImmediateInterrupt(KeyboardInterrupt):
     """A second Ctrl-C / SIGTERM: stop now, possibly mid-step, so no checkpoint is written."""
 
@@ -101,6 +102,7 @@ def finite_parameters(model: nn.Module) -> bool:
 
 # -- the trainer ---------------------------------------------------------------------------------
 
+
 class Trainer:
     """Train ``model`` on ``task``, writing into ``run_dir`` (which must not hold another run
     unless ``trainer.resume`` continues it).
@@ -109,9 +111,19 @@ class Trainer:
     ``callbacks``: ``fn(trainer, step)`` called after each optimiser step (tests, custom stops).
     ``config``: the full application config, stored in checkpoints for evaluate/sample."""
 
-    def __init__(self, model: nn.Module, task: Task, *, trainer: TrainerOptions, optim: OptimOptions,
-                 run_dir: str | Path, seed: int = 0, loggers: Iterable[Any] = (),
-                 callbacks: Iterable[Callable[[Trainer, int], None]] = (), config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        *,
+        trainer: TrainerOptions,
+        optim: OptimOptions,
+        run_dir: str | Path,
+        seed: int = 0,
+        loggers: Iterable[Any] = (),
+        callbacks: Iterable[Callable[[Trainer, int], None]] = (),
+        config: dict[str, Any] | None = None,
+    ):
         self.opts, self.optim_opts, self.task = trainer, optim, task
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -139,8 +151,9 @@ class Trainer:
             self.net = torch.compile(self.net)
         self.optimizer = make_optimizer(self.model, optim)
         warmup = max(1, optim.warmup) if optim.schedule == "noam" else optim.warmup
-        self.scheduler = schedule(self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup,
-                                  total=trainer.max_steps)
+        self.scheduler = schedule(
+            self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup, total=trainer.max_steps
+        )
         self.step = 0
         self.state: Any = None
         self.best: float | None = None
@@ -153,8 +166,13 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
     def task_info(self) -> dict[str, Any]:
         task = self.task
-        return {"name": task.registry_name, "options": asdict(task.options), "batch_size": task.batch_size,
-                "seq_len": task.seq_len, "seed": task.seed}
+        return {
+            "name": task.registry_name,
+            "options": asdict(task.options),
+            "batch_size": task.batch_size,
+            "seq_len": task.seq_len,
+            "seed": task.seed,
+        }
 
     def payload(self) -> dict[str, Any]:
         """Everything resume needs, as tensors and plain types (see :mod:`zoo.checkpoint`)."""
@@ -184,8 +202,9 @@ class Trainer:
         if not (self.opts.checkpoints and self.dist.is_main):
             return None
         if not finite_parameters(self.model):
-            raise TrainingDiverged(f"the weights hold NaN/inf at step {self.step}; {name} not written. "
-                                   f"{self.sound_checkpoint_note()}")
+            raise TrainingDiverged(
+                f"the weights hold NaN/inf at step {self.step}; {name} not written. {self.sound_checkpoint_note()}"
+            )
         path = save_checkpoint(self.ckpt_dir / name, payload or self.payload(), run_dir=self.run_dir)
         self.last_checkpoint = path
         return path
@@ -197,19 +216,28 @@ class Trainer:
             raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
         diff = config_diff(ckpt.get("task", {}), self.task_info())
         if diff:
-            raise CheckpointError(f"checkpoint {path} was trained on different data (the data position would be "
-                                  "meaningless): " + "; ".join(diff[:8]))
+            raise CheckpointError(
+                f"checkpoint {path} was trained on different data (the data position would be "
+                "meaningless): " + "; ".join(diff[:8])
+            )
         if ckpt.get("world_size", 1) != self.dist.world_size:
-            raise CheckpointError(f"checkpoint {path} was written with {ckpt.get('world_size')} processes, resuming "
-                                  f"with {self.dist.world_size}: data rows would not line up")
+            raise CheckpointError(
+                f"checkpoint {path} was written with {ckpt.get('world_size')} processes, resuming "
+                f"with {self.dist.world_size}: data rows would not line up"
+            )
         saved_optim = ckpt.get("optim") or {}
         now_optim = asdict(self.optim_opts)
-        refused = [f"optim.{k}: checkpoint {saved_optim[k]!r} vs now {now_optim[k]!r}" for k in OPTIM_STATE_KEYS
-                   if k in saved_optim and list(np.atleast_1d(saved_optim[k])) != list(np.atleast_1d(now_optim[k]))]
+        refused = [
+            f"optim.{k}: checkpoint {saved_optim[k]!r} vs now {now_optim[k]!r}"
+            for k in OPTIM_STATE_KEYS
+            if k in saved_optim and list(np.atleast_1d(saved_optim[k])) != list(np.atleast_1d(now_optim[k]))
+        ]
         if refused:
-            raise CheckpointError(f"checkpoint {path} holds optimiser state made with other settings, which it would "
-                                  f"not fit: {'; '.join(refused)}; resume with the checkpoint's values, or start a "
-                                  "new run from the weights")
+            raise CheckpointError(
+                f"checkpoint {path} holds optimiser state made with other settings, which it would "
+                f"not fit: {'; '.join(refused)}; resume with the checkpoint's values, or start a "
+                "new run from the weights"
+            )
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -238,8 +266,9 @@ class Trainer:
         sched._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         for key in OPTIM_APPLIED_KEYS:
             if key in saved and saved[key] != getattr(o, key):
-                log.warning("resume: optim.%s=%r applied (the checkpoint was trained with %r)",
-                            key, getattr(o, key), saved[key])
+                log.warning(
+                    "resume: optim.%s=%r applied (the checkpoint was trained with %r)", key, getattr(o, key), saved[key]
+                )
 
     # -- one optimiser step --------------------------------------------------------------------
     def autocast(self):
@@ -284,8 +313,9 @@ class Trainer:
                     synchronize(self.device)
                     fwd_bwd_s += time.perf_counter() - fwd_bwd_start
             except TrainingDiverged as exc:
-                raise TrainingDiverged(f"{exc} at step {self.step + 1} (micro-batch {micro}); stopping. "
-                                       f"{self.sound_checkpoint_note()}") from None
+                raise TrainingDiverged(
+                    f"{exc} at step {self.step + 1} (micro-batch {micro}); stopping. {self.sound_checkpoint_note()}"
+                ) from None
             if meter is not None:
                 self.act_mib = meter.megabytes
             self.state = out.state if carry else None
@@ -299,9 +329,13 @@ class Trainer:
         synchronize(self.device)
         elapsed = time.perf_counter() - t0
         tok_s = tokens * self.dist.world_size / max(elapsed, 1e-9)
-        metrics = {"train/loss": loss_sum, "train/lr": self.scheduler.get_last_lr()[0],
-                   "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s,
-                   "train/fwd_bwd_tokens_per_s": tokens * self.dist.world_size / max(fwd_bwd_s, 1e-9)}
+        metrics = {
+            "train/loss": loss_sum,
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/grad_norm": float(grad_norm),
+            "train/tokens_per_s": tok_s,
+            "train/fwd_bwd_tokens_per_s": tokens * self.dist.world_size / max(fwd_bwd_s, 1e-9),
+        }
         metrics.update({f"train/aux/{k}": v for k, v in aux_sum.items()})
         metrics.update(scalar_stats(stats, "train/stats/"))
         return metrics
@@ -310,8 +344,16 @@ class Trainer:
     def evaluate(self, split: str | None = None, max_batches: int | None = None) -> dict[str, float]:
         split = split or self.opts.eval_split
         max_batches = self.opts.eval_batches if max_batches is None else max_batches
-        return evaluate_model(self.model, self.task, split, max_batches, device=self.device, autocast=self.autocast,
-                              rank=self.dist.rank, world_size=self.dist.world_size)
+        return evaluate_model(
+            self.model,
+            self.task,
+            split,
+            max_batches,
+            device=self.device,
+            autocast=self.autocast,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
 
     def is_better(self, value: float) -> bool:
         if self.best is None or math.isnan(self.best):
@@ -353,8 +395,14 @@ class Trainer:
         from tqdm.auto import tqdm
 
         show = opts.progress and self.dist.is_main
-        bar = tqdm(total=opts.max_steps, initial=self.step, disable=None if show else True, dynamic_ncols=True,
-                   mininterval=0.5, desc=self.model.config.name)
+        bar = tqdm(
+            total=opts.max_steps,
+            initial=self.step,
+            disable=None if show else True,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            desc=self.model.config.name,
+        )
         start, last_eval, stopped_early, status = time.perf_counter(), None, False, "finished"
         previous_handlers = self._defer_stop_signals()
         try:
@@ -455,8 +503,10 @@ class Trainer:
         bad = {k: v for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)}
         if bad:
             found = ", ".join(f"{k}={v}" for k, v in bad.items())
-            raise TrainingDiverged(f"evaluation at step {self.step} gave {found}; stopping without overwriting any "
-                                   f"checkpoint. {self.sound_checkpoint_note()}")
+            raise TrainingDiverged(
+                f"evaluation at step {self.step} gave {found}; stopping without overwriting any "
+                f"checkpoint. {self.sound_checkpoint_note()}"
+            )
         improved = self.is_better(value)
         if improved:
             self.best = value
@@ -479,10 +529,14 @@ def build_model_for_task(preset: str, task: Task, **overrides: Any) -> nn.Module
     config = preset_config(preset, **merged)
     if config.kind != task.kind:
         if task.kind != "lm":
-            raise ValueError(f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} trains a "
-                             f"{task.kind}; pick a *_{task.kind} preset")
-        raise ValueError(f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} is a "
-                         "language-modelling task; pick an LM preset")
+            raise ValueError(
+                f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} trains a "
+                f"{task.kind}; pick a *_{task.kind} preset"
+            )
+        raise ValueError(
+            f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} is a "
+            "language-modelling task; pick an LM preset"
+        )
     task.check_model(config)
     if "max_len" not in merged and config.max_len < task.seq_len:
         merged["max_len"] = task.seq_len

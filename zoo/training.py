@@ -20,8 +20,15 @@ from torch import Tensor, nn
 from zoo.models import ModelOutput
 
 
-def adam(model: nn.Module, lr: float = 1.0, *, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9,
-         weight_decay: float = 0.0, decoupled: bool = False) -> torch.optim.Optimizer:
+def adam(
+    model: nn.Module,
+    lr: float = 1.0,
+    *,
+    betas: tuple[float, float] = (0.9, 0.98),
+    eps: float = 1e-9,
+    weight_decay: float = 0.0,
+    decoupled: bool = False,
+) -> torch.optim.Optimizer:
     """The paper's Adam; with the Noam schedule ``lr`` is a multiplier (1.0 = the paper).
 
     ``weight_decay`` is Adam's L2 penalty (added to the gradient, so it passes through the moment
@@ -58,7 +65,9 @@ def cosine_lambda(warmup: int, total: int, min_ratio: float = 0.1) -> Callable[[
     return rate
 
 
-def schedule(optimizer: torch.optim.Optimizer, name: str, *, d_model: int = 512, warmup: int = 4000, total: int = 100_000) -> torch.optim.lr_scheduler.LambdaLR:
+def schedule(
+    optimizer: torch.optim.Optimizer, name: str, *, d_model: int = 512, warmup: int = 4000, total: int = 100_000
+) -> torch.optim.lr_scheduler.LambdaLR:
     """``noam`` (the paper's; use lr=1), ``cosine`` (warm-up + cosine), or ``constant``."""
     if name == "noam":
         fn = noam_lambda(d_model, warmup)
@@ -124,8 +133,14 @@ class TrainingDiverged(RuntimeError):
     """The loss (or the weights, or an evaluation) became NaN or infinite."""
 
 
-def forward_backward(model: nn.Module, batch: dict[str, Tensor], *, state: Any = None, scale: float = 1.0,
-                     context: Callable[[], Any] = contextlib.nullcontext) -> tuple[ModelOutput, Tensor]:
+def forward_backward(
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    *,
+    state: Any = None,
+    scale: float = 1.0,
+    context: Callable[[], Any] = contextlib.nullcontext,
+) -> tuple[ModelOutput, Tensor]:
     """Forward ``batch`` (keys: the model's call arguments) under ``context()`` (autocast, an
     activation meter) and backpropagate ``scale`` x the total loss (task loss + weighted aux
     losses). A NaN/inf loss raises :class:`TrainingDiverged` before any gradient is touched.
@@ -140,8 +155,9 @@ def forward_backward(model: nn.Module, batch: dict[str, Tensor], *, state: Any =
     return out, loss.detach()
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
-                   clip: float = 1.0) -> Tensor:
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None, clip: float = 1.0
+) -> Tensor:
     """Clip the gradient norm to ``clip`` (0 = no clipping), step the optimiser and the schedule,
     run the post-step hooks. Returns the gradient norm before clipping."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))
@@ -152,8 +168,15 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, *, schedu
     return grad_norm
 
 
-def train_step(model: nn.Module, batch: dict[str, Tensor], optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
-               clip: float = 1.0, state: Any = None) -> tuple[ModelOutput, Tensor]:
+def train_step(
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    scheduler: Any = None,
+    clip: float = 1.0,
+    state: Any = None,
+) -> tuple[ModelOutput, Tensor]:
     """One optimisation step on ``batch`` (keys: the model's call arguments). Returns the output
     (its ``state`` detached, ready to carry into the next step) and the total loss.
     :class:`zoo.trainer.Trainer` runs the same two halves with gradient accumulation between them."""

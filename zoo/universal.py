@@ -93,8 +93,14 @@ class UniversalStack(Stack):
         kernel_size: int | None = None  # sepconv taps over time; None = 3
 
         def __post_init__(self) -> None:
-            require(self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1), f"max_steps must be an int >= 1 (or None = n_layers), got {self.max_steps!r}")
-            require(0.0 < self.epsilon < 1.0, f"epsilon must lie in (0, 1) (halting threshold is 1 - epsilon), got {self.epsilon}")
+            require(
+                self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps >= 1),
+                f"max_steps must be an int >= 1 (or None = n_layers), got {self.max_steps!r}",
+            )
+            require(
+                0.0 < self.epsilon < 1.0,
+                f"epsilon must lie in (0, 1) (halting threshold is 1 - epsilon), got {self.epsilon}",
+            )
             require(self.ponder_weight >= 0.0, f"ponder_weight (tau) must be >= 0, got {self.ponder_weight}")
             check_transition_options(self.transition, self.kernel_size)
 
@@ -126,7 +132,9 @@ class UniversalStack(Stack):
 
     def check_state(self, state: list[Any] | None) -> list[Any]:
         if state is not None and any(s is not None for s in (state if isinstance(state, (list, tuple)) else [state])):
-            raise ValueError("stack 'universal' keeps no state: it re-applies one block T times (under ACT each position stops at its own step), so a per-layer KV cache or segment memory cannot be threaded through the repeated steps; call with state=None (models recompute the prefix when decoding)")
+            raise ValueError(
+                "stack 'universal' keeps no state: it re-applies one block T times (under ACT each position stops at its own step), so a per-layer KV cache or segment memory cannot be threaded through the repeated steps; call with state=None (models recompute the prefix when decoding)"
+            )
         return [None] * self.n_layers
 
     def signal(self, t: int, step: int, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -138,8 +146,15 @@ class UniversalStack(Stack):
             out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model, dtype=dtype)
         return out
 
-    def forward(self, x: Tensor, *, pad_mask: Tensor | None = None, state: list[Any] | None = None,
-                context: Tensor | None = None, context_pad_mask: Tensor | None = None) -> StackOutput:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        pad_mask: Tensor | None = None,
+        state: list[Any] | None = None,
+        context: Tensor | None = None,
+        context_pad_mask: Tensor | None = None,
+    ) -> StackOutput:
         self.check_state(state)
         if self.options.act:
             return self._forward_act(x, pad_mask, context, context_pad_mask)
@@ -147,16 +162,21 @@ class UniversalStack(Stack):
         stats: dict[str, Tensor] = {}
         for step in range(1, self.steps + 1):
             with self.block.at_depth(step - 1):
-                out = self.block(x + self.signal(x.shape[1], step, x.device, x.dtype), pad_mask=pad_mask,
-                                 context=context, context_pad_mask=context_pad_mask)
+                out = self.block(
+                    x + self.signal(x.shape[1], step, x.device, x.dtype),
+                    pad_mask=pad_mask,
+                    context=context,
+                    context_pad_mask=context_pad_mask,
+                )
             x = out.x
             merge_into(aux, out.aux)
             stats.update(prefixed(f"layer{step - 1}", out.stats))
         stats["universal/steps"] = torch.tensor(float(self.steps))
         return StackOutput(x, None, aux, stats)
 
-    def _forward_act(self, x: Tensor, pad_mask: Tensor | None, context: Tensor | None,
-                     context_pad_mask: Tensor | None) -> StackOutput:
+    def _forward_act(
+        self, x: Tensor, pad_mask: Tensor | None, context: Tensor | None, context_pad_mask: Tensor | None
+    ) -> StackOutput:
         b, t, _ = x.shape
         device = x.device
         threshold = 1.0 - self.options.epsilon
@@ -183,8 +203,12 @@ class UniversalStack(Stack):
 
             s_in = pick(state)
             with self.block.at_depth(step - 1):
-                out = self.block(s_in + self.signal(t, step, device, x.dtype), pad_mask=pick(pad_mask),
-                                 context=pick(context), context_pad_mask=pick(context_pad_mask))
+                out = self.block(
+                    s_in + self.signal(t, step, device, x.dtype),
+                    pad_mask=pick(pad_mask),
+                    context=pick(context),
+                    context_pad_mask=pick(context_pad_mask),
+                )
             merge_into(aux, out.aux)
             stats.update(prefixed(f"layer{step - 1}", out.stats))
             new = out.x  # [r, t, d]
@@ -206,7 +230,14 @@ class UniversalStack(Stack):
             new_steps = pick(steps) + running.float()
             new_halted = pick(halted) | stop
             if full:
-                state, output, cumulative, remainder, steps, halted = kept, output + contribution, new_cum, new_rem, new_steps, new_halted
+                state, output, cumulative, remainder, steps, halted = (
+                    kept,
+                    output + contribution,
+                    new_cum,
+                    new_rem,
+                    new_steps,
+                    new_halted,
+                )
             else:
                 state = state.index_copy(0, rows, kept)
                 output = output.index_add(0, rows, contribution)
@@ -228,14 +259,16 @@ class UniversalStack(Stack):
         ponder = ((steps + remainder) * real.float()).sum() / n_real
         merge_into(aux, {"ponder": self.options.ponder_weight * ponder})
         real_steps = steps[real] if bool(real.any()) else steps.new_zeros(1)
-        stats.update({
-            "act/steps_mean": real_steps.mean().detach(),
-            "act/steps_max": real_steps.max().detach(),
-            "act/steps": steps.detach(),  # [b, t] per-position N (0 = padding)
-            "act/ponder": ponder.detach(),
-            "act/steps_executed": executed.mean().detach(),  # block applications per row, really run
-            "act/compute_fraction": (executed.sum() / (b * self.steps)).detach(),
-        })
+        stats.update(
+            {
+                "act/steps_mean": real_steps.mean().detach(),
+                "act/steps_max": real_steps.max().detach(),
+                "act/steps": steps.detach(),  # [b, t] per-position N (0 = padding)
+                "act/ponder": ponder.detach(),
+                "act/steps_executed": executed.mean().detach(),  # block applications per row, really run
+                "act/compute_fraction": (executed.sum() / (b * self.steps)).detach(),
+            }
+        )
         if trace is not None:
             trace.steps, trace.remainder = steps.detach(), remainder.detach()
             self.last_trace = trace

@@ -27,12 +27,20 @@ def hydra_context(conf_dir: str | Path = CONF_DIR) -> Iterator[None]:
     GlobalHydra.instance().clear()
 
 
-def compose(overrides: list[str] = (), *, config_name: str = "config", conf_dir: str | Path = CONF_DIR, return_hydra_config: bool = False) -> DictConfig:
+def compose(
+    overrides: list[str] = (),
+    *,
+    config_name: str = "config",
+    conf_dir: str | Path = CONF_DIR,
+    return_hydra_config: bool = False,
+) -> DictConfig:
     """The composed config for ``overrides`` (``["model=vanilla_lm", "trainer.max_steps=5"]``)."""
     from hydra import compose as hydra_compose
 
     with hydra_context(conf_dir):
-        return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+        return hydra_compose(
+            config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config
+        )
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -72,8 +80,10 @@ def explain_unknown_key(exc: BaseException, overrides: list[str], conf_dir: str 
         if parent and "." not in parent and group_dir.is_dir() and OmegaConf.select(cfg, parent) is None:
             choices = sorted(p.stem for p in group_dir.glob("*.yaml"))
             example = choices[0] if choices else "<name>"
-            return (f"cannot set {full_key!r}: '{parent}' is null; pick one first, "
-                    f"e.g. {parent}={example} {full_key}=...; choices: {', '.join(choices)}")
+            return (
+                f"cannot set {full_key!r}: '{parent}' is null; pick one first, "
+                f"e.g. {parent}={example} {full_key}=...; choices: {', '.join(choices)}"
+            )
         return None
     where = f"'{parent}'" if parent else "the top level"
     return f"unknown config key {full_key!r}: {where} has no key {key!r}; valid: {', '.join(keys)}.{did_you_mean(key, keys)}"
@@ -95,13 +105,17 @@ def unset_part_message(full_key: str, axis: str, key: str, cfg: DictConfig) -> s
     choices = ", ".join(registry.list())
     if not having:
         options = sorted({f.name for n in registry.list() for f in dataclasses.fields(registry.get(n).Options)})
-        return (f"cannot set {full_key!r}: no {axis} has an option {key!r}; options: {', '.join(options) or '(none)'}."
-                f"{did_you_mean(key, options)} Pick the part with {axis}=<name> ({choices}), then {axis}.<option>=...")
+        return (
+            f"cannot set {full_key!r}: no {axis} has an option {key!r}; options: {', '.join(options) or '(none)'}."
+            f"{did_you_mean(key, options)} Pick the part with {axis}=<name> ({choices}), then {axis}.<option>=..."
+        )
     example = own if own in having else having[0]
     own_group = full_key.startswith(axis)
     where = f"'{axis}' is null (the preset's own choice)" if own_group else f"'{axis}' is a config group of its own"
-    return (f"cannot set {full_key!r}: {where}; pick the part first: {axis}={example} {axis}.{key}=... "
-            f"({key!r} is an option of: {', '.join(having)}; {axis} choices: {choices})")
+    return (
+        f"cannot set {full_key!r}: {where}; pick the part first: {axis}={example} {axis}.{key}=... "
+        f"({key!r} is an option of: {', '.join(having)}; {axis} choices: {choices})"
+    )
 
 
 def first_choice_overrides(overrides: list[str]) -> list[str]:
@@ -118,7 +132,9 @@ def first_choice_overrides(overrides: list[str]) -> list[str]:
         if isinstance(value, ChoiceSweep) and value.list:
             first = value.list[0]
             prefix = {"ADD": "+", "FORCE_ADD": "++"}.get(parsed.type.name, "")
-            out.append(f"{prefix}{parsed.get_key_element()}={first if isinstance(first, str) else OmegaConf.to_yaml(first).strip()}")
+            out.append(
+                f"{prefix}{parsed.get_key_element()}={first if isinstance(first, str) else OmegaConf.to_yaml(first).strip()}"
+            )
     return out
 
 

@@ -77,7 +77,13 @@ def make_task(cfg: dict[str, Any]) -> Task:
     data = dict(cfg["data"])
     name = data.pop("name")
     trainer = cfg["trainer"]
-    return create_task(name, batch_size=trainer["batch_size"], seq_len=trainer["seq_len"], seed=cfg.get("seed", 0), **to_options(TASK.get(name).Options, data))
+    return create_task(
+        name,
+        batch_size=trainer["batch_size"],
+        seq_len=trainer["seq_len"],
+        seed=cfg.get("seed", 0),
+        **to_options(TASK.get(name).Options, data),
+    )
 
 
 def trainer_options(cfg: dict[str, Any]) -> TrainerOptions:
@@ -100,6 +106,7 @@ def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
 
 
 # -- loggers and the run directory -------------------------------------------------------------
+
 
 def hydra_context() -> tuple[Path, str, str]:
     """(run directory, run name from the overrides, sweep group) from Hydra, when running under it."""
@@ -140,18 +147,32 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
     if from_env().is_main:  # before any logger touches the directory (the trainer checks again)
         claim(run_dir, resuming=bool(trainer_opts.resume))
     loggers = make_loggers(resolved, run_dir, name, group)
-    trainer = Trainer(model, task, trainer=trainer_opts, optim=optim_options(resolved), run_dir=run_dir,
-                      seed=int(resolved.get("seed", 0)), loggers=loggers, callbacks=callbacks, config=resolved)
+    trainer = Trainer(
+        model,
+        task,
+        trainer=trainer_opts,
+        optim=optim_options(resolved),
+        run_dir=run_dir,
+        seed=int(resolved.get("seed", 0)),
+        loggers=loggers,
+        callbacks=callbacks,
+        config=resolved,
+    )
     if trainer.dist.is_main:
-        info = {"run": name, "config": resolved, "model_config": model.config.to_dict(),
-                "params": sum(p.numel() for p in model.parameters())}
+        info = {
+            "run": name,
+            "config": resolved,
+            "model_config": model.config.to_dict(),
+            "params": sum(p.numel() for p in model.parameters()),
+        }
         write_text(run_dir, run_dir / "config.json", json.dumps(info, indent=2, default=str))
     summary = trainer.fit()
     return float(summary["final_metric"])
 
 
-def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None,
-             batch_size: int | None = None) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
+def load_run(
+    checkpoint: str | Path, *, data: dict[str, Any] | None = None, batch_size: int | None = None
+) -> tuple[dict[str, Any], Task, Any, dict[str, Any]]:
     """(app config, task, model with the checkpoint's weights, checkpoint) for evaluate/sample.
 
     ``data`` overrides data options (e.g. ``{"path": ...}`` when the file moved)."""
@@ -161,8 +182,13 @@ def load_run(checkpoint: str | Path, *, data: dict[str, Any] | None = None,
     cfg = ckpt.get("config") or {}
     task_info = ckpt["task"]
     options = {**task_info["options"], **(data or {})}
-    task = create_task(task_info["name"], batch_size=batch_size or task_info["batch_size"],
-                       seq_len=task_info["seq_len"], seed=task_info["seed"], **options)
+    task = create_task(
+        task_info["name"],
+        batch_size=batch_size or task_info["batch_size"],
+        seq_len=task_info["seq_len"],
+        seed=task_info["seed"],
+        **options,
+    )
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt

@@ -39,7 +39,10 @@ SIMPLE = (int, float, bool, str)
 # the part axes that are config groups of their own: attention=lsh, residual=gru_gate, ... (the
 # decoder's cross_attention stays a model key: model.cross_attention={name: ..., ...})
 PART_GROUPS: dict[str, Registry[Any]] = {
-    "attention": ATTENTION, "residual": RESIDUAL, "stack": STACK, "position": POSITION,
+    "attention": ATTENTION,
+    "residual": RESIDUAL,
+    "stack": STACK,
+    "position": POSITION,
 }
 
 
@@ -135,7 +138,9 @@ def named_schema(kind: str, name: str, options_cls: type, *, unset: bool = False
     fields = [("name", str, field(default=name))]
     for fname, tp, default in options_fields(options_cls):
         if fname == "name":
-            raise ValueError(f"{kind} {name!r}: an Options field may not be called 'name' (the config key that picks the part)")
+            raise ValueError(
+                f"{kind} {name!r}: an Options field may not be called 'name' (the config key that picks the part)"
+            )
         fields.append((fname, optional(tp), field(default=None)) if unset else (fname, tp, _as_field(default)))
     return make_dataclass(f"{kind.capitalize()}Schema_{name}", fields)
 
@@ -145,7 +150,10 @@ def model_schema() -> type:
     blocks shrunk to fit short sequences) + every ModelConfig field as optional: null keeps the
     preset's (or the tiny variant's) value."""
     hints = field_types(ModelConfig)
-    fields: list[tuple[str, Any, Any]] = [("preset", str, field(default=REQUIRED)), ("tiny", bool, field(default=False))]
+    fields: list[tuple[str, Any, Any]] = [
+        ("preset", str, field(default=REQUIRED)),
+        ("tiny", bool, field(default=False)),
+    ]
     for f in dataclasses.fields(ModelConfig):
         if f.name == "name":
             continue
@@ -176,7 +184,10 @@ class LoggerOptions:
         from zoo.config import require
 
         require(self.name in ("wandb", "csv", "none"), f"logger.name must be wandb, csv or none, got {self.name!r}")
-        require(self.mode in ("offline", "online", "disabled"), f"logger.mode must be offline, online or disabled, got {self.mode!r}")
+        require(
+            self.mode in ("offline", "online", "disabled"),
+            f"logger.mode must be offline, online or disabled, got {self.mode!r}",
+        )
 
 
 @dataclass
@@ -222,7 +233,11 @@ def to_options(options_cls: type, values: dict[str, Any]) -> dict[str, Any]:
     out = dict(values)
     for f in dataclasses.fields(options_cls):
         if f.name in out and isinstance(out[f.name], list):
-            default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else None)  # type: ignore[misc]
+            default = (
+                f.default
+                if f.default is not MISSING
+                else (f.default_factory() if f.default_factory is not MISSING else None)
+            )  # type: ignore[misc]
             if isinstance(default, tuple):
                 out[f.name] = tuple(out[f.name])
     return out

@@ -31,8 +31,23 @@ except ImportError:  # pragma: no cover
 # forward + backward over its seconds, median after the first step; act_mib = MiB saved for backward
 # in one step (ActivationMeter); gpu_peak_mib = CUDA max allocated (blank on CPU). Process RSS is
 # shared by every run of an in-process sweep, so it cannot compare runs and is not a column.
-COLUMNS = ["run", "model", "attention", "data", "seed", "status", "metric_name", "final_metric", "best_metric", "steps",
-           "tokens_per_s", "act_mib", "gpu_peak_mib", "params", "wall_s"]
+COLUMNS = [
+    "run",
+    "model",
+    "attention",
+    "data",
+    "seed",
+    "status",
+    "metric_name",
+    "final_metric",
+    "best_metric",
+    "steps",
+    "tokens_per_s",
+    "act_mib",
+    "gpu_peak_mib",
+    "params",
+    "wall_s",
+]
 LEGACY_KEYS = {"act_mib": "activations_mb", "gpu_peak_mib": "peak_mb"}  # result.json written before the rename
 
 
@@ -79,7 +94,11 @@ def gather(sweep_dir: str | Path, multirun_id: str | None = None) -> list[dict[s
             continue
         result = json.loads(result_path.read_text())
         config_path = result_path.with_name("config.json")
-        run = json.loads(config_path.read_text()).get("run", result_path.parent.name) if config_path.is_file() else result_path.parent.name
+        run = (
+            json.loads(config_path.read_text()).get("run", result_path.parent.name)
+            if config_path.is_file()
+            else result_path.parent.name
+        )
         row = {key: result.get(key, result.get(LEGACY_KEYS.get(key, key))) for key in COLUMNS}
         row.update(run=run, dir=str(result_path.parent))
         row["overrides"] = job_overrides(result_path.parent)
@@ -168,8 +187,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
     if not ok:
         return None
     metric = ok[0].get("metric_name") or "metric"
-    panels = [("final_metric", metric), ("tokens_per_s", "tokens / s (forward + backward)"),
-              ("act_mib", "activation MiB (saved for backward, one step)"), ("params", "parameters")]
+    panels = [
+        ("final_metric", metric),
+        ("tokens_per_s", "tokens / s (forward + backward)"),
+        ("act_mib", "activation MiB (saved for backward, one step)"),
+        ("params", "parameters"),
+    ]
     labels = [str(r["run"]) for r in ok]
     fig, axes = plt.subplots(1, 4, figsize=(18, 0.45 * len(ok) + 1.8), sharey=True)
     for ax, (key, title) in zip(axes, panels):
@@ -209,8 +232,10 @@ def write_summary(sweep_dir: str | Path, multirun_id: str | None = None) -> dict
     varied = varied_keys(rows)
     listed = ", ".join(f"`{k}`" for k in varied) or "nothing (one configuration)"
     paths["png"].unlink(missing_ok=True)
-    paths["md"].write_text(f"# Sweep summary: {sweep_dir}\n\nTask: {', '.join(data)}; varied: {listed}; best first.\n\n"
-                           f"{markdown_table(rows, varied)}\n")
+    paths["md"].write_text(
+        f"# Sweep summary: {sweep_dir}\n\nTask: {', '.join(data)}; varied: {listed}; best first.\n\n"
+        f"{markdown_table(rows, varied)}\n"
+    )
     if plot(rows, paths["png"]) is None:
         paths.pop("png")
     return paths
@@ -245,4 +270,8 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         paths = write_summary(config.hydra.sweep.dir, getattr(self, "multirun_id", None))
         if paths:
-            print(f"\n{paths['md'].read_text()}\nsummary: {paths['csv']}" + (f"\nplot: {paths['png']}" if "png" in paths else ""), flush=True)
+            print(
+                f"\n{paths['md'].read_text()}\nsummary: {paths['csv']}"
+                + (f"\nplot: {paths['png']}" if "png" in paths else ""),
+                flush=True,
+            )

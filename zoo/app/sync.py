@@ -56,11 +56,14 @@ def part_yaml(axis: str, name: str) -> str:
         f"# Picking it ({axis}={name}) swaps the {axis} of any preset; {axis}.<option>=... sets an option.",
         f"# null = unset: the preset's value when the preset uses {name!r}, else the default shown. A value",
         "# you set is the value the model gets, even one equal to the default.",
-        "defaults:", f"  - /schema/{axis}/{name}@_here_", "  - _self_", "",
+        "defaults:",
+        f"  - /schema/{axis}/{name}@_here_",
+        "  - _self_",
+        "",
     ]
     body = f"name: {name}\n"
     for option, _, default in options_fields(cls.Options):
-        shown = "(required)" if default is MISSING else _yaml_body({"_": default})[len("_: "):].strip()
+        shown = "(required)" if default is MISSING else _yaml_body({"_": default})[len("_: ") :].strip()
         body += f"{option}: null  # default {shown}\n"
     return "\n".join(lines) + "\n" + body
 
@@ -98,8 +101,9 @@ def plan(conf_dir: str | Path) -> tuple[dict[Path, str], list[Path], list[str]]:
                 if path.read_text().startswith(GENERATED):
                     removes.append(path)
                 else:
-                    problems.append(f"{path}: no {axis} {path.stem!r} is registered "
-                                    "(hand-written file; remove or rename it)")
+                    problems.append(
+                        f"{path}: no {axis} {path.stem!r} is registered (hand-written file; remove or rename it)"
+                    )
     for preset in MODEL.list():
         path = model_dir / f"{preset}.yaml"
         if not path.is_file():

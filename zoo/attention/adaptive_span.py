@@ -102,7 +102,11 @@ def soft_mask(distance: Tensor, span: Tensor, ramp: float) -> Tensor:
     at x = z, so at an integer span every key at distance exactly z would push z although raising
     z does not change m(z); and at x = z + R the log-space kernel cannot pass one (log 0)."""
     ramp_value = (ramp + span - distance) / ramp
-    mask = torch.where(distance - span <= 0, torch.ones_like(ramp_value), torch.where(ramp_value <= 0, torch.zeros_like(ramp_value), ramp_value))
+    mask = torch.where(
+        distance - span <= 0,
+        torch.ones_like(ramp_value),
+        torch.where(ramp_value <= 0, torch.zeros_like(ramp_value), ramp_value),
+    )
     return torch.where(distance >= 0, mask, torch.zeros_like(mask))
 
 
@@ -118,7 +122,18 @@ def auto_block_size(t: int, reach: int) -> int:
     return min(t, max(64, min(256, reach // 4)))
 
 
-def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ramp: int, reach: int, key_valid: Tensor | None = None, block_size: int = 0, dropout: float = 0.0) -> Tensor:
+def blocked_span_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    spans: Tensor,
+    ramp: int,
+    reach: int,
+    key_valid: Tensor | None = None,
+    block_size: int = 0,
+    dropout: float = 0.0,
+) -> Tensor:
     """Causal soft-masked attention of t queries over the keys 1 ... ``reach`` positions before each.
 
     q: [b, h, t, k]; k, v: [b, h, s, k] with s = m + t (the last t keys belong to the queries);
@@ -135,9 +150,9 @@ def blocked_span_attention(q: Tensor, k: Tensor, v: Tensor, *, spans: Tensor, ra
     n = -(-t // a)
     right = n * a - t  # query padding up to whole blocks
     left = reach - min(m, reach)  # key padding so that block 0 also has `reach` keys before it
-    k, v = k[:, :, s - t - min(m, reach):], v[:, :, s - t - min(m, reach):]  # drop keys no query reaches
+    k, v = k[:, :, s - t - min(m, reach) :], v[:, :, s - t - min(m, reach) :]  # drop keys no query reaches
     if key_valid is not None:
-        key_valid = key_valid[:, s - t - min(m, reach):]
+        key_valid = key_valid[:, s - t - min(m, reach) :]
     width = a + reach
 
     def blocks(keys: Tensor) -> Tensor:  # [b, h, left + kept + right, k] -> [b, h, n, a + reach, k]
@@ -214,10 +229,16 @@ class AdaptiveSpanAttention(Attention):
         bias: bool = True  # bias in the q/k/v/output projections
 
         def __post_init__(self) -> None:
-            require(isinstance(self.max_span, int) and self.max_span >= 1, f"max_span must be a positive int, got {self.max_span!r}")
+            require(
+                isinstance(self.max_span, int) and self.max_span >= 1,
+                f"max_span must be a positive int, got {self.max_span!r}",
+            )
             require(isinstance(self.ramp, int) and self.ramp >= 1, f"ramp must be a positive int, got {self.ramp!r}")
             require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
-            require(0.0 <= self.span_init <= self.max_span, f"span_init must lie in [0, max_span={self.max_span}], got {self.span_init}")
+            require(
+                0.0 <= self.span_init <= self.max_span,
+                f"span_init must lie in [0, max_span={self.max_span}], got {self.span_init}",
+            )
             require(self.l1 >= 0.0, f"l1 must be >= 0, got {self.l1}")
             require(self.block_size >= 0, f"block_size must be >= 0 (0 = auto), got {self.block_size}")
             require(self.cache_size >= 0, f"cache_size must be >= 0 (0 = max_span), got {self.cache_size}")
@@ -277,16 +298,27 @@ class AdaptiveSpanAttention(Attention):
         return SpanCache()
 
     # -- forward -------------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None,
-                state: SpanCache | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: SpanCache | None = None,
+        layer_input: LayerInput | None = None,
+    ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         o = self.options
         b, t, _ = x.shape
         if state is not None:
             if not isinstance(state, SpanCache):
-                raise ValueError(f"adaptive_span: state must be a SpanCache (from init_state or a previous call), got {type(state).__name__}")
+                raise ValueError(
+                    f"adaptive_span: state must be a SpanCache (from init_state or a previous call), got {type(state).__name__}"
+                )
             if state.x is not None and (state.x.shape[0] != b or state.x.shape[2] != self.d_model):
-                raise ValueError(f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is [b={b}, t, d={self.d_model}]")
+                raise ValueError(
+                    f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is [b={b}, t, d={self.d_model}]"
+                )
         fractions = self.span_fractions(x)
         spans = fractions * o.max_span
         real = pad_mask
@@ -299,9 +331,9 @@ class AdaptiveSpanAttention(Attention):
         # keys: the cropped cache (only the last `reach` inputs can be seen) + this segment
         past = state.x if state is not None and state.x is not None else None
         kept = 0 if past is None else min(past.shape[1], reach)
-        inputs = x if kept == 0 else torch.cat([remembered(past[:, past.shape[1] - kept:], layer_input), x], dim=1)
+        inputs = x if kept == 0 else torch.cat([remembered(past[:, past.shape[1] - kept :], layer_input), x], dim=1)
         cached_pad = state.pad_mask if state is not None else None
-        kept_pad = None if cached_pad is None else cached_pad[:, cached_pad.shape[1] - kept:]
+        kept_pad = None if cached_pad is None else cached_pad[:, cached_pad.shape[1] - kept :]
         key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
@@ -309,7 +341,17 @@ class AdaptiveSpanAttention(Attention):
 
         def attend(q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None) -> Tensor:
             spans = fractions * o.max_span
-            return blocked_span_attention(q, k, v, spans=spans, ramp=o.ramp, reach=reach, key_valid=key_valid, block_size=o.block_size, dropout=dropout)
+            return blocked_span_attention(
+                q,
+                k,
+                v,
+                spans=spans,
+                ramp=o.ramp,
+                reach=reach,
+                key_valid=key_valid,
+                block_size=o.block_size,
+                dropout=dropout,
+            )
 
         # the band's weights (and its blocked key copies) are recomputed in backward, not kept
         out = recompute_in_backward(attend, q, k, v, fractions, key_valid, stochastic=dropout > 0)
@@ -327,12 +369,23 @@ class AdaptiveSpanAttention(Attention):
                 penalty = spans.mean()
             aux["span_l1"] = o.l1 * penalty  # (lambda / M) sum_h z_h for this layer
         with torch.no_grad():
-            per_head = spans if spans.dim() == 1 else spans_real.sum((0, 2)) / (pad_mask.sum() if pad_mask is not None else b * t)
-            stats = {"span": per_head.detach().clone(), "span_mean": per_head.mean(), "span_max": spans_real.max().detach(), "span_reach": torch.tensor(float(reach))}
+            per_head = (
+                spans
+                if spans.dim() == 1
+                else spans_real.sum((0, 2)) / (pad_mask.sum() if pad_mask is not None else b * t)
+            )
+            stats = {
+                "span": per_head.detach().clone(),
+                "span_mean": per_head.mean(),
+                "span_max": spans_real.max().detach(),
+                "span_reach": torch.tensor(float(reach)),
+            }
         cache = None if state is None else self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask)
         return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
-    def _next_cache(self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None) -> SpanCache:
+    def _next_cache(
+        self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None
+    ) -> SpanCache:
         """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""
         keep = self.options.cache_size
         xs = x.detach() if past is None else torch.cat([past, x.detach()], dim=1)

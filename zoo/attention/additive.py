@@ -59,7 +59,9 @@ class AdditiveAttention(Attention):
         key_part = torch.einsum("bhsk,hkl->bhsl", k, self.w_h)[:, :, None]  # [b, h, 1, s, k]
         return torch.einsum("bhtsl,hl->bhts", torch.tanh(query_part + key_part), self.v_a)
 
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+    ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         source = x if context is None else context
         q = self.split_heads(self.to_q(x))

@@ -96,7 +96,16 @@ class Attention(nn.Module):
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
 
-    def __init__(self, d_model: int, n_heads: int, *, causal: bool = False, dropout: float = 0.0, layer_index: int = 0, **options: Any):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        causal: bool = False,
+        dropout: float = 0.0,
+        layer_index: int = 0,
+        **options: Any,
+    ):
         super().__init__()
         name = self.registry_name or type(self).__name__
         arguments = (("causal", causal, bool), ("dropout", dropout, float), ("layer_index", layer_index, int))
@@ -160,7 +169,9 @@ class Attention(nn.Module):
             )
         if context is not None:
             if not self.supports_cross:
-                raise ValueError(f"{name} does not support cross-attention (context=...); mechanisms that do: see zoo.list_attention() with supports_cross")
+                raise ValueError(
+                    f"{name} does not support cross-attention (context=...); mechanisms that do: see zoo.list_attention() with supports_cross"
+                )
             fits = isinstance(context, Tensor) and context.dim() == 3 and context.shape[0] == x.shape[0]
             fits = fits and context.shape[1] > 0 and context.shape[-1] == self.d_model
             if not (fits and (autocast or context.dtype == x.dtype)):
@@ -171,9 +182,13 @@ class Attention(nn.Module):
         if pad_mask is not None:
             keys = context if context is not None else x
             if not (isinstance(pad_mask, Tensor) and pad_mask.dtype == torch.bool):
-                raise ValueError(f"{name}: pad_mask must be a bool tensor (True = real token); got {_describe(pad_mask)}")
+                raise ValueError(
+                    f"{name}: pad_mask must be a bool tensor (True = real token); got {_describe(pad_mask)}"
+                )
             if tuple(pad_mask.shape) != tuple(keys.shape[:2]):
-                raise ValueError(f"{name}: pad_mask must be [b, {'c' if context is not None else 't'}] = {tuple(keys.shape[:2])}; got {tuple(pad_mask.shape)}")
+                raise ValueError(
+                    f"{name}: pad_mask must be [b, {'c' if context is not None else 't'}] = {tuple(keys.shape[:2])}; got {tuple(pad_mask.shape)}"
+                )
         if state is not None and not self.supports_memory:
             raise ValueError(f"{name} keeps no state (supports_memory=False) but was given one")
 
@@ -238,7 +253,9 @@ def causal_allowed(t: int, s: int, device: torch.device | None = None) -> Tensor
     return torch.arange(s, device=device)[None, :] <= q
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None) -> Tensor:
+def reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None
+) -> Tensor:
     """Naive softmax(q k^T * scale) v with a boolean ``allowed`` mask ([..., t, s]).
 
     The plain reference maths the efficient mechanisms are tested against; never used by them.

@@ -40,7 +40,9 @@ class PatternAttention(Attention):
         super().__init__(d_model, n_heads, **kwargs)
         self.add_projections(bias=self.options.bias)
 
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+    ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
@@ -91,7 +93,9 @@ def windows(x: Tensor, block: int, before: int, after: int, dim: int, length: in
     return out.movedim(-1, dim + 1)
 
 
-def attend_groups(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, is_causal: bool = False, dropout: float = 0.0) -> Tensor:
+def attend_groups(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, is_causal: bool = False, dropout: float = 0.0
+) -> Tensor:
     """Fused attention of every query group to its own key set.
 
     q [b, h, g, l, k]; k, v [b, h, g, w, k], or [b, h, 1, w, k] for one key set shared by all
@@ -111,7 +115,9 @@ def attend_groups(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *
         mask = guard_empty_rows(mask)
         if mask.shape[0] > 1:  # depends on the batch row (padding): one copy per head
             mask = rearrange(mask[:, None].expand(-1, h, -1, -1, -1), "b h g l w -> (b h) g l w")
-    out = F.scaled_dot_product_attention(*flat, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=shared)
+    out = F.scaled_dot_product_attention(
+        *flat, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=shared
+    )
     out = rearrange(out, "(b h) g l k -> b h g l k", b=b)
     if has_key is not None:
         out = out * has_key[:, None].to(out.dtype)
@@ -151,7 +157,9 @@ def banded_attention(
     return rearrange(out, "b h n s k -> b h (n s) k")
 
 
-def joint_softmax(scores: list[Tensor], masks: list[Tensor], *, dropout: float = 0.0, training: bool = False) -> list[Tensor]:
+def joint_softmax(
+    scores: list[Tensor], masks: list[Tensor], *, dropout: float = 0.0, training: bool = False
+) -> list[Tensor]:
     """One softmax over the concatenated last axes of several score tensors.
 
     scores[i] [..., l, w_i] (same leading shape); masks[i] bool broadcastable to it (True = may

@@ -42,7 +42,14 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.blocked import PatternAttention, attend_groups, banded_attention, key_validity, pad_time, padded_length
+from zoo.attention.blocked import (
+    PatternAttention,
+    attend_groups,
+    banded_attention,
+    key_validity,
+    pad_time,
+    padded_length,
+)
 from zoo.config import require
 from zoo.registry import ATTENTION
 
@@ -59,7 +66,9 @@ class Local1DAttention(PatternAttention):
 
         def __post_init__(self) -> None:
             require(isinstance(self.block, int) and self.block >= 1, f"block must be an int >= 1, got {self.block!r}")
-            require(isinstance(self.memory, int) and self.memory >= 0, f"memory must be an int >= 0, got {self.memory!r}")
+            require(
+                isinstance(self.memory, int) and self.memory >= 0, f"memory must be an int >= 0, got {self.memory!r}"
+            )
 
     @classmethod
     def contract_options(cls) -> dict:
@@ -77,7 +86,17 @@ class Local1DAttention(PatternAttention):
             inside = d >= -memory
             return inside & (d <= qi) if causal else inside
 
-        out = banded_attention(q, k, v, valid, block=block, before=math.ceil(memory / block), after=0, allowed=allowed, dropout=self.attn_dropout)
+        out = banded_attention(
+            q,
+            k,
+            v,
+            valid,
+            block=block,
+            before=math.ceil(memory / block),
+            after=0,
+            allowed=allowed,
+            dropout=self.attn_dropout,
+        )
         return out[:, :, :t]
 
 
@@ -93,7 +112,11 @@ def note_not_an_image(t: int, height: int, width: int) -> None:
         "local_2d expects images of height x width = %d x %d = %d positions in raster order (an RGB image as a "
         "raster of width 3 x its width); a sequence of %d positions is read as the first %d rows of one. Set "
         "attention.height=0 and attention.width=... for sequences that are not images.",
-        height, width, height * width, t, -(-t // width),
+        height,
+        width,
+        height * width,
+        t,
+        -(-t // width),
     )
 
 
@@ -111,9 +134,15 @@ class Local2DAttention(PatternAttention):
 
         def __post_init__(self) -> None:
             for key in ("width", "query_height", "query_width"):
-                require(isinstance(getattr(self, key), int) and getattr(self, key) >= 1, f"{key} must be an int >= 1, got {getattr(self, key)!r}")
+                require(
+                    isinstance(getattr(self, key), int) and getattr(self, key) >= 1,
+                    f"{key} must be an int >= 1, got {getattr(self, key)!r}",
+                )
             for key in ("height", "flange_height", "flange_width"):
-                require(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, f"{key} must be an int >= 0, got {getattr(self, key)!r}")
+                require(
+                    isinstance(getattr(self, key), int) and getattr(self, key) >= 0,
+                    f"{key} must be an int >= 0, got {getattr(self, key)!r}",
+                )
 
     @classmethod
     def contract_options(cls) -> dict:
@@ -128,9 +157,15 @@ class Local2DAttention(PatternAttention):
         if height:
             size = height * width
             if self.causal:
-                require(1 <= t <= size, f"local_2d: sequence length {t} does not fit the image height x width = {height} x {width} = {size} (a causal layer accepts up to {size} positions, a raster prefix)")
+                require(
+                    1 <= t <= size,
+                    f"local_2d: sequence length {t} does not fit the image height x width = {height} x {width} = {size} (a causal layer accepts up to {size} positions, a raster prefix)",
+                )
             else:
-                require(t == size, f"local_2d: sequence length {t} is not height x width = {height} x {width} = {size}; a bidirectional 2D layer needs the whole image")
+                require(
+                    t == size,
+                    f"local_2d: sequence length {t} is not height x width = {height} x {width} = {size}; a bidirectional 2D layer needs the whole image",
+                )
             if t != size:
                 note_not_an_image(t, height, width)
         return -(-t // width)

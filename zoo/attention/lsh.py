@@ -79,7 +79,9 @@ MASKED_SCORE = -1e9  # finite, so a query that may see nothing (padding) gets no
 class SharedQKProjections(Attention):
     """The parameters shared by ``lsh`` and ``shared_qk`` (same names, so weights transfer)."""
 
-    no_cross_reason = "shared-QK attention derives its keys from the queries (k = q / |q|), so keys cannot come from another sequence"
+    no_cross_reason = (
+        "shared-QK attention derives its keys from the queries (k = q / |q|), so keys cannot come from another sequence"
+    )
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -114,15 +116,26 @@ class LSHAttention(SharedQKProjections):
         bias: bool = True  # bias in the projections
 
         def __post_init__(self) -> None:
-            require(isinstance(self.n_hashes, int) and self.n_hashes >= 1, f"n_hashes must be an int >= 1, got {self.n_hashes!r}")
-            require(isinstance(self.chunk_size, int) and self.chunk_size >= 1, f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
             require(
-                isinstance(self.n_buckets, int) and self.n_buckets >= 0 and self.n_buckets != 1 and self.n_buckets % 2 == 0,
+                isinstance(self.n_hashes, int) and self.n_hashes >= 1,
+                f"n_hashes must be an int >= 1, got {self.n_hashes!r}",
+            )
+            require(
+                isinstance(self.chunk_size, int) and self.chunk_size >= 1,
+                f"chunk_size must be an int >= 1, got {self.chunk_size!r}",
+            )
+            require(
+                isinstance(self.n_buckets, int)
+                and self.n_buckets >= 0
+                and self.n_buckets != 1
+                and self.n_buckets % 2 == 0,
                 f"n_buckets must be 0 (auto) or an even int >= 2 (angular LSH takes the argmax over [xR; -xR]), got {self.n_buckets!r}",
             )
-            require(self.look_back in ("window", "chunk"),
-                    f"look_back must be 'window' (strictly causal) or 'chunk' (the paper's own + previous chunk), "
-                    f"got {self.look_back!r}")
+            require(
+                self.look_back in ("window", "chunk"),
+                f"look_back must be 'window' (strictly causal) or 'chunk' (the paper's own + previous chunk), "
+                f"got {self.look_back!r}",
+            )
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -146,7 +159,9 @@ class LSHAttention(SharedQKProjections):
             n_chunks = padded_length // c
             return max(2, n_chunks + n_chunks % 2)
         if n_buckets > max(2, padded_length):
-            raise ValueError(f"lsh: n_buckets={n_buckets} is too large for length {padded_length} (padded to a multiple of chunk_size); valid: an even number in [2, {max(2, padded_length - padded_length % 2)}], or 0 for auto")
+            raise ValueError(
+                f"lsh: n_buckets={n_buckets} is too large for length {padded_length} (padded to a multiple of chunk_size); valid: an even number in [2, {max(2, padded_length - padded_length % 2)}], or 0 for auto"
+            )
         return n_buckets
 
     def rotations(self, n_buckets: int, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -170,7 +185,9 @@ class LSHAttention(SharedQKProjections):
             return buckets.masked_fill(~real[:, None, None, :], n_buckets)
 
     # -- forward -----------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+    ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         b, t, _ = x.shape
         h, R, k = self.n_heads, self.options.n_hashes, self.head_dim
@@ -215,13 +232,19 @@ class LSHAttention(SharedQKProjections):
             # chunk i) are a strided window of it: no look-back copy of keys, values or buckets.
             keys = _UnitKeys.apply(q_sorted, k**-0.5)  # scaled unit keys, in the lead-chunk layout
             values = _lead_chunk(rearrange(v_sorted, "B r n c k -> (B r n c) k"), c)
-            bucket_keys = _lead_chunk(bucket_sorted.reshape(-1), c).as_strided((B, R, n, 2 * c), (R * n * c, n * c, c, 1))
+            bucket_keys = _lead_chunk(bucket_sorted.reshape(-1), c).as_strided(
+                (B, R, n, 2 * c), (R * n * c, n * c, c, 1)
+            )
             masked = (bucket_keys[..., None, :] != bucket_sorted[..., :, None]) | static_masked
         else:
             k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
             keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, w, k], w = 2c (c if n == 1)
             if across:  # keys of any bucket: causality and padding by position, per element
-                real_sorted = rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t").gather(-1, order.view(B, R * tp)).view(B, R, n, c)
+                real_sorted = (
+                    rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t")
+                    .gather(-1, order.view(B, R * tp))
+                    .view(B, R, n, c)
+                )
                 masked = ~_look_back(real_sorted)[..., None, :]
                 if self.causal:
                     masked = masked | (_look_back(pos_sorted)[..., None, :] > pos_sorted[..., :, None])
@@ -321,7 +344,11 @@ def _unwindow(own: Tensor, previous: Tensor) -> Tensor:
     n_chunks, c, k = own.shape
     grad = own.new_empty((n_chunks + 1) * c, k)
     grad[n_chunks * c :] = own[-1]
-    torch.add(own.reshape(n_chunks * c, k)[: (n_chunks - 1) * c], previous.reshape(n_chunks * c, k)[c:], out=grad[c : n_chunks * c])
+    torch.add(
+        own.reshape(n_chunks * c, k)[: (n_chunks - 1) * c],
+        previous.reshape(n_chunks * c, k)[c:],
+        out=grad[c : n_chunks * c],
+    )
     grad[:c] = previous[0]
     return grad
 
@@ -422,7 +449,13 @@ class _ChunkAttention(torch.autograd.Function):
         d_scores.diagonal(offset=probs.shape[-1] - c, dim1=-2, dim2=-1).zero_()
         d_q = torch.matmul(d_scores, keys_w).view(ctx.q_shape)
         if not ctx.lead_chunk:
-            return d_q, torch.matmul(d_scores.transpose(-1, -2), q), torch.matmul(weights.transpose(-1, -2), d_out), None, None
+            return (
+                d_q,
+                torch.matmul(d_scores.transpose(-1, -2), q),
+                torch.matmul(weights.transpose(-1, -2), d_out),
+                None,
+                None,
+            )
         # each window's two halves separately, folded back onto the lead-chunk layout
         own, previous = slice(c, None), slice(None, c)
         d_keys = _unwindow(*(torch.matmul(d_scores[..., half].transpose(-1, -2), q) for half in (own, previous)))
@@ -441,7 +474,9 @@ class SharedQKAttention(SharedQKProjections):
     class Options:
         bias: bool = True
 
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None) -> AttnOutput:
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+    ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q = self.split_heads(self.to_qk(x))
         v = self.split_heads(self.to_v(x))
@@ -453,5 +488,7 @@ class SharedQKAttention(SharedQKProjections):
             allowed = allowed & pad_mask[:, None, None, :]
         allowed = allowed | (eye & ~allowed.any(-1, keepdim=True))  # oneself, when nothing else is visible
         allowed = guard_empty_rows(allowed)
-        out = F.scaled_dot_product_attention(q, F.normalize(q, dim=-1), v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0)
+        out = F.scaled_dot_product_attention(
+            q, F.normalize(q, dim=-1), v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
+        )
         return AttnOutput(self.to_out(self.merge_heads(out)))

@@ -27,14 +27,21 @@ class _Recomputed(torch.autograd.Function):
         ctx.rng = None
         if stochastic:  # dropout: backward must draw the same mask
             device = next(x.device for x in inputs if x is not None)
-            ctx.rng = (device, torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+            ctx.rng = (
+                device,
+                torch.get_rng_state(),
+                torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            )
         ctx.save_for_backward(*inputs)
         with torch.no_grad():
             return fn(*inputs)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        inputs = [None if x is None else x.detach().requires_grad_(need) for x, need in zip(ctx.saved_tensors, ctx.needs_input_grad[2:])]
+        inputs = [
+            None if x is None else x.detach().requires_grad_(need)
+            for x, need in zip(ctx.saved_tensors, ctx.needs_input_grad[2:])
+        ]
         devices = [ctx.rng[0]] if ctx.rng is not None and ctx.rng[0].type == "cuda" else []
         with torch.enable_grad(), torch.random.fork_rng(devices=devices, enabled=ctx.rng is not None):
             if ctx.rng is not None:

@@ -49,7 +49,16 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.blocked import PatternAttention, attend_groups, banded_attention, joint_softmax, key_validity, pad_time, padded_length, windows
+from zoo.attention.blocked import (
+    PatternAttention,
+    attend_groups,
+    banded_attention,
+    joint_softmax,
+    key_validity,
+    pad_time,
+    padded_length,
+    windows,
+)
 from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
 from zoo.registry import ATTENTION
@@ -66,7 +75,10 @@ class FactorisedSparseAttention(PatternAttention):
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         name = self.registry_name
-        require(self.options.combine != "per_head" or n_heads >= 2, f"{name}: combine='per_head' splits the heads between the two patterns and needs n_heads >= 2, got {n_heads}")
+        require(
+            self.options.combine != "per_head" or n_heads >= 2,
+            f"{name}: combine='per_head' splits the heads between the two patterns and needs n_heads >= 2, got {n_heads}",
+        )
 
     @classmethod
     def contract_options(cls) -> dict:
@@ -104,7 +116,13 @@ class FactorisedSparseAttention(PatternAttention):
             out = part(q, k, v, valid, stride, padded)
         else:
             half = self.n_heads // 2
-            out = torch.cat([self.first(q[:, :half], k[:, :half], v[:, :half], valid, stride, padded), self.second(q[:, half:], k[:, half:], v[:, half:], valid, stride, padded)], dim=1)
+            out = torch.cat(
+                [
+                    self.first(q[:, :half], k[:, :half], v[:, :half], valid, stride, padded),
+                    self.second(q[:, half:], k[:, half:], v[:, half:], valid, stride, padded),
+                ],
+                dim=1,
+            )
         return out[:, :, :t]
 
     def check_stride(self, stride: int) -> None:
@@ -120,19 +138,35 @@ class StridedSparseAttention(FactorisedSparseAttention):
         bias: bool = True  # bias in the q/k/v/output projections
 
         def __post_init__(self) -> None:
-            require(isinstance(self.stride, int) and self.stride >= 0, f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}")
+            require(
+                isinstance(self.stride, int) and self.stride >= 0,
+                f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}",
+            )
             require(self.combine in COMBINE, f"combine must be one of {', '.join(COMBINE)}; got {self.combine!r}")
 
     def first(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
         """A1: the band max(0, i - l) <= j <= i (causal) or |i - j| <= l: blocks of l queries
         attend to their block and the previous one (and the next one when bidirectional)."""
         if self.causal:
+
             def allowed(qi, d):
                 return (d - qi >= -stride) & (d <= qi)
         else:
+
             def allowed(qi, d):
                 return (d - qi).abs() <= stride
-        return banded_attention(q, k, v, valid, block=stride, before=1, after=0 if self.causal else 1, allowed=allowed, dropout=self.attn_dropout)
+
+        return banded_attention(
+            q,
+            k,
+            v,
+            valid,
+            block=stride,
+            before=1,
+            after=0 if self.causal else 1,
+            allowed=allowed,
+            dropout=self.attn_dropout,
+        )
 
     def second(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
         """A2: (i - j) mod l = 0, i.e. the same column of the R x l grid: attention along columns."""
@@ -188,9 +222,15 @@ class FixedSparseAttention(FactorisedSparseAttention):
         bias: bool = True
 
         def __post_init__(self) -> None:
-            require(isinstance(self.stride, int) and self.stride >= 0, f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}")
+            require(
+                isinstance(self.stride, int) and self.stride >= 0,
+                f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}",
+            )
             require(isinstance(self.c, int) and self.c >= 1, f"c must be an int >= 1, got {self.c!r}")
-            require(self.stride == 0 or self.c <= self.stride, f"c ({self.c}) must be <= stride l ({self.stride}): a block has only l positions to summarise")
+            require(
+                self.stride == 0 or self.c <= self.stride,
+                f"c ({self.c}) must be <= stride l ({self.stride}): a block has only l positions to summarise",
+            )
             require(self.combine in COMBINE, f"combine must be one of {', '.join(COMBINE)}; got {self.combine!r}")
 
     @classmethod
@@ -198,7 +238,10 @@ class FixedSparseAttention(FactorisedSparseAttention):
         return {"stride": 4, "c": 2, "combine": "union"}
 
     def check_stride(self, stride: int) -> None:
-        require(self.options.c <= stride, f"sparse_fixed: c ({self.options.c}) must be <= stride l ({stride}); with stride=0, l = ceil(sqrt(t)) is too small for this sequence length")
+        require(
+            self.options.c <= stride,
+            f"sparse_fixed: c ({self.options.c}) must be <= stride l ({stride}); with stride=0, l = ceil(sqrt(t)) is too small for this sequence length",
+        )
 
     def first(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
         """A1: the query's own block (up to itself when causal)."""
@@ -215,7 +258,12 @@ class FixedSparseAttention(FactorisedSparseAttention):
     def summaries(self, k: Tensor, v: Tensor, valid: Tensor, stride: int) -> tuple[Tensor, Tensor, Tensor]:
         """The last c positions of every block: keys/values [b, h, n*c, k], validity [b, n*c]."""
         c = self.options.c
-        ks, vs = (rearrange(rearrange(x, "b h (n s) k -> b h n s k", s=stride)[:, :, :, stride - c :], "b h n c k -> b h (n c) k") for x in (k, v))
+        ks, vs = (
+            rearrange(
+                rearrange(x, "b h (n s) k -> b h n s k", s=stride)[:, :, :, stride - c :], "b h n c k -> b h (n c) k"
+            )
+            for x in (k, v)
+        )
         return ks, vs, rearrange(rearrange(valid, "b (n s) -> b n s", s=stride)[:, :, stride - c :], "b n c -> b (n c)")
 
     def second(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:

@@ -72,7 +72,9 @@ class VanillaAttention(Attention):
     def carries_segment_memory(self) -> bool:
         return self.options.max_cache > 0  # an unbounded KV cache is for decoding, not carried in training
 
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None) -> AttnOutput:
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None
+    ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
         if context is not None:
@@ -83,7 +85,9 @@ class VanillaAttention(Attention):
             causal = self.causal
         t, s = q.shape[2], k.shape[2]
         mask, is_causal = _sdpa_mask(t, s, causal, key_pad, x.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
+        )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
 
     def _self_keys(self, x: Tensor, pad_mask: Tensor | None, state: KVCache | None):
@@ -99,7 +103,9 @@ class VanillaAttention(Attention):
         keep = self.options.max_cache
         cache = KVCache(k.detach(), v.detach(), None if pad_mask is None else pad_mask)
         if keep and cache.length > keep:
-            cache = KVCache(cache.k[:, :, -keep:], cache.v[:, :, -keep:], None if pad_mask is None else pad_mask[:, -keep:])
+            cache = KVCache(
+                cache.k[:, :, -keep:], cache.v[:, :, -keep:], None if pad_mask is None else pad_mask[:, -keep:]
+            )
         return k, v, pad_mask, cache
 
     def _cross_keys(self, context: Tensor, pad_mask: Tensor | None, state: KVCache | None):
@@ -110,7 +116,9 @@ class VanillaAttention(Attention):
         return k, v, pad_mask, new_state
 
 
-def _sdpa_mask(t: int, s: int, causal: bool, key_pad: Tensor | None, device: torch.device) -> tuple[Tensor | None, bool]:
+def _sdpa_mask(
+    t: int, s: int, causal: bool, key_pad: Tensor | None, device: torch.device
+) -> tuple[Tensor | None, bool]:
     """The cheapest SDPA mask for (causality, key padding, cache offset s - t).
 
     Returns (attn_mask, is_causal). attn_mask is bool, True = may attend, broadcastable to

@@ -124,10 +124,22 @@ class XLRelativeAttention(Attention):
         block_size: int = 128  # queries per block of the computation (speed only, not maths)
 
         def __post_init__(self) -> None:
-            require(isinstance(self.mem_len, int) and self.mem_len >= 0, f"mem_len must be an int >= 0 (0 = no memory), got {self.mem_len!r}")
-            require(isinstance(self.eval_mem_len, int) and self.eval_mem_len >= 0, f"eval_mem_len must be an int >= 0 (0 = same as mem_len), got {self.eval_mem_len!r}")
-            require(isinstance(self.clamp_len, int) and self.clamp_len >= 0, f"clamp_len must be an int >= 0 (0 = no clamping), got {self.clamp_len!r}")
-            require(isinstance(self.block_size, int) and self.block_size > 0, f"block_size must be a positive int, got {self.block_size!r}")
+            require(
+                isinstance(self.mem_len, int) and self.mem_len >= 0,
+                f"mem_len must be an int >= 0 (0 = no memory), got {self.mem_len!r}",
+            )
+            require(
+                isinstance(self.eval_mem_len, int) and self.eval_mem_len >= 0,
+                f"eval_mem_len must be an int >= 0 (0 = same as mem_len), got {self.eval_mem_len!r}",
+            )
+            require(
+                isinstance(self.clamp_len, int) and self.clamp_len >= 0,
+                f"clamp_len must be an int >= 0 (0 = no clamping), got {self.clamp_len!r}",
+            )
+            require(
+                isinstance(self.block_size, int) and self.block_size > 0,
+                f"block_size must be a positive int, got {self.block_size!r}",
+            )
 
     @classmethod
     def contract_options(cls) -> dict:
@@ -160,16 +172,24 @@ class XLRelativeAttention(Attention):
 
     def _check_memory(self, memory: XLMemory, x: Tensor) -> None:
         if not isinstance(memory, XLMemory):
-            raise ValueError(f"xl_rel: state must be the XLMemory this attention returned (or init_state()); got {type(memory).__name__}")
+            raise ValueError(
+                f"xl_rel: state must be the XLMemory this attention returned (or init_state()); got {type(memory).__name__}"
+            )
         if memory.states is None:
             return
         got = memory.states
         if got.dim() != 3 or got.shape[0] != x.shape[0]:
-            raise ValueError(f"xl_rel: memory holds batch size {got.shape[0]} but the input has batch size {x.shape[0]}; start fresh with state=None or init_state({x.shape[0]})")
+            raise ValueError(
+                f"xl_rel: memory holds batch size {got.shape[0]} but the input has batch size {x.shape[0]}; start fresh with state=None or init_state({x.shape[0]})"
+            )
         if got.shape[-1] != self.d_model:
-            raise ValueError(f"xl_rel: memory has d={got.shape[-1]} but this attention has d_model={self.d_model}: it comes from a different model")
+            raise ValueError(
+                f"xl_rel: memory has d={got.shape[-1]} but this attention has d_model={self.d_model}: it comes from a different model"
+            )
         if got.dtype != x.dtype or got.device != x.device:
-            raise ValueError(f"xl_rel: memory is {got.dtype} on {got.device} but the input is {x.dtype} on {x.device}; convert the state (zoo.models.map_tensors) or start fresh")
+            raise ValueError(
+                f"xl_rel: memory is {got.dtype} on {got.device} but the input is {x.dtype} on {x.device}; convert the state (zoo.models.map_tensors) or start fresh"
+            )
 
     def _next_memory(self, keys_in: Tensor, key_pad: Tensor | None, cache: tuple | None) -> XLMemory:
         keep = self.memory_length
@@ -182,8 +202,9 @@ class XLRelativeAttention(Attention):
             memory.keys, memory.values = k[:, :, -keep:], v[:, :, -keep:]
         return memory
 
-    def _keys_values(self, x: Tensor, keys_in: Tensor, memory: XLMemory, norm_version: tuple = ()
-                     ) -> tuple[Tensor, Tensor, tuple | None]:
+    def _keys_values(
+        self, x: Tensor, keys_in: Tensor, memory: XLMemory, norm_version: tuple = ()
+    ) -> tuple[Tensor, Tensor, tuple | None]:
         """Keys/values of [memory ; x] -> (k, v [b, h, s, k], what to cache for evaluation or None).
 
         With gradients on, everything is projected from the states (the paper). Without, the
@@ -193,7 +214,12 @@ class XLRelativeAttention(Attention):
             return k, v, None
         w = self.to_qkv.weight
         version = (w.data_ptr(), w._version, norm_version)  # norm_version: the block's LayerNorm that made them
-        if memory.length and memory.version == version and memory.keys is not None and memory.keys.shape[2] == memory.length:
+        if (
+            memory.length
+            and memory.version == version
+            and memory.keys is not None
+            and memory.keys.shape[2] == memory.length
+        ):
             k_new, v_new = (self.split_heads(y) for y in self.to_kv(x))
             k, v = torch.cat([memory.keys, k_new], dim=2), torch.cat([memory.values, v_new], dim=2)
         else:
@@ -209,7 +235,12 @@ class XLRelativeAttention(Attention):
         w = self.to_r.weight
         key = (device, dtype, w.data_ptr(), w._version)
         cached = self._r_cache
-        if cached is None or cached[0] != key or cached[1] < top or cached[1] - cached[2].shape[1] + 1 > top - width + 1:
+        if (
+            cached is None
+            or cached[0] != key
+            or cached[1] < top
+            or cached[1] - cached[2].shape[1] + 1 > top - width + 1
+        ):
             hi, lo = max(top, 2 * top), min(top - width + 1, 0)  # room to grow: a stream's distances rise
             self._r_cache = cached = (key, hi, self._project_r(torch.arange(hi, lo - 1, -1, device=device), dtype))
         start = cached[1] - top
@@ -222,8 +253,15 @@ class XLRelativeAttention(Attention):
         return rearrange(self.to_r(r), "w (h k) -> h w k", h=self.n_heads)
 
     # -- forward -----------------------------------------------------------------------------
-    def forward(self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None,
-                state: XLMemory | None = None, layer_input: LayerInput | None = None) -> AttnOutput:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: XLMemory | None = None,
+        layer_input: LayerInput | None = None,
+    ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         b, t, _ = x.shape
         memory = state if state is not None else XLMemory()
@@ -271,7 +309,15 @@ class XLRelativeAttention(Attention):
             else:  # no graph: the fused kernel takes the additive float mask
                 if allowed is not None:  # in place: the buffer is ours
                     bias = bias.masked_fill_(~allowed, float("-inf"))
-                outs.append(F.scaled_dot_product_attention(q_content[:, :, i0:i1], k[:, :, :n], v[:, :, :n], attn_mask=bias, dropout_p=self.dropout if self.training else 0.0))
+                outs.append(
+                    F.scaled_dot_product_attention(
+                        q_content[:, :, i0:i1],
+                        k[:, :, :n],
+                        v[:, :, :n],
+                        attn_mask=bias,
+                        dropout_p=self.dropout if self.training else 0.0,
+                    )
+                )
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return AttnOutput(self.to_out(self.merge_heads(out)), state=self._next_memory(stored, key_pad, cache))
 
@@ -294,7 +340,9 @@ class XLRelativeAttention(Attention):
 def set_eval_memory(model: nn.Module, eval_mem_len: int) -> int:
     """Set ``eval_mem_len`` of every xl_rel attention in ``model`` (a longer evaluation context
     than training, Dai et al. 2019, Section 4.1); returns how many layers were changed."""
-    require(isinstance(eval_mem_len, int) and eval_mem_len >= 0, f"eval_mem_len must be an int >= 0, got {eval_mem_len!r}")
+    require(
+        isinstance(eval_mem_len, int) and eval_mem_len >= 0, f"eval_mem_len must be an int >= 0, got {eval_mem_len!r}"
+    )
     layers = [module for module in model.modules() if isinstance(module, XLRelativeAttention)]
     for module in layers:
         module.options.eval_mem_len = eval_mem_len

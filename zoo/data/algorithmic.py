@@ -63,7 +63,15 @@ def _add(a: Tensor, b: Tensor) -> Tensor:
     return torch.tensor(out, dtype=torch.long)
 
 
-def algorithmic_batch(task: str, batch_size: int, min_len: int, max_len: int, *, n_symbols: int = 10, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+def algorithmic_batch(
+    task: str,
+    batch_size: int,
+    min_len: int,
+    max_len: int,
+    *,
+    n_symbols: int = 10,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
     """One padded batch; each example's length is uniform in [min_len, max_len].
 
     Returns the encoder-decoder's call arguments: ``src`` [b, S], ``tgt`` [b, T] (bos + answer),
@@ -89,7 +97,13 @@ def algorithmic_batch(task: str, batch_size: int, min_len: int, max_len: int, *,
     src = _pad(sources, PAD)
     tgt = _pad([torch.cat([torch.tensor([BOS]), y]) for y in answers], PAD)
     targets = _pad([torch.cat([y, torch.tensor([EOS])]) for y in answers], IGNORE_INDEX)
-    return {"src": src, "tgt": tgt, "targets": targets, "src_pad_mask": src != PAD, "tgt_pad_mask": targets != IGNORE_INDEX}
+    return {
+        "src": src,
+        "tgt": tgt,
+        "targets": targets,
+        "src_pad_mask": src != PAD,
+        "tgt_pad_mask": targets != IGNORE_INDEX,
+    }
 
 
 def score(predicted: Tensor, targets: Tensor) -> tuple[float, float]:
@@ -98,7 +112,9 @@ def score(predicted: Tensor, targets: Tensor) -> tuple[float, float]:
     real = targets != IGNORE_INDEX
     width = targets.shape[1]
     if predicted.shape[1] < width:
-        predicted = torch.cat([predicted, predicted.new_full((predicted.shape[0], width - predicted.shape[1]), PAD)], dim=1)
+        predicted = torch.cat(
+            [predicted, predicted.new_full((predicted.shape[0], width - predicted.shape[1]), PAD)], dim=1
+        )
     correct = (predicted[:, :width] == targets) & real
     char = correct.sum().item() / max(1, real.sum().item())
     seq = (correct | ~real).all(dim=1).float().mean().item()

@@ -116,11 +116,15 @@ class Task:
         """True when batch ``index`` of a contiguous task starts its streams over (memory reset)."""
         return index == 0
 
-    def eval_batches(self, split: str, max_batches: int | None, *, rank: int = 0, world_size: int = 1) -> Iterator[dict[str, Tensor]]:
+    def eval_batches(
+        self, split: str, max_batches: int | None, *, rank: int = 0, world_size: int = 1
+    ) -> Iterator[dict[str, Tensor]]:
         total = self.num_batches(split, world_size)
         n = total if max_batches in (None, 0) else (max_batches if total is None else min(total, max_batches))
         if n is None:
-            raise ValueError(f"split {split!r} of data {self.registry_name!r} is unbounded: give a number of eval batches")
+            raise ValueError(
+                f"split {split!r} of data {self.registry_name!r} is unbounded: give a number of eval batches"
+            )
         for index in range(n):
             yield self.batch(split, index, rank=rank, world_size=world_size)
 
@@ -143,7 +147,15 @@ class Task:
         raise ValueError(f"data {self.registry_name!r} has no text encoding; prompts need a text task")
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.registry_name, "kind": self.kind, "metric": self.metric, "vocab_size": self.vocab_size, "n_classes": self.n_classes, "seq_len": self.seq_len, "batch_size": self.batch_size}
+        return {
+            "name": self.registry_name,
+            "kind": self.kind,
+            "metric": self.metric,
+            "vocab_size": self.vocab_size,
+            "n_classes": self.n_classes,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+        }
 
 
 def check_split(split: str, *, index: int | None = None, rank: int = 0, world_size: int = 1) -> None:
@@ -152,8 +164,10 @@ def check_split(split: str, *, index: int | None = None, rank: int = 0, world_si
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     check_type(world_size, int, "world_size")
     check_type(rank, int, "rank")
-    require(world_size >= 1 and 0 <= rank < world_size,
-            f"need world_size >= 1 and 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
+    require(
+        world_size >= 1 and 0 <= rank < world_size,
+        f"need world_size >= 1 and 0 <= rank < world_size; got rank={rank}, world_size={world_size}",
+    )
     if index is not None:
         check_type(index, int, "index")
         require(index >= 0, f"batch index must be >= 0, got {index}")

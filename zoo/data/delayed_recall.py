@@ -25,12 +25,22 @@ from torch import Tensor
 IGNORE_INDEX = -100
 
 
-def delayed_recall_batch(batch_size: int, *, n_segments: int = 4, segment_len: int = 16, n_cues: int = 8, n_noise: int = 16, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+def delayed_recall_batch(
+    batch_size: int,
+    *,
+    n_segments: int = 4,
+    segment_len: int = 16,
+    n_cues: int = 8,
+    n_noise: int = 16,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
     """One batch of streams. Returns ``{"tokens": [b, n_segments * segment_len] long,
     "targets": same shape, -100 except at the query markers, "cue": [b]}``; split both along
     dim 1 into ``segment_len`` pieces to feed segment by segment."""
     if n_segments < 1 or segment_len < 2:
-        raise ValueError(f"need n_segments >= 1 and segment_len >= 2; got n_segments={n_segments}, segment_len={segment_len}")
+        raise ValueError(
+            f"need n_segments >= 1 and segment_len >= 2; got n_segments={n_segments}, segment_len={segment_len}"
+        )
     if n_cues < 2 or n_noise < 1:
         raise ValueError(f"need n_cues >= 2 and n_noise >= 1; got n_cues={n_cues}, n_noise={n_noise}")
     length = n_segments * segment_len

@@ -47,7 +47,10 @@ def read_imdb(path, max_bytes: int) -> dict[str, tuple[list[bytes], list[int]]]:
     for split, rows in out.items():
         rows.sort()
         result[split] = ([r[1] for r in rows], [r[2] for r in rows])
-    require(result["train"][0] and result["test"][0], f"{path} holds no aclImdb/{{train,test}}/{{pos,neg}}/*.txt reviews (data.path)")
+    require(
+        result["train"][0] and result["test"][0],
+        f"{path} holds no aclImdb/{{train,test}}/{{pos,neg}}/*.txt reviews (data.path)",
+    )
     return result
 
 
@@ -71,11 +74,17 @@ class IMDbTask(Task):
         self.path = resolve_path(self.options.path, "data.path")
         raw = read_imdb(self.path, self.seq_len)
         texts, labels = raw["train"]
-        require(len(texts) > self.options.val_size, f"data.val_size={self.options.val_size} leaves no training reviews ({len(texts)} in {self.path})")
+        require(
+            len(texts) > self.options.val_size,
+            f"data.val_size={self.options.val_size} leaves no training reviews ({len(texts)} in {self.path})",
+        )
         order = torch.randperm(len(texts), generator=seeded_generator(self.seed, "imdb-val")).tolist()
         val = set(order[: self.options.val_size])
         self.splits = {
-            "train": self._encode([texts[i] for i in range(len(texts)) if i not in val], [labels[i] for i in range(len(texts)) if i not in val]),
+            "train": self._encode(
+                [texts[i] for i in range(len(texts)) if i not in val],
+                [labels[i] for i in range(len(texts)) if i not in val],
+            ),
             "val": self._encode([texts[i] for i in sorted(val)], [labels[i] for i in sorted(val)]),
             "test": self._encode(*raw["test"]),
         }

@@ -89,13 +89,23 @@ def to_string(tree: Tree) -> str:
     return f"( {text} {END} )"
 
 
-def sample(rng: random.Random, *, min_length: int = 500, max_length: int = 2000, max_depth: int = 10, max_args: int = 10, max_tries: int = 100_000) -> tuple[Tree, int]:
+def sample(
+    rng: random.Random,
+    *,
+    min_length: int = 500,
+    max_length: int = 2000,
+    max_depth: int = 10,
+    max_args: int = 10,
+    max_tries: int = 100_000,
+) -> tuple[Tree, int]:
     """Draw trees until one has ``min_length < length < max_length``; returns (tree, label)."""
     for _ in range(max_tries):
         tree, length = generate_tree(rng, 1, max_depth, max_args)
         if min_length < length < max_length:
             return tree, evaluate(tree)
-    raise ValueError(f"no ListOps tree with {min_length} < length < {max_length} in {max_tries} draws; widen data.min_length/data.max_length")
+    raise ValueError(
+        f"no ListOps tree with {min_length} < length < {max_length} in {max_tries} draws; widen data.min_length/data.max_length"
+    )
 
 
 @TASK.register("listops")
@@ -114,8 +124,14 @@ class ListOpsTask(Task):
         eval_size: int = 2000  # sequences in val/test (LRA: 2000 each)
 
         def __post_init__(self) -> None:
-            require(0 <= self.min_length < self.max_length - 1, f"need 0 <= data.min_length < data.max_length - 1; got {self.min_length}, {self.max_length}")
-            require(self.max_depth >= 1 and self.max_args >= 2, f"need data.max_depth >= 1 and data.max_args >= 2; got {self.max_depth}, {self.max_args}")
+            require(
+                0 <= self.min_length < self.max_length - 1,
+                f"need 0 <= data.min_length < data.max_length - 1; got {self.min_length}, {self.max_length}",
+            )
+            require(
+                self.max_depth >= 1 and self.max_args >= 2,
+                f"need data.max_depth >= 1 and data.max_args >= 2; got {self.max_depth}, {self.max_args}",
+            )
             require(self.eval_size >= 1, f"data.eval_size must be >= 1, got {self.eval_size}")
 
     vocab_size = len(VOCAB)
@@ -123,7 +139,10 @@ class ListOpsTask(Task):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        require(self.seq_len >= self.options.max_length - 1, f"listops sequences reach data.max_length - 1 = {self.options.max_length - 1} tokens; set trainer.seq_len >= that (or lower data.max_length)")
+        require(
+            self.seq_len >= self.options.max_length - 1,
+            f"listops sequences reach data.max_length - 1 = {self.options.max_length - 1} tokens; set trainer.seq_len >= that (or lower data.max_length)",
+        )
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
         check_split(split, world_size=world_size)
@@ -136,7 +155,9 @@ class ListOpsTask(Task):
         tokens = torch.zeros(self.batch_size, self.seq_len, dtype=torch.long)
         labels = torch.zeros(self.batch_size, dtype=torch.long)
         for row in range(self.batch_size):
-            tree, labels[row] = sample(rng, min_length=o.min_length, max_length=o.max_length, max_depth=o.max_depth, max_args=o.max_args)
+            tree, labels[row] = sample(
+                rng, min_length=o.min_length, max_length=o.max_length, max_depth=o.max_depth, max_args=o.max_args
+            )
             ids = [TOKEN_ID[tok] for tok in to_tokens(tree)]
             tokens[row, : len(ids)] = torch.tensor(ids)
         return {"tokens": tokens, "targets": labels, "pad_mask": tokens != 0}

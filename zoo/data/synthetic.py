@@ -14,7 +14,9 @@ from torch import Tensor
 IGNORE_INDEX = -100
 
 
-def duplication_batch(batch_size: int, length: int, *, n_symbols: int = 127, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+def duplication_batch(
+    batch_size: int, length: int, *, n_symbols: int = 127, generator: torch.Generator | None = None
+) -> dict[str, Tensor]:
     """One batch of the duplication task as next-token prediction.
 
     The sequence ``0 w 0 w`` has ``length`` tokens (``len(w) = length / 2 - 1``); the model reads
@@ -32,11 +34,19 @@ def duplication_batch(batch_size: int, length: int, *, n_symbols: int = 127, gen
     zero = torch.zeros(batch_size, 1, dtype=torch.long)
     seq = torch.cat([zero, w, zero, w], dim=1)  # [b, length]
     tokens, targets = seq[:, :-1], seq[:, 1:].clone()
-    targets[:, : half] = IGNORE_INDEX  # targets[i] = seq[i + 1]: keep only seq[half + 1:], the second w
+    targets[:, :half] = IGNORE_INDEX  # targets[i] = seq[i + 1]: keep only seq[half + 1:], the second w
     return {"tokens": tokens, "targets": targets}
 
 
-def associative_recall_batch(batch_size: int, length: int, *, n_keys: int = 32, n_values: int = 32, n_pairs: int = 8, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+def associative_recall_batch(
+    batch_size: int,
+    length: int,
+    *,
+    n_keys: int = 32,
+    n_values: int = 32,
+    n_pairs: int = 8,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
     """One batch of multi-query associative recall as next-token prediction.
 
     After Ba et al. 2016 ("Using Fast Weights to Attend to the Recent Past", arXiv:1610.06258) in
@@ -88,7 +98,9 @@ class _SyntheticTask(Task):
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split, index=index, rank=rank, world_size=world_size)
-        return self.make(self.batch_size, seeded_generator(self.seed, self.registry_name, split, index, rank, world_size))
+        return self.make(
+            self.batch_size, seeded_generator(self.seed, self.registry_name, split, index, rank, world_size)
+        )
 
 
 @TASK.register("duplication")
@@ -107,7 +119,10 @@ class DuplicationTask(_SyntheticTask):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        require(self.seq_len >= 4 and self.seq_len % 2 == 0, f"duplication needs an even trainer.seq_len >= 4, got {self.seq_len}")
+        require(
+            self.seq_len >= 4 and self.seq_len % 2 == 0,
+            f"duplication needs an even trainer.seq_len >= 4, got {self.seq_len}",
+        )
         self.vocab_size = self.options.n_symbols + 1
 
     def make(self, b: int, generator: torch.Generator) -> dict[str, Tensor]:
@@ -131,19 +146,30 @@ class AssociativeRecallTask(_SyntheticTask):
         eval_size: int = 256
 
         def __post_init__(self) -> None:
-            require(self.n_keys >= 1 and self.n_values >= 1, f"data.n_keys and data.n_values must be >= 1, got {self.n_keys}, {self.n_values}")
-            require(1 <= self.n_pairs <= self.n_keys, f"data.n_pairs must be in [1, data.n_keys={self.n_keys}], got {self.n_pairs}")
+            require(
+                self.n_keys >= 1 and self.n_values >= 1,
+                f"data.n_keys and data.n_values must be >= 1, got {self.n_keys}, {self.n_values}",
+            )
+            require(
+                1 <= self.n_pairs <= self.n_keys,
+                f"data.n_pairs must be in [1, data.n_keys={self.n_keys}], got {self.n_pairs}",
+            )
             require(self.eval_size >= 1, f"data.eval_size must be >= 1, got {self.eval_size}")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         o = self.options
-        require(self.seq_len >= 2 * o.n_pairs + 2, f"associative_recall needs trainer.seq_len >= 2 * data.n_pairs + 2 = {2 * o.n_pairs + 2}, got {self.seq_len}")
+        require(
+            self.seq_len >= 2 * o.n_pairs + 2,
+            f"associative_recall needs trainer.seq_len >= 2 * data.n_pairs + 2 = {2 * o.n_pairs + 2}, got {self.seq_len}",
+        )
         self.vocab_size = 1 + o.n_keys + o.n_values
 
     def make(self, b: int, generator: torch.Generator) -> dict[str, Tensor]:
         o = self.options
-        return associative_recall_batch(b, self.seq_len, n_keys=o.n_keys, n_values=o.n_values, n_pairs=o.n_pairs, generator=generator)
+        return associative_recall_batch(
+            b, self.seq_len, n_keys=o.n_keys, n_values=o.n_values, n_pairs=o.n_pairs, generator=generator
+        )
 
 
 @TASK.register("reverse")

@@ -30,15 +30,22 @@ def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[i
     require(len(split) == 3, f"data.split must hold three numbers (train, val, test), got {list(split)}")
     require(all(x >= 0 for x in split), f"data.split must be non-negative, got {list(split)}")
     if all(x <= 1 for x in split):
-        require(sum(split) <= 1 + 1e-9,
-                f"data.split fractions must sum to at most 1 (splits may not overlap), got {list(split)}")
+        require(
+            sum(split) <= 1 + 1e-9,
+            f"data.split fractions must sum to at most 1 (splits may not overlap), got {list(split)}",
+        )
         sizes = [int(total * x) for x in split]
     else:
-        require(all(float(x).is_integer() for x in split),
-                f"data.split must be three fractions (all <= 1) or three whole token counts; got {list(split)}")
+        require(
+            all(float(x).is_integer() for x in split),
+            f"data.split must be three fractions (all <= 1) or three whole token counts; got {list(split)}",
+        )
         sizes = [int(x) for x in split]
         need = sum(sizes)
-        require(need <= total, f"{what} has {total:,} tokens but data.split asks for {need:,} ({sizes}); set data.split to fractions (e.g. [0.9,0.05,0.05]) or sizes that fit")
+        require(
+            need <= total,
+            f"{what} has {total:,} tokens but data.split asks for {need:,} ({sizes}); set data.split to fractions (e.g. [0.9,0.05,0.05]) or sizes that fit",
+        )
     bounds, start = {}, 0
     for name, size in zip(SPLITS, sizes):
         bounds[name] = (start, start + size)
@@ -103,7 +110,10 @@ class TextLMTask(Task):
         rows = self.batch_size * world_size
         lane = (end - start - 1) // rows
         segments = lane // self.seq_len
-        require(segments >= 1, f"the {split} split of {self.path} ({end - start:,} tokens) is too small for {rows} rows x trainer.seq_len={self.seq_len} (+1); lower trainer.batch_size or trainer.seq_len, or change data.split")
+        require(
+            segments >= 1,
+            f"the {split} split of {self.path} ({end - start:,} tokens) is too small for {rows} rows x trainer.seq_len={self.seq_len} (+1); lower trainer.batch_size or trainer.seq_len, or change data.split",
+        )
         return start, lane, segments
 
     def num_batches(self, split: str, world_size: int = 1) -> int:

@@ -17,7 +17,13 @@ from zoo.models import register_preset
 def _al_rfou_lm() -> dict[str, Any]:
     # Section 3: hidden 512, filter 2048, 512-character context, dropout 0.55, learned positions
     return dict(
-        kind="lm", n_layers=64, d_model=512, n_heads=8, d_ff=2048, dropout=0.55, max_len=512,
+        kind="lm",
+        n_layers=64,
+        d_model=512,
+        n_heads=8,
+        d_ff=2048,
+        dropout=0.55,
+        max_len=512,
         position={"name": "learned"},
         aux_losses={"intermediate": True, "multi_target": PAPER_MULTI_TARGET_WEIGHT},
     )

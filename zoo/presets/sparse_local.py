@@ -39,7 +39,9 @@ def _sparse_transformer() -> dict[str, Any]:
     "image_transformer",
     "Image Transformer LM over a 32 x 32 RGB raster (width 96) with local 2D attention (Parmar et al. 2018)",
     # any number of 8-wide rows, so the tiny variant takes the demo's and the tests' lengths
-    tiny=dict(attention={"height": 0, "width": 8, "query_height": 2, "query_width": 4, "flange_height": 1, "flange_width": 2}),
+    tiny=dict(
+        attention={"height": 0, "width": 8, "query_height": 2, "query_width": 4, "flange_height": 1, "flange_width": 2}
+    ),
     example_length=24,
 )
 def _image_transformer() -> dict[str, Any]:
@@ -51,5 +53,13 @@ def _image_transformer() -> dict[str, Any]:
         n_heads=8,
         d_ff=2048,
         max_len=3072,
-        attention={"name": "local_2d", "height": 32, "width": 96, "query_height": 8, "query_width": 32, "flange_height": 8, "flange_width": 32},
+        attention={
+            "name": "local_2d",
+            "height": 32,
+            "width": 96,
+            "query_height": 8,
+            "query_width": 32,
+            "flange_height": 8,
+            "flange_width": 32,
+        },
     )

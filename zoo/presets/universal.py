@@ -16,16 +16,25 @@ from zoo.presets.vanilla import BASE
 UNIVERSAL = dict(BASE, position={"name": "none"})
 
 
-@register_preset("universal_transformer", "Universal Transformer LM: one shared block applied T=6 times with position+timestep signals (Dehghani et al. 2019)")
+@register_preset(
+    "universal_transformer",
+    "Universal Transformer LM: one shared block applied T=6 times with position+timestep signals (Dehghani et al. 2019)",
+)
 def _universal_transformer() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="lm", n_layers=6, stack={"name": "universal"})
 
 
-@register_preset("universal_transformer_act", "Universal Transformer LM with per-position ACT halting, at most 8 steps, ponder cost 0.01 (Dehghani et al. 2019; Graves 2016)")
+@register_preset(
+    "universal_transformer_act",
+    "Universal Transformer LM with per-position ACT halting, at most 8 steps, ponder cost 0.01 (Dehghani et al. 2019; Graves 2016)",
+)
 def _universal_transformer_act() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="lm", n_layers=8, stack={"name": "universal", "act": True})
 
 
-@register_preset("universal_seq2seq_act", "Universal Transformer encoder-decoder with ACT in both halves, at most 8 steps (algorithmic tasks)")
+@register_preset(
+    "universal_seq2seq_act",
+    "Universal Transformer encoder-decoder with ACT in both halves, at most 8 steps (algorithmic tasks)",
+)
 def _universal_seq2seq_act() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="seq2seq", n_layers=8, stack={"name": "universal", "act": True})

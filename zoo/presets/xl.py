@@ -16,20 +16,41 @@ from typing import Any
 
 from zoo.models import register_preset
 
-XL_BASE = dict(kind="lm", n_layers=12, d_model=512, n_heads=8, d_ff=2048, dropout=0.1, position={"name": "none"}, attention={"name": "xl_rel", "mem_len": 512})
+XL_BASE = dict(
+    kind="lm",
+    n_layers=12,
+    d_model=512,
+    n_heads=8,
+    d_ff=2048,
+    dropout=0.1,
+    position={"name": "none"},
+    attention={"name": "xl_rel", "mem_len": 512},
+)
 TINY_XL = {"attention": {"mem_len": 16, "block_size": 8}}
 
 
-@register_preset("transformer_xl", "Transformer-XL: relative attention over a segment memory, 12L d512 (Dai et al. 2019)", tiny=TINY_XL)
+@register_preset(
+    "transformer_xl",
+    "Transformer-XL: relative attention over a segment memory, 12L d512 (Dai et al. 2019)",
+    tiny=TINY_XL,
+)
 def _transformer_xl() -> dict[str, Any]:
     return dict(XL_BASE, residual={"name": "post_norm"})
 
 
-@register_preset("trxl_i", "TrXL-I: Transformer-XL with identity-map reordering, no gate (Parisotto et al. 2019 ablation)", tiny=TINY_XL)
+@register_preset(
+    "trxl_i",
+    "TrXL-I: Transformer-XL with identity-map reordering, no gate (Parisotto et al. 2019 ablation)",
+    tiny=TINY_XL,
+)
 def _trxl_i() -> dict[str, Any]:
     return dict(XL_BASE, residual={"name": "identity_map"})
 
 
-@register_preset("gtrxl", "GTrXL: Transformer-XL with identity-map reordering and GRU gating, b_g = 2 (Parisotto et al. 2019)", tiny=TINY_XL)
+@register_preset(
+    "gtrxl",
+    "GTrXL: Transformer-XL with identity-map reordering and GRU gating, b_g = 2 (Parisotto et al. 2019)",
+    tiny=TINY_XL,
+)
 def _gtrxl() -> dict[str, Any]:
     return dict(XL_BASE, residual={"name": "gru_gate", "gate_bias": 2.0})

@@ -6,7 +6,8 @@ characters, and each layer's span cache (``out.state``) carries the previous seg
 can learn a span longer than the segment. The same model with every span fixed at the maximum
 (``mode=fixed``) is the baseline; ``--modes`` can add the dynamic variant. Reports, per mode: the
 learned span of every layer and head, validation bits per character, and time per training step
-(wall, and CPU seconds of the training process: the fairer figure on a shared machine), as CSV, markdown and a plot in ``--out``.
+(wall, and CPU seconds of the training process: the fairer figure on a shared machine), as CSV,
+markdown and a plot in ``--out``.
 
 Scale-down (the paper: 12 layers, d 512, 8 heads, S 8192, segments of 512, 600K steps of batch 64):
 by default 4 layers, d 128, 4 heads, FFN 512, S 256, segments of 64, batch 16, ``--steps`` 600 on one
@@ -201,9 +202,12 @@ def write(results: list[dict], args, command: str) -> None:
         "",
         f"Command: `{command}`",
         "",
-        f"Scale: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, FFN {4 * args.d_model}, max span S = {args.max_span}, ramp R = {args.ramp}, "
-        f"L1 {args.l1}, segments of {args.segment} chars x batch {args.batch}, {args.steps} Adam steps (lr {args.lr}), 1 thread. "
-        f"Validation: the first {args.eval_chars} chars of the last 10% of the text, read in {args.batch} streams with the cache carried.",
+        f"Scale: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, FFN {4 * args.d_model}, max "
+        f"span S = {args.max_span}, ramp R = {args.ramp}, "
+        f"L1 {args.l1}, segments of {args.segment} chars x batch {args.batch}, {args.steps} Adam steps (lr "
+        f"{args.lr}), 1 thread. "
+        f"Validation: the first {args.eval_chars} chars of the last 10% of the text, read in {args.batch} streams "
+        "with the cache carried.",
         "",
         "| mode | val bpc | ms/step (wall) | ms/step (CPU) | CPU min (train) | mean span | max span |",
         "|---|---|---|---|---|---|---|",
@@ -211,7 +215,8 @@ def write(results: list[dict], args, command: str) -> None:
     for r in results:
         flat = [z for row in r["spans"] for z in row]
         lines.append(
-            f"| {r['mode']} | {r['val_bpc']:.3f} | {r['wall_ms_per_step']:.0f} | {r['cpu_ms_per_step']:.0f} | {r['cpu_minutes']:.1f} | {statistics.mean(flat):.1f} | {max(flat):.1f} |"
+            f"| {r['mode']} | {r['val_bpc']:.3f} | {r['wall_ms_per_step']:.0f} | {r['cpu_ms_per_step']:.0f} | "
+            f"{r['cpu_minutes']:.1f} | {statistics.mean(flat):.1f} | {max(flat):.1f} |"
         )
     for r in results:
         if r["mode"] == "fixed":
@@ -227,7 +232,8 @@ def write(results: list[dict], args, command: str) -> None:
             lines.append(f"| {layer} | " + " | ".join(f"{z:.0f}" for z in row) + " |")
     lines += [
         "",
-        "Times are medians over the run on a shared 2-core machine (other jobs running): compare the modes' ratio, not the absolute values.",
+        "Times are medians over the run on a shared 2-core machine (other jobs running): compare the modes' "
+        "ratio, not the absolute values.",
         "",
     ]
     (out / "results.md").write_text("\n".join(lines))

@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     per_run = max(5.0, args.budget / len(presets))
     out = Path(args.out or ROOT / "multirun" / f"demo-{datetime.now():%Y-%m-%d_%H-%M-%S}")
     print(
-        f"demo: {len(presets)} presets ({', '.join(presets)}), up to {args.max_steps} steps or {per_run:.0f} s of training each",
+        f"demo: {len(presets)} presets ({', '.join(presets)}), up to {args.max_steps} steps or {per_run:.0f} s of "
+        "training each",
         flush=True,
     )
     cmd = [

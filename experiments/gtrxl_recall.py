@@ -33,7 +33,10 @@ MODELS = ("transformer_xl", "trxl_i", "gtrxl")
 
 
 def stream_loss(model, batch, seg_len: int, train: bool):
-    """Feed a stream segment by segment with the memory carried; returns (mean loss, accuracy per delay [n_segments])."""
+    """Feed a stream segment by segment with the memory carried.
+
+    Returns (mean loss, accuracy per delay [n_segments]).
+    """
     b = batch["tokens"].shape[0]
     state = model.init_state(b)
     losses, correct = [], []
@@ -96,7 +99,9 @@ def run(name: str, seed: int, args, task: dict, log) -> dict:
         curve=curve,
     )
     log(
-        f"{name} seed {seed}: final loss {final['loss']:.3f}, accuracy by delay {[round(final[f'acc_delay{d}'], 3) for d in range(task['n_segments'])]}, solved at step {first_solved}, {result['seconds']:.0f}s"
+        f"{name} seed {seed}: final loss {final['loss']:.3f}, accuracy by delay "
+        f"{[round(final[f'acc_delay{d}'], 3) for d in range(task['n_segments'])]}, solved at step {first_solved}, "
+        f"{result['seconds']:.0f}s"
     )
     return result
 
@@ -188,10 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = [r["command"] for r in results if "command" in r]
     shown = "; ".join(f"`{c}`" for c in [*runs, command])
     md = [
-        f"# Delayed recall: TrXL vs TrXL-I vs GTrXL\n\nCommand(s): {shown}  \nTask: {args.segments} segments of {args.segment_len} tokens, cue in segment 0, asked at the end of every segment (delays 0..{args.segments - 1}); chance = 1/8. Model: {args.layers} layers, d {args.d_model}, 4 heads, mem_len {args.segment_len}; batch {args.batch}, Adam lr {args.lr}, {args.steps} steps, 1 thread. Success: accuracy at delay {args.segments - 1} >= {args.threshold} on {args.eval_streams} held-out streams.\n"
+        f"# Delayed recall: TrXL vs TrXL-I vs GTrXL\n\nCommand(s): {shown}  \nTask: {args.segments} segments of "
+        f"{args.segment_len} tokens, cue in segment 0, asked at the end of every segment (delays "
+        f"0..{args.segments - 1}); chance = 1/8. Model: {args.layers} layers, d {args.d_model}, 4 heads, mem_len "
+        f"{args.segment_len}; batch {args.batch}, Adam lr {args.lr}, {args.steps} steps, 1 thread. Success: "
+        f"accuracy at delay {args.segments - 1} >= {args.threshold} on {args.eval_streams} held-out streams.\n"
     ]
     md.append(
-        f"| model | success | per seed: accuracy at delays 0..{args.segments - 1} (final) | first step solved | final loss |\n|---|---|---|---|---|"
+        f"| model | success | per seed: accuracy at delays 0..{args.segments - 1} (final) | first step solved | "
+        "final loss |\n|---|---|---|---|---|"
     )
     for name in args.models.split(","):
         runs = [r for r in results if r["model"] == name]
@@ -202,9 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         losses = ", ".join(f"{r['final_loss']:.3f}" for r in runs)
         md.append(f"| {name} | {sum(r['success'] for r in runs)}/{len(runs)} | {accs} | {solved} | {losses} |")
     md.append(
-        f"\nLearning curves (accuracy at the longest delay, per seed): `curves.png`, all delays in `curves.csv` ({longest} is the longest).\n\nLog:\n\n```\n"
-        + "\n".join(lines)
-        + "\n```\n"
+        "\nLearning curves (accuracy at the longest delay, per seed): `curves.png`, all delays in `curves.csv` "
+        f"({longest} is the longest).\n\nLog:\n\n```\n" + "\n".join(lines) + "\n```\n"
     )
     (out / "README.md").write_text("\n".join(md))
     return 0

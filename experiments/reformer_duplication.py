@@ -211,9 +211,12 @@ def write_markdown(
     text = [
         "# Duplication task (Reformer, Table 2), CPU-sized",
         "",
-        f"Ours in bold, the paper's in brackets. Length {args.length} (paper: 1024), {args.n_symbols} symbols, 1 layer, "
-        f"d_model = d_ff = {args.d_model} (paper: 256), {args.heads} heads, chunk {args.chunk}, steps of batch {args.batch} as listed per row "
-        f"(paper: 150K steps), Adam lr {args.lr}. Accuracy over {args.eval_sequences} held-out sequences, second copy only.",
+        f"Ours in bold, the paper's in brackets. Length {args.length} (paper: 1024), {args.n_symbols} symbols, 1 "
+        "layer, "
+        f"d_model = d_ff = {args.d_model} (paper: 256), {args.heads} heads, chunk {args.chunk}, steps of batch "
+        f"{args.batch} as listed per row "
+        f"(paper: 150K steps), Adam lr {args.lr}. Accuracy over {args.eval_sequences} held-out sequences, second "
+        "copy only.",
         "",
         *lines,
         "",
@@ -231,7 +234,8 @@ def write_markdown(
         ]
         text += [
             "",
-            f"    python experiments/reformer_duplication.py --merge {args.merge if hasattr(args, 'merge') and args.merge else '...'} --out {out}",
+            "    python experiments/reformer_duplication.py --merge "
+            f"{args.merge if hasattr(args, 'merge') and args.merge else '...'} --out {out}",
         ]
     else:
         text.append(f"Command: `{own}`")

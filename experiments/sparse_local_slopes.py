@@ -31,7 +31,8 @@ def main() -> None:
         "",
         f"Command: `python experiments/sparse_local_slopes.py {args.folder} --from {args.start}`",
         "",
-        f"| variant | lengths fitted | time slope (min) | time slope (all lengths, min) | memory slope | speed-up over {args.baseline} at the largest shared length (min times) |",
+        "| variant | lengths fitted | time slope (min) | time slope (all lengths, min) | memory slope | speed-up "
+        f"over {args.baseline} at the largest shared length (min times) |",
         "|---|---|---|---|---|---|",
     ]
     for label in labels:
@@ -42,8 +43,10 @@ def main() -> None:
         shared = [m for m in mine if m[0] in base]
         speedup = f"{base[shared[-1][0]] / shared[-1][1]:.2f}x at {shared[-1][0]}" if shared else "n/a"
         lines.append(
-            f"| {label} | {', '.join(str(m[0]) for m in tail)} | {fit_slope([m[0] for m in tail], [m[1] for m in tail]):.2f} | "
-            f"{fit_slope([m[0] for m in mine], [m[1] for m in mine]):.2f} | {fit_slope([m[0] for m in tail], [m[2] for m in tail]):.2f} | {speedup} |"
+            f"| {label} | {', '.join(str(m[0]) for m in tail)} | "
+            f"{fit_slope([m[0] for m in tail], [m[1] for m in tail]):.2f} | "
+            f"{fit_slope([m[0] for m in mine], [m[1] for m in mine]):.2f} | "
+            f"{fit_slope([m[0] for m in tail], [m[2] for m in tail]):.2f} | {speedup} |"
         )
     out = args.folder / "slopes.md"
     out.write_text("\n".join(lines) + "\n")

@@ -168,14 +168,20 @@ def main() -> None:
 
 def write_table(rows: list[dict], out: Path, args) -> None:
     lines = [
-        f"Train lengths {args.train_min}-{args.train_max}, test length {args.test_len}; {args.steps} steps x batch {args.batch}, Adam lr {args.lr} cosine, {args.threads} thread(s), seed {args.seed}; greedy decoding, {args.n_test} test strings per length.",
+        f"Train lengths {args.train_min}-{args.train_max}, test length {args.test_len}; {args.steps} steps x "
+        f"batch {args.batch}, Adam lr {args.lr} cosine, {args.threads} thread(s), seed {args.seed}; greedy "
+        f"decoding, {args.n_test} test strings per length.",
         "",
-        f"| task | model | params | train CPU s | char-acc len {args.train_max} | seq-acc len {args.train_max} | char-acc len {args.test_len} | seq-acc len {args.test_len} | paper char / seq (train 40, test 400) |",
+        f"| task | model | params | train CPU s | char-acc len {args.train_max} | seq-acc len {args.train_max} | "
+        f"char-acc len {args.test_len} | seq-acc len {args.test_len} | paper char / seq (train 40, test 400) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['task']} | {r['model']} | {int(r['params']):,} | {r['train_cpu_s']} | {float(r['iid_char_acc']):.2f} | {float(r['iid_seq_acc']):.2f} | {float(r['test_char_acc']):.2f} | {float(r['test_seq_acc']):.2f} | {float(r['paper_char_acc']):.2f} / {float(r['paper_seq_acc']):.2f} |"
+            f"| {r['task']} | {r['model']} | {int(r['params']):,} | {r['train_cpu_s']} | "
+            f"{float(r['iid_char_acc']):.2f} | {float(r['iid_seq_acc']):.2f} | {float(r['test_char_acc']):.2f} | "
+            f"{float(r['test_seq_acc']):.2f} | {float(r['paper_char_acc']):.2f} / {float(r['paper_seq_acc']):.2f} "
+            "|"
         )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -92,7 +92,8 @@ def train(kind: str, data: torch.Tensor, args, log) -> tuple[torch.nn.Module, li
         losses.append(out.loss.item() / math.log(2))
     seconds = time.perf_counter() - start
     log(
-        f"{kind}: trained {args.steps} steps in {seconds:.0f}s, last-50 train bpc {sum(losses[-50:]) / len(losses[-50:]):.3f}"
+        f"{kind}: trained {args.steps} steps in {seconds:.0f}s, last-50 train bpc "
+        f"{sum(losses[-50:]) / len(losses[-50:]):.3f}"
     )
     return model, losses, seconds
 
@@ -222,14 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     fig.savefig(out / "train_curves.png", dpi=100)
     shown = "; ".join(f"`{c}`" for c in commands)
     md = [
-        f"# Memory helps: tiny Shakespeare, bits per character\n\nCommand(s): {shown}  \n{args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, segment {args.segment}, batch {args.batch} streams, {args.steps} steps, lr {args.lr} (cosine), dropout {args.dropout}, seed {args.seed}, 1 thread. Evaluation: first {args.eval_chars} held-out characters (last 10% of the file), 8 streams.\n"
+        f"# Memory helps: tiny Shakespeare, bits per character\n\nCommand(s): {shown}  \n{args.layers} layers, d "
+        f"{args.d_model}, 4 heads, FFN {4 * args.d_model}, segment {args.segment}, batch {args.batch} streams, "
+        f"{args.steps} steps, lr {args.lr} (cosine), dropout {args.dropout}, seed {args.seed}, 1 thread. "
+        f"Evaluation: first {args.eval_chars} held-out characters (last 10% of the file), 8 streams.\n"
     ]
     md.append(
         "| model | eval memory | eval bpc | bpc, first quarter of each segment | train seconds |\n|---|---|---|---|---|"
     )
     for r in rows:
         md.append(
-            f"| {r['model']} | {r['eval_memory']} | {r['eval_bpc']:.3f} | {r['eval_bpc_first_quarter']:.3f} | {r['train_seconds']:.0f} |"
+            f"| {r['model']} | {r['eval_memory']} | {r['eval_bpc']:.3f} | {r['eval_bpc_first_quarter']:.3f} | "
+            f"{r['train_seconds']:.0f} |"
         )
     md.append("\nLog:\n\n```\n" + "\n".join(lines) + "\n```\n")
     (out / "README.md").write_text("\n".join(md))

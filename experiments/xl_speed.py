@@ -96,7 +96,9 @@ def eval_speed(lengths: list[int], segment: int, rounds: int, shape: dict, log) 
             paper_speedup=PAPER_TABLE9.get(length, ""),
         )
         log(
-            f"eval L={length} seg={seg}: vanilla {row['vanilla_ms_per_token']:.2f} ms/token, XL {row['xl_ms_per_token']:.4f} ms/token, speed-up {row['speedup']:.0f}x (range {row['speedup_min']:.0f}-{row['speedup_max']:.0f})"
+            f"eval L={length} seg={seg}: vanilla {row['vanilla_ms_per_token']:.2f} ms/token, XL "
+            f"{row['xl_ms_per_token']:.4f} ms/token, speed-up {row['speedup']:.0f}x (range "
+            f"{row['speedup_min']:.0f}-{row['speedup_max']:.0f})"
         )
         rows.append(row)
     return rows
@@ -137,7 +139,8 @@ def train_speed(configs: list[tuple[int, int]], rounds: int, log) -> list[dict]:
         )
         row["ratio_ours_over_peer"] = row["transformer_xl_ms"] / row["x_transformers_ms"]
         log(
-            f"train segment {n} + memory {mem}: transformer_xl {row['transformer_xl_ms']:.0f} ms, x-transformers {row['x_transformers_ms']:.0f} ms, ratio {row['ratio_ours_over_peer']:.2f}"
+            f"train segment {n} + memory {mem}: transformer_xl {row['transformer_xl_ms']:.0f} ms, x-transformers "
+            f"{row['x_transformers_ms']:.0f} ms, ratio {row['ratio_ours_over_peer']:.2f}"
         )
         rows.append(row)
     return rows
@@ -224,28 +227,40 @@ def main(argv: list[str] | None = None) -> int:
     if train_rows:
         write_csv(train_rows, out / "train_speed.csv")
     md = [
-        f"# Transformer-XL speed\n\nCommand: `{command}`  \nMachine: {_machine()}, torch {torch.__version__}, {args.threads} threads (shared machine: absolute times are noisy, ratios are measured in the same run, interleaved).\n"
+        f"# Transformer-XL speed\n\nCommand: `{command}`  \nMachine: {_machine()}, torch {torch.__version__}, "
+        f"{args.threads} threads (shared machine: absolute times are noisy, ratios are measured in the same run, "
+        "interleaved).\n"
     ]
     md.append(
-        f"## Evaluation: per-token time, vanilla re-computing its context vs XL state reuse\n\nModel: {args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, vocab 256, batch 1; XL segment {args.segment}, mem_len = attention length.\n"
+        "## Evaluation: per-token time, vanilla re-computing its context vs XL state reuse\n\nModel: "
+        f"{args.layers} layers, d {args.d_model}, 4 heads, FFN {4 * args.d_model}, vocab 256, batch 1; XL segment "
+        f"{args.segment}, mem_len = attention length.\n"
     )
     md.append(
-        "| attention length | vanilla ms/token | XL ms/token | speed-up (median of rounds) | range | paper (GPU) |\n|---|---|---|---|---|---|"
+        "| attention length | vanilla ms/token | XL ms/token | speed-up (median of rounds) | range | paper (GPU) "
+        "|\n|---|---|---|---|---|---|"
     )
     for r in eval_rows:
         md.append(
-            f"| {r['attention_length']} | {r['vanilla_ms_per_token']:.2f} | {r['xl_ms_per_token']:.4f} | {r['speedup']:.0f}x | {r['speedup_min']:.0f}-{r['speedup_max']:.0f}x | {str(r['paper_speedup']) + 'x' if r['paper_speedup'] else '-'} |"
+            f"| {r['attention_length']} | {r['vanilla_ms_per_token']:.2f} | {r['xl_ms_per_token']:.4f} | "
+            f"{r['speedup']:.0f}x | {r['speedup_min']:.0f}-{r['speedup_max']:.0f}x | "
+            f"{str(r['paper_speedup']) + 'x' if r['paper_speedup'] else '-'} |"
         )
     if train_rows:
         md.append(
-            "\n## Training step (forward + backward): a segment with a full memory from the previous step\n\n2 layers, d 256, 4 heads, FFN 1,024, vocab 256, batch 1. Peer: x-transformers TransformerWrapper(max_mem_len=memory), Decoder(rel_pos_bias=True). BENCHMARKS.md's peer figure is quoted at segment + memory = its token count.\n"
+            "\n## Training step (forward + backward): a segment with a full memory from the previous step\n\n2 "
+            "layers, d 256, 4 heads, FFN 1,024, vocab 256, batch 1. Peer: x-transformers "
+            "TransformerWrapper(max_mem_len=memory), Decoder(rel_pos_bias=True). BENCHMARKS.md's peer figure is "
+            "quoted at segment + memory = its token count.\n"
         )
         md.append(
-            "| segment | memory | transformer_xl ms | x-transformers ms (this run) | ours / peer | peer in BENCHMARKS.md |\n|---|---|---|---|---|---|"
+            "| segment | memory | transformer_xl ms | x-transformers ms (this run) | ours / peer | peer in "
+            "BENCHMARKS.md |\n|---|---|---|---|---|---|"
         )
         for r in train_rows:
             md.append(
-                f"| {r['segment']} | {r['memory']} | {r['transformer_xl_ms']:.0f} | {r['x_transformers_ms']:.0f} | {r['ratio_ours_over_peer']:.2f} | {r['peer_in_benchmarks_md_ms'] or '-'} |"
+                f"| {r['segment']} | {r['memory']} | {r['transformer_xl_ms']:.0f} | {r['x_transformers_ms']:.0f} "
+                f"| {r['ratio_ours_over_peer']:.2f} | {r['peer_in_benchmarks_md_ms'] or '-'} |"
             )
     md.append("\nLog:\n\n```\n" + "\n".join(lines) + "\n```\n")
     (out / "README.md").write_text("\n".join(md))

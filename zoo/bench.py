@@ -430,7 +430,10 @@ def _progress_line(row: dict[str, Any]) -> str:
     if row.get("status") != "ok":
         return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {row['status']}"
     timing = f"{row['time_ms']:9.1f} ms  {row['tokens_per_s']:9.0f} tok/s" if "time_ms" in row else "(not timed)"
-    return f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  {timing}  act {row['act_mib']:8.1f} MiB"
+    return (
+        f"{row['variant']:>28}  L={row['length']:>6}  layers={row['layers']:>2}  "
+        f"{timing}  act {row['act_mib']:8.1f} MiB"
+    )
 
 
 # -- paired timing: variants in alternating rounds ----------------------------------------------
@@ -874,7 +877,9 @@ def markdown(
     lines.append("|---|---|---|---|---|")
     for s in summary:
         lines.append(
-            f"| {s['variant']} | {s['time_slope']:.2f} | {s['memory_slope']:.2f} | {s.get('memory_last_over_first', float('nan')):.2f} | {s.get('faster_than_baseline_from', '(baseline)')} |"
+            f"| {s['variant']} | {s['time_slope']:.2f} | {s['memory_slope']:.2f} | "
+            f"{s.get('memory_last_over_first', float('nan')):.2f} | "
+            f"{s.get('faster_than_baseline_from', '(baseline)')} |"
         )
     lines.append("")
     return "\n".join(lines)

@@ -57,14 +57,16 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
     attn_cls = ATTENTION.get(attn_name)
     if attn_cls.causal_only and not causal:
         raise ValueError(
-            f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another attention for kind={config.kind!r}"
+            f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another "
+            f"attention for kind={config.kind!r}"
         )
     cross_name, cross_options = split_part(config.cross_attention)
     if cross and not ATTENTION.get(cross_name).supports_cross:
         capable = [n for n in ATTENTION.list() if ATTENTION.get(n).supports_cross]
         reason = ATTENTION.get(cross_name).no_cross_reason
         raise ValueError(
-            f"cross_attention {cross_name!r} cannot attend to another sequence (supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}"
+            f"cross_attention {cross_name!r} cannot attend to another sequence "
+            f"(supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}"
         )
     make_residual = residual_factory(config)
 

@@ -213,7 +213,8 @@ class ZooModel(nn.Module):
             raise ValueError(f"state comes from a different model ({state.signature}); this model is {self.signature}")
         if state.batch_size != batch_size:
             raise ValueError(
-                f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh with state=None or model.init_state({batch_size})"
+                f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh "
+                f"with state=None or model.init_state({batch_size})"
             )
         if state.offset and stack is not None and not stack.keeps_state:
             # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps

@@ -133,7 +133,9 @@ class UniversalStack(Stack):
     def check_state(self, state: list[Any] | None) -> list[Any]:
         if state is not None and any(s is not None for s in (state if isinstance(state, (list, tuple)) else [state])):
             raise ValueError(
-                "stack 'universal' keeps no state: it re-applies one block T times (under ACT each position stops at its own step), so a per-layer KV cache or segment memory cannot be threaded through the repeated steps; call with state=None (models recompute the prefix when decoding)"
+                "stack 'universal' keeps no state: it re-applies one block T times (under ACT each position stops "
+                "at its own step), so a per-layer KV cache or segment memory cannot be threaded through the "
+                "repeated steps; call with state=None (models recompute the prefix when decoding)"
             )
         return [None] * self.n_layers
 

@@ -86,7 +86,10 @@ def explain_unknown_key(exc: BaseException, overrides: list[str], conf_dir: str 
             )
         return None
     where = f"'{parent}'" if parent else "the top level"
-    return f"unknown config key {full_key!r}: {where} has no key {key!r}; valid: {', '.join(keys)}.{did_you_mean(key, keys)}"
+    return (
+        f"unknown config key {full_key!r}: {where} has no key {key!r}; "
+        f"valid: {', '.join(keys)}.{did_you_mean(key, keys)}"
+    )
 
 
 def unset_part_message(full_key: str, axis: str, key: str, cfg: DictConfig) -> str:
@@ -132,9 +135,8 @@ def first_choice_overrides(overrides: list[str]) -> list[str]:
         if isinstance(value, ChoiceSweep) and value.list:
             first = value.list[0]
             prefix = {"ADD": "+", "FORCE_ADD": "++"}.get(parsed.type.name, "")
-            out.append(
-                f"{prefix}{parsed.get_key_element()}={first if isinstance(first, str) else OmegaConf.to_yaml(first).strip()}"
-            )
+            shown = first if isinstance(first, str) else OmegaConf.to_yaml(first).strip()
+            out.append(f"{prefix}{parsed.get_key_element()}={shown}")
     return out
 
 

@@ -313,11 +313,13 @@ class AdaptiveSpanAttention(Attention):
         if state is not None:
             if not isinstance(state, SpanCache):
                 raise ValueError(
-                    f"adaptive_span: state must be a SpanCache (from init_state or a previous call), got {type(state).__name__}"
+                    "adaptive_span: state must be a SpanCache (from init_state or a previous call), got "
+                    f"{type(state).__name__}"
                 )
             if state.x is not None and (state.x.shape[0] != b or state.x.shape[2] != self.d_model):
                 raise ValueError(
-                    f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is [b={b}, t, d={self.d_model}]"
+                    f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is "
+                    f"[b={b}, t, d={self.d_model}]"
                 )
         fractions = self.span_fractions(x)
         spans = fractions * o.max_span

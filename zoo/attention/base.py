@@ -170,7 +170,8 @@ class Attention(nn.Module):
         if context is not None:
             if not self.supports_cross:
                 raise ValueError(
-                    f"{name} does not support cross-attention (context=...); mechanisms that do: see zoo.list_attention() with supports_cross"
+                    f"{name} does not support cross-attention (context=...); mechanisms that do: see "
+                    "zoo.list_attention() with supports_cross"
                 )
             fits = isinstance(context, Tensor) and context.dim() == 3 and context.shape[0] == x.shape[0]
             fits = fits and context.shape[1] > 0 and context.shape[-1] == self.d_model
@@ -187,7 +188,8 @@ class Attention(nn.Module):
                 )
             if tuple(pad_mask.shape) != tuple(keys.shape[:2]):
                 raise ValueError(
-                    f"{name}: pad_mask must be [b, {'c' if context is not None else 't'}] = {tuple(keys.shape[:2])}; got {tuple(pad_mask.shape)}"
+                    f"{name}: pad_mask must be [b, {'c' if context is not None else 't'}] = "
+                    f"{tuple(keys.shape[:2])}; got {tuple(pad_mask.shape)}"
                 )
         if state is not None and not self.supports_memory:
             raise ValueError(f"{name} keeps no state (supports_memory=False) but was given one")

@@ -159,12 +159,14 @@ class Local2DAttention(PatternAttention):
             if self.causal:
                 require(
                     1 <= t <= size,
-                    f"local_2d: sequence length {t} does not fit the image height x width = {height} x {width} = {size} (a causal layer accepts up to {size} positions, a raster prefix)",
+                    f"local_2d: sequence length {t} does not fit the image height x width = {height} x {width} = "
+                    f"{size} (a causal layer accepts up to {size} positions, a raster prefix)",
                 )
             else:
                 require(
                     t == size,
-                    f"local_2d: sequence length {t} is not height x width = {height} x {width} = {size}; a bidirectional 2D layer needs the whole image",
+                    f"local_2d: sequence length {t} is not height x width = {height} x {width} = {size}; a "
+                    "bidirectional 2D layer needs the whole image",
                 )
             if t != size:
                 note_not_an_image(t, height, width)

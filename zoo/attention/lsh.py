@@ -129,7 +129,8 @@ class LSHAttention(SharedQKProjections):
                 and self.n_buckets >= 0
                 and self.n_buckets != 1
                 and self.n_buckets % 2 == 0,
-                f"n_buckets must be 0 (auto) or an even int >= 2 (angular LSH takes the argmax over [xR; -xR]), got {self.n_buckets!r}",
+                "n_buckets must be 0 (auto) or an even int >= 2 (angular LSH takes the argmax over [xR; -xR]), got "
+                f"{self.n_buckets!r}",
             )
             require(
                 self.look_back in ("window", "chunk"),
@@ -160,7 +161,9 @@ class LSHAttention(SharedQKProjections):
             return max(2, n_chunks + n_chunks % 2)
         if n_buckets > max(2, padded_length):
             raise ValueError(
-                f"lsh: n_buckets={n_buckets} is too large for length {padded_length} (padded to a multiple of chunk_size); valid: an even number in [2, {max(2, padded_length - padded_length % 2)}], or 0 for auto"
+                f"lsh: n_buckets={n_buckets} is too large for length {padded_length} (padded to a multiple of "
+                "chunk_size); valid: an even number in "
+                f"[2, {max(2, padded_length - padded_length % 2)}], or 0 for auto"
             )
         return n_buckets
 

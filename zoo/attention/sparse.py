@@ -77,7 +77,8 @@ class FactorisedSparseAttention(PatternAttention):
         name = self.registry_name
         require(
             self.options.combine != "per_head" or n_heads >= 2,
-            f"{name}: combine='per_head' splits the heads between the two patterns and needs n_heads >= 2, got {n_heads}",
+            f"{name}: combine='per_head' splits the heads between the two patterns and needs n_heads >= 2, got "
+            f"{n_heads}",
         )
 
     @classmethod
@@ -240,7 +241,8 @@ class FixedSparseAttention(FactorisedSparseAttention):
     def check_stride(self, stride: int) -> None:
         require(
             self.options.c <= stride,
-            f"sparse_fixed: c ({self.options.c}) must be <= stride l ({stride}); with stride=0, l = ceil(sqrt(t)) is too small for this sequence length",
+            f"sparse_fixed: c ({self.options.c}) must be <= stride l ({stride}); with stride=0, l = ceil(sqrt(t)) "
+            "is too small for this sequence length",
         )
 
     def first(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:

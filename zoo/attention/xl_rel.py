@@ -173,22 +173,26 @@ class XLRelativeAttention(Attention):
     def _check_memory(self, memory: XLMemory, x: Tensor) -> None:
         if not isinstance(memory, XLMemory):
             raise ValueError(
-                f"xl_rel: state must be the XLMemory this attention returned (or init_state()); got {type(memory).__name__}"
+                "xl_rel: state must be the XLMemory this attention returned (or init_state()); got "
+                f"{type(memory).__name__}"
             )
         if memory.states is None:
             return
         got = memory.states
         if got.dim() != 3 or got.shape[0] != x.shape[0]:
             raise ValueError(
-                f"xl_rel: memory holds batch size {got.shape[0]} but the input has batch size {x.shape[0]}; start fresh with state=None or init_state({x.shape[0]})"
+                f"xl_rel: memory holds batch size {got.shape[0]} but the input has batch size {x.shape[0]}; start "
+                f"fresh with state=None or init_state({x.shape[0]})"
             )
         if got.shape[-1] != self.d_model:
             raise ValueError(
-                f"xl_rel: memory has d={got.shape[-1]} but this attention has d_model={self.d_model}: it comes from a different model"
+                f"xl_rel: memory has d={got.shape[-1]} but this attention has d_model={self.d_model}: it comes from "
+                "a different model"
             )
         if got.dtype != x.dtype or got.device != x.device:
             raise ValueError(
-                f"xl_rel: memory is {got.dtype} on {got.device} but the input is {x.dtype} on {x.device}; convert the state (zoo.models.map_tensors) or start fresh"
+                f"xl_rel: memory is {got.dtype} on {got.device} but the input is {x.dtype} on {x.device}; convert "
+                "the state (zoo.models.map_tensors) or start fresh"
             )
 
     def _next_memory(self, keys_in: Tensor, key_pad: Tensor | None, cache: tuple | None) -> XLMemory:

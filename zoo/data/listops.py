@@ -104,7 +104,8 @@ def sample(
         if min_length < length < max_length:
             return tree, evaluate(tree)
     raise ValueError(
-        f"no ListOps tree with {min_length} < length < {max_length} in {max_tries} draws; widen data.min_length/data.max_length"
+        f"no ListOps tree with {min_length} < length < {max_length} in {max_tries} draws; widen "
+        "data.min_length/data.max_length"
     )
 
 
@@ -141,7 +142,8 @@ class ListOpsTask(Task):
         super().__init__(**kwargs)
         require(
             self.seq_len >= self.options.max_length - 1,
-            f"listops sequences reach data.max_length - 1 = {self.options.max_length - 1} tokens; set trainer.seq_len >= that (or lower data.max_length)",
+            f"listops sequences reach data.max_length - 1 = {self.options.max_length - 1} tokens; set "
+            "trainer.seq_len >= that (or lower data.max_length)",
         )
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:

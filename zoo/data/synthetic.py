@@ -161,7 +161,8 @@ class AssociativeRecallTask(_SyntheticTask):
         o = self.options
         require(
             self.seq_len >= 2 * o.n_pairs + 2,
-            f"associative_recall needs trainer.seq_len >= 2 * data.n_pairs + 2 = {2 * o.n_pairs + 2}, got {self.seq_len}",
+            f"associative_recall needs trainer.seq_len >= 2 * data.n_pairs + 2 = {2 * o.n_pairs + 2}, got "
+            f"{self.seq_len}",
         )
         self.vocab_size = 1 + o.n_keys + o.n_values
 

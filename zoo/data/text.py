@@ -44,7 +44,8 @@ def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[i
         need = sum(sizes)
         require(
             need <= total,
-            f"{what} has {total:,} tokens but data.split asks for {need:,} ({sizes}); set data.split to fractions (e.g. [0.9,0.05,0.05]) or sizes that fit",
+            f"{what} has {total:,} tokens but data.split asks for {need:,} ({sizes}); set data.split to fractions "
+            "(e.g. [0.9,0.05,0.05]) or sizes that fit",
         )
     bounds, start = {}, 0
     for name, size in zip(SPLITS, sizes):
@@ -112,7 +113,8 @@ class TextLMTask(Task):
         segments = lane // self.seq_len
         require(
             segments >= 1,
-            f"the {split} split of {self.path} ({end - start:,} tokens) is too small for {rows} rows x trainer.seq_len={self.seq_len} (+1); lower trainer.batch_size or trainer.seq_len, or change data.split",
+            f"the {split} split of {self.path} ({end - start:,} tokens) is too small for {rows} rows x "
+            f"trainer.seq_len={self.seq_len} (+1); lower trainer.batch_size or trainer.seq_len, or change data.split",
         )
         return start, lane, segments
 

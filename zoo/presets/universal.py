@@ -18,7 +18,8 @@ UNIVERSAL = dict(BASE, position={"name": "none"})
 
 @register_preset(
     "universal_transformer",
-    "Universal Transformer LM: one shared block applied T=6 times with position+timestep signals (Dehghani et al. 2019)",
+    "Universal Transformer LM: one shared block applied T=6 times with position+timestep signals "
+    "(Dehghani et al. 2019)",
 )
 def _universal_transformer() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="lm", n_layers=6, stack={"name": "universal"})
@@ -26,7 +27,8 @@ def _universal_transformer() -> dict[str, Any]:
 
 @register_preset(
     "universal_transformer_act",
-    "Universal Transformer LM with per-position ACT halting, at most 8 steps, ponder cost 0.01 (Dehghani et al. 2019; Graves 2016)",
+    "Universal Transformer LM with per-position ACT halting, at most 8 steps, ponder cost 0.01 "
+    "(Dehghani et al. 2019; Graves 2016)",
 )
 def _universal_transformer_act() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="lm", n_layers=8, stack={"name": "universal", "act": True})

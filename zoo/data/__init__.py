@@ -4,7 +4,8 @@
 ``list_tasks()`` lists them. Importing this package registers every task.
 """
 
-from zoo.data import aan, images, imdb, listops, pathfinder, synthetic, text, word  # noqa: F401  (registration side effects)
+# imported for their registration side effects
+from zoo.data import aan, images, imdb, listops, pathfinder, synthetic, text, word  # noqa: F401
 from zoo.data.base import TASK, DataFileNotFound, Task, create_task, list_tasks, metric_value
 
 __all__ = ["TASK", "DataFileNotFound", "Task", "create_task", "list_tasks", "metric_value"]

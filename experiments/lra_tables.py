@@ -1,7 +1,7 @@
 """LRA Tables 1 and 2 from finished sweeps, and the toy data directory for ``sweep=lra`` on a CPU.
 
     python experiments/lra_tables.py multirun/<date>/<time> --out results/lra     # tables from runs
-    python experiments/lra_tables.py --toy-data /tmp/lra_data [--imdb <aclImdb tarball>]
+    python experiments/lra_tables.py --toy-data runs/lra_data [--imdb <aclImdb tarball>]
 
 ``sweep=lra`` writes the tables itself at the end (zoo/app/lra.py); this script rebuilds them from
 one or more sweep directories (e.g. one per task) with the Table 2 measurement settings given here.

@@ -19,6 +19,8 @@ import torch
 
 pytest.importorskip("hydra")
 
+from app_overrides import TINY  # noqa: E402
+
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
 from zoo.checkpoint import write_checksum  # noqa: E402
@@ -26,20 +28,6 @@ from zoo.data import DataFileNotFound  # noqa: E402
 from zoo.trainer import CheckpointError, TrainingDiverged, load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "experiment=tiny",
-    "logger=csv",
-    "trainer.max_steps=4",
-    "trainer.eval_every=2",
-    "trainer.eval_batches=1",
-    "trainer.batch_size=2",
-    "trainer.seq_len=16",
-    "trainer.progress=false",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_heads=2",
-    "trainer.device=cpu",
-]
 
 
 @pytest.fixture(scope="module")

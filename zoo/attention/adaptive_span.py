@@ -37,11 +37,17 @@ stream and the block's current LayerNorm is applied to it, see ``LayerInput``). 
 hold at least S past inputs, else a head could learn a span it can never see (refused at build
 time).
 
-Deviations: (1) the paper's model uses learned relative position embeddings for keys; here the
-model's absolute position signal (sinusoidal by default, with the stream offset) is used, since
-relative schemes live in their own attention (``xl_rel``). (2) The span is parameterised as in the
-authors' code, z = S z' with z' in [0, 1] (clamped after each optimiser step), so Adam moves it
-at a useful rate; the paper writes the penalty on z. (3) ``mode="fixed"`` (z = S for every head,
+Positions: with ``relative_keys`` (the ``adaptive_span_lm`` preset sets it, with no absolute signal)
+each layer learns the paper's relative key embeddings p_x, one d_head vector per distance x = 1 ... S
+shared by the heads, and the score becomes s_tr = (q_t . k_r + q_t . p_{t-r}) / sqrt(d_head), as in
+the authors' code (which shares one table across layers too). The q . p term is computed over the
+same band as q . k and added with log m, so it costs what q . k costs. Without it the model's absolute
+signal is used; on a copy from 200 characters back that made ours miss what the authors' code
+learns in a few hundred steps (results/adaptive_span_range).
+
+Deviations: (1) the relative key table is per layer, the authors' is shared across layers. (2) The
+span is parameterised as in the authors' code, z = S z' with z' in [0, 1] (clamped after each
+optimiser step), so Adam moves it at a useful rate; the paper writes the penalty on z. (3) ``mode="fixed"`` (z = S for every head,
 no penalty) is the fixed-span baseline the paper compares with: plain attention over the S keys
 before the query. (4) Causal only: the paper defines the span for language modelling.
 Notes: the authors' code applies the mask one distance later, m_z(t - r - 1) (the previous token
@@ -133,6 +139,7 @@ def blocked_span_attention(
     key_valid: Tensor | None = None,
     block_size: int = 0,
     dropout: float = 0.0,
+    key_position: Tensor | None = None,
 ) -> Tensor:
     """Causal soft-masked attention of t queries over the keys 1 ... ``reach`` positions before each.
 
@@ -140,7 +147,9 @@ def blocked_span_attention(
     spans: [h] or [b, h, t] in tokens; reach: the window, keys at distances 1 ... reach (the
     caller caps it at S; every distance with a non-zero mask inside S must lie in it, which
     span_reach guarantees); key_valid: bool [b, s] (True = real key) or None. A query with no key
-    to see gets the zero vector (the empty sum of eq. (4)). Returns [b, h, t, k]."""
+    to see gets the zero vector (the empty sum of eq. (4)). key_position: [k, >= reach] or None, the
+    paper's learned relative key embeddings (column x - 1 for distance x): q . p_x / sqrt(k) is added
+    to the score s_tr, as q . k is. Returns [b, h, t, k]."""
     b, h, t, _ = q.shape
     s = k.shape[2]
     m = s - t
@@ -172,6 +181,10 @@ def blocked_span_attention(
     else:  # one span per head and query: [b, h, n, a, 1]
         per_query = rearrange(F.pad(spans, (0, right)), "b h (n a) -> b h n a", a=a)[..., None]
         mask = soft_mask(distance, per_query, ramp)
+    relative = 0.0
+    if key_position is not None:  # q . p_x over the band: [b, h, n, a, w], as large as the band's scores
+        index = distance.long().clamp(1, max(reach, 1)) - 1  # outside the window: masked below anyway
+        relative = torch.einsum("bhnak,kaw->bhnaw", qb, key_position[:, index]) * q.shape[-1] ** -0.5
     neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
     tiny = torch.finfo(q.dtype).tiny  # log(m) with -inf where m = 0; the clamp keeps log's gradient finite there
 
@@ -180,7 +193,10 @@ def blocked_span_attention(
         no allowed key attends to its own key instead (no NaN) and its result is then zeroed."""
         empty = ~allowed.any(-1, keepdim=True)  # [..., a, 1]
         allowed = allowed | (empty & itself)
-        bias = torch.where(allowed, mask.clamp_min(tiny).log(), neg_inf)  # log m(0) = 0 on the stand-in key
+        score = mask.clamp_min(tiny).log()  # log m(0) = 0 on the stand-in key
+        if key_position is not None:
+            score = score + relative[:, :, part]
+        bias = torch.where(allowed, score, neg_inf)
         out = F.scaled_dot_product_attention(
             qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout
         )
@@ -227,6 +243,7 @@ class AdaptiveSpanAttention(Attention):
         cache_size: int = 0  # past inputs kept across calls; 0 = S (every key the window can reach)
         block_size: int = 0  # queries per block; 0 = auto (see auto_block_size)
         bias: bool = True  # bias in the q/k/v/output projections
+        relative_keys: bool = False  # the paper's learned relative key embeddings p_x, x = 1 ... S (see notes)
 
         def __post_init__(self) -> None:
             require(
@@ -266,6 +283,8 @@ class AdaptiveSpanAttention(Attention):
         super().__init__(d_model, n_heads, **kwargs)
         o = self.options
         self.add_projections(bias=o.bias)
+        if o.relative_keys:  # one [d_head, S] table per layer shared by the heads, N(0, 1) as the authors' code
+            self.key_position = nn.Parameter(torch.randn(self.head_dim, o.max_span))
         if o.mode == "learned":
             # z = S * z', z' in [0, 1] (the authors' parameterisation)
             self.span_param = nn.Parameter(torch.full((n_heads,), o.span_init / o.max_span))
@@ -341,7 +360,9 @@ class AdaptiveSpanAttention(Attention):
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
         dropout = self.dropout if self.training else 0.0
 
-        def attend(q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None) -> Tensor:
+        def attend(
+            q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None, table: Tensor | None
+        ) -> Tensor:
             spans = fractions * o.max_span
             return blocked_span_attention(
                 q,
@@ -353,10 +374,12 @@ class AdaptiveSpanAttention(Attention):
                 key_valid=key_valid,
                 block_size=o.block_size,
                 dropout=dropout,
+                key_position=table,
             )
 
         # the band's weights (and its blocked key copies) are recomputed in backward, not kept
-        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, stochastic=dropout > 0)
+        table = self.key_position if o.relative_keys else None
+        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, table, stochastic=dropout > 0)
         out = self.to_out(self.merge_heads(out))
 
         aux, stats = {}, {}

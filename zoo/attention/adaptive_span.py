@@ -49,7 +49,8 @@ Deviations: (1) the relative key table is per layer, the authors' is shared acro
 span is parameterised as in the authors' code, z = S z' with z' in [0, 1] (clamped after each
 optimiser step), so Adam moves it at a useful rate; the paper writes the penalty on z.
 (3) ``mode="fixed"`` (z = S for every head, no penalty) is the fixed-span baseline the paper
-compares with: plain attention over the S keys before the query. (4) Causal only: the paper defines the span for language modelling.
+compares with: plain attention over the S keys before the query. (4) Causal only: the paper
+defines the span for language modelling.
 Notes: the authors' code applies the mask one distance later, m_z(t - r - 1) (the previous token
 is always fully visible); we follow the paper's formula. Earlier versions of this module also let the
 query attend to itself and the ramp run past S; that option was dropped rather than kept: the

@@ -209,7 +209,8 @@ def blocked_span_attention(
     allowed = in_window & (mask > 0)  # [1, h, 1, a, w] or [b, h, n, a, w]
     if key_valid is None and spans.dim() == 1:
         # common case: only the first blocks reach before the first key; the others share one
-        # [1, h, 1, a, w] bias, broadcast by SDPA instead of materialised per block
+        # [1, h, 1, a, w] bias, broadcast by SDPA instead of materialised per block (with relative
+        # keys the q . p term makes it [b, h, n, a, w], the size of the band's scores)
         head = min(n, -(-left // a))
         parts = []
         if head:

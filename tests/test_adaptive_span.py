@@ -319,6 +319,8 @@ def test_bad_configs_and_states_are_refused_with_the_reason():
         build(mode="static")
     with pytest.raises(ValueError, match="span_init must lie in"):
         build(span_init=100.0)
+    with pytest.raises(ValueError, match="relative_keys must be a bool"):
+        build(relative_keys="yes")
     with pytest.raises(ValueError, match="causal-only"):
         zoo.create_attention("adaptive_span", d_model=D, n_heads=H, causal=False)
     attn = build()

@@ -20,10 +20,10 @@ Runs (each trains on the same text, same batch streams, same seed, same steps):
 
 Each finished run appends its row to ``summary.csv`` and its span trajectory to ``spans.csv``;
 a run whose row exists is skipped (resumable). ``--merge`` writes ``results.md`` and ``spans.png``.
-Attention FLOPs per token are analytic: 4 d_head w per head and layer (QK^T and AV, 2 FLOPs per
-multiply-add), w = keys with a non-zero mask: min(S, ceil(z + R) - 1) for a learned span z, S
-for a fixed one ("paper" convention: per head). Ours' kernel computes one window per layer, the
-longest head's (``kernel`` column).
+Attention FLOPs per token are analytic (``attention_flops``): 6 d_head w per head and layer
+(q . k, q . p and the sum over v, 2 FLOPs per multiply-add), w = keys with a non-zero mask
+(the "paper" convention, per head); the "kernel" column is the window each code computes, one
+per layer.
 
     python experiments/adaptive_span_range.py --ref ../ref/adaptive-span            # train (resumable)
     python experiments/adaptive_span_range.py --merge                               # report

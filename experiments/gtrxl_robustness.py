@@ -263,7 +263,10 @@ def merge(args, task: dict) -> None:
             steps = [int(r["steps_to_solve"]) for r in mine if r["solved"] == "1"]
             total, n_total = total + len(steps), n_total + len(mine)
             median = f" ({statistics.median(steps):g})" if steps else ""
-            cells.append(f"{len(steps)}/{len(mine)}{median}" if mine else "-")
+            # above the threshold at the last evaluation only: not confirmed by a second one, so not solved
+            at_cap = sum(r["solved"] == "0" and float(r["final_acc"]) >= args.threshold for r in mine)
+            late = f" +{at_cap} at cap" if at_cap else ""
+            cells.append(f"{len(steps)}/{len(mine)}{median}{late}" if mine else "-")
         lines.append(f"| {v} | " + " | ".join(cells) + f" | {total}/{n_total} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,7 +1,7 @@
 """GTrXL robustness over the learning rate: TrXL vs TrXL-I vs GTrXL (b_g = 2, 0), ours beside DI-engine's.
 
 Paper: "Stabilizing Transformers for Reinforcement Learning", Parisotto et al. 2019, arXiv:1910.06764.
-Their robustness claim (Section 4.3, Figure 5 and the hyperparameter-sensitivity plots) is that over
+Their robustness claim (the hyperparameter-sensitivity analysis of their RL experiments) is that over
 many hyperparameter settings (learning rate, head/width choices, seeds) GTrXL learns the memory tasks in
 more of them, and less variably, than TrXL-I, with TrXL (post-norm) failing in most. Their evidence is RL
 returns; ours is the supervised stand-in ``zoo.data.delayed_recall``: a cue in segment 0, asked for at the
@@ -19,6 +19,9 @@ runs that do not solve). Variants:
   the project given by ``--ref-path`` (or ``$GTRXL_REF``): ``gru_gating=False`` (its TrXL-I) and
   ``gru_bias`` 2 and 0. It has no post-norm variant. We give it the same token embedding, a final
   LayerNorm and the same LM head as ours (it maps embeddings to hidden states; the task head is ours).
+
+``--check-gate`` compares our GRU gate with DI-engine's ``GRUGatingUnit`` on random inputs with the same
+weights (max |difference|, 0 when the formulas agree).
 
 Outputs (appended as each run ends, so a killed sweep resumes where it stopped): ``runs.csv`` (one row per
 run), ``curves.csv`` (one row per evaluation). ``--merge`` writes ``table.md`` and ``curves.png``.
@@ -44,6 +47,7 @@ from torch import nn
 
 import zoo
 from zoo.data.delayed_recall import IGNORE_INDEX, delayed_recall_batch, vocab_size
+from zoo.gating import GRUGate
 
 # variant -> (implementation, preset or reference switch, gate bias)
 VARIANTS = {
@@ -133,6 +137,20 @@ def build(variant: str, args, vocab: int, ref) -> nn.Module:
     if impl == "ours":
         return Ours(which, gate_bias, args, vocab)
     return Reference(ref, which == "gate", gate_bias, args, vocab)
+
+
+def check_gate(ref, d_model: int = 16) -> float:
+    """max |ours - DI-engine's| of the GRU gate g(x, y) with our weights copied into theirs."""
+    torch.manual_seed(0)
+    ours, theirs = GRUGate(d_model, gate_bias=2.0), ref.GRUGatingUnit(d_model, 2.0)
+    w_r, w_z, w_g = ours.from_y.weight.chunk(3)
+    u_r, u_z = ours.from_x.weight.chunk(2)
+    pairs = [(theirs.Wr, w_r), (theirs.Wz, w_z), (theirs.Wg, w_g), (theirs.Ur, u_r), (theirs.Uz, u_z)]
+    with torch.no_grad():
+        for linear, weight in [*pairs, (theirs.Ug, ours.from_rx.weight)]:
+            linear.weight.copy_(weight)
+        x, y = torch.randn(2, 5, d_model), torch.randn(2, 5, d_model)
+        return float((ours.join(x, y) - theirs(x, F.relu(y))).abs().max())
 
 
 def stream(model: nn.Module, batch: dict, seg_len: int, train: bool) -> tuple[float, torch.Tensor]:
@@ -330,11 +348,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--ref-path", default=os.environ.get("GTRXL_REF", ""), help="directory holding ding/")
     parser.add_argument("--merge", action="store_true", help="summarise runs.csv / curves.csv: table.md, curves.png")
+    parser.add_argument("--check-gate", action="store_true", help="compare our GRU gate with DI-engine's and exit")
     parser.add_argument("--out", default="results/gtrxl_robustness")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = dict(n_segments=args.segments, segment_len=args.segment_len, n_cues=8, n_noise=16)
-    if args.merge:
+    if args.check_gate:
+        ref, why = import_reference(args.ref_path)
+        if ref is None:
+            raise SystemExit(f"--check-gate needs the reference: {why}")
+        print(f"GRU gate, ours vs DI-engine, max |difference|: {check_gate(ref):.3g}")
+    elif args.merge:
         merge(args, task)
     else:
         sweep(args, task)

@@ -48,7 +48,7 @@ def test_each_arm_sets_what_reaches_the_model(tmp_path):
 
 def test_merge_reports_final_bpc_and_the_first_step_under_the_threshold(tmp_path):
     exp = script()
-    args = exp.parse_args(["--smoke", "--threshold", "3.0", "--out", str(tmp_path)])
+    args = exp.parse_args(["--smoke", "--thresholds", "3.0", "2.0", "--out", str(tmp_path)])
     key = exp.settings_key(args)
     write_csv(
         tmp_path / "runs.csv",
@@ -63,8 +63,9 @@ def test_merge_reports_final_bpc_and_the_first_step_under_the_threshold(tmp_path
     rows = [dict(arm=a, seed=0, step=s, val_bpc=v, train_loss="") for a, s, v in curve]
     write_csv(tmp_path / "curves.csv", exp.CURVE_FIELDS, rows)
     table = exp.merge(args, tmp_path)
-    assert "| aux | 0 | 2.500 | 2.500 | 4 | 10 |" in table
-    assert "| plain | 0 | 3.500 | 3.400 | not within 4 | 9 |" in table
+    assert "| aux | 0 | 2.500 | 2.500 | 4 | not within 4 | 10 |" in table
+    assert "| plain | 0 | 3.500 | 3.400 | not within 4 | not within 4 | 9 |" in table
+    assert "| aux | 2.500 | 4 | - |" in table
     assert "9.000" not in table  # a row of other settings is not mixed in
     assert (tmp_path / "curves.png").stat().st_size > 1000
 

@@ -230,6 +230,8 @@ def plot(curves: list[dict], args: argparse.Namespace, path: Path) -> None:
         ax.plot(*zip(*points), style, color=colours.get(arm, "black"), marker=".", label=label)
     for threshold in args.thresholds:
         ax.axhline(threshold, color="grey", lw=0.8, ls=":")
+    ax.axvline(args.steps / 2, color="grey", lw=0.8, ls="--")  # every intermediate loss is gone from here on
+    ax.text(args.steps / 2, ax.get_ylim()[1], " all intermediate losses dropped", fontsize=7, va="top", color="grey")
     ax.set_xlabel("training step")
     ax.set_ylabel("validation bits per character")
     ax.set_title(f"{args.layers}-layer d{args.d_model} char LM, tiny Shakespeare: Al-Rfou aux losses", fontsize=9)

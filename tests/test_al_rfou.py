@@ -40,21 +40,33 @@ def layer_outputs(model, tokens):
 def test_preset_is_the_paper_t64_with_losses_on():
     config = preset_config("al_rfou_lm")
     assert (config.n_layers, config.d_model, config.n_heads, config.d_ff, config.max_len) == (64, 512, 8, 2048, 512)
-    assert config.aux_losses == {"intermediate": True, "multi_target": 0.5}
+    assert config.aux_losses == {"intermediate": True, "multi_target": 0.5, "layer_heads": True}
 
 
-def test_each_loss_matches_a_hand_computation():
-    model = tiny_model()
+@pytest.mark.parametrize("layer_heads", [True, False])
+def test_each_loss_matches_a_hand_computation(layer_heads):
+    """layer_heads: layer l predicts through its own two classifiers (next_char_heads[l-1], after_next_heads[l-1]);
+    else through the model's head and one shared after-next classifier."""
+    model = tiny_model(aux_losses={"intermediate": True, "multi_target": 0.5, "layer_heads": layer_heads})
     tokens, targets = batch()
     out = model(tokens, targets)
     hidden = layer_outputs(model, tokens)
-    head, mt_head = model.head, model.aux_heads.multi_target_head
+    aux = model.aux_heads
+
+    def heads(layer):
+        if not layer_heads:
+            return model.head, aux.multi_target_head
+        own = aux.next_char_heads[layer - 1] if layer < N_LAYERS else model.head
+        return own, aux.after_next_heads[layer - 1]
+
     final = model.norm(hidden[-1])
+    head, mt_head = heads(N_LAYERS)
     torch.testing.assert_close(out.loss, F.cross_entropy(head(final).flatten(0, 1), targets.flatten()))
     after_next = F.cross_entropy(mt_head(final[:, :-1]).flatten(0, 1), targets[:, 1:].flatten())
     torch.testing.assert_close(out.aux_losses["multi_target"], 0.5 * after_next)
     for layer in range(1, N_LAYERS):
         h = model.norm(hidden[layer - 1])
+        head, mt_head = heads(layer)
         next_char = F.cross_entropy(head(h).flatten(0, 1), targets.flatten())
         char_after = F.cross_entropy(mt_head(h[:, :-1]).flatten(0, 1), targets[:, 1:].flatten())
         torch.testing.assert_close(out.aux_losses[f"intermediate_l{layer}"], next_char + 0.5 * char_after)
@@ -74,6 +86,37 @@ def test_weights_are_applied_and_pad_positions_skipped():
     kept = targets.masked_fill(~pad_mask, -100)
     expected = 0.25 * F.cross_entropy(model.head(h).flatten(0, 1), kept.flatten(), ignore_index=-100)
     torch.testing.assert_close(out.aux_losses["intermediate_l1"], expected)
+
+
+def test_layer_heads_give_the_papers_parameter_count():
+    """Each layer's own next-character and character-after-next classifiers, used only in training: that is
+    what makes the paper's totals (T12 44M, T64 235M with a learned position table per layer, as listed by
+    Dai et al. 2019) add up; shared heads leave them ~3M / ~17M short."""
+    d, vocab = 512, 256
+
+    def paper_total(layers, per_layer_classifiers):
+        block = 4 * (d * d + d) + (d * 2048 + 2048 + 2048 * d + d) + 2 * 2 * d  # attention, FFN, 2 LayerNorms
+        classifiers = layers * per_layer_classifiers * d * vocab
+        return layers * (block + 512 * d) + vocab * d + classifiers
+
+    assert round(paper_total(12, 2) / 1e6) == 44 and round(paper_total(64, 2) / 1e6) == 235
+    assert round(paper_total(12, 0) / 1e6) != 44 and round(paper_total(64, 0) / 1e6) != 235
+    own = tiny_model(aux_losses={"intermediate": True, "multi_target": 0.5, "layer_heads": True})
+    shared = tiny_model(aux_losses={"intermediate": True, "multi_target": 0.5, "layer_heads": False})
+    d_small, n_vocab = own.config.d_model, own.config.vocab_size
+    extra = own.num_parameters - shared.num_parameters
+    assert extra == (2 * N_LAYERS - 1 - 1) * d_small * n_vocab  # L-1 next-char + L after-next, minus 1 shared
+
+
+def test_layer_heads_keep_each_layers_gradient_in_its_own_classifier():
+    model = tiny_model(aux_losses={"intermediate": True, "multi_target": 0.5, "layer_heads": True})
+    tokens, targets = batch()
+    model(tokens, targets).aux_losses["intermediate_l1"].backward()
+    aux = model.aux_heads
+    assert float(aux.next_char_heads[0].weight.grad.abs().sum()) > 0
+    assert float(aux.after_next_heads[0].weight.grad.abs().sum()) > 0
+    untouched = [aux.next_char_heads[1], aux.after_next_heads[1], aux.after_next_heads[N_LAYERS - 1]]
+    assert all(head.weight.grad is None for head in untouched)
 
 
 def test_intermediate_loss_gradient_reaches_its_layers_only():

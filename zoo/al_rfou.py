@@ -1,21 +1,42 @@
 """Auxiliary losses of Al-Rfou et al. 2018, "Character-Level Language Modeling with Deeper Self-Attention"
-(arXiv:1808.04444, Section 2.2), which the paper needs to train its 64-layer character model (T64).
+(arXiv:1808.04444, section "Auxiliary Losses"), which the paper needs to train its 64-layer character
+model (T64).
 
 The paper's three losses, as a language model here computes them:
 
 1. Multiple positions: every position predicts its next character. That is already our LM loss
    (``ModelOutput.loss``, the mean over all positions), so nothing is added for it.
 2. Intermediate layers: the output of each layer l < L (L = n_layers, l counted from 1) also
-   predicts the next character, through the model's own final norm and output projection. Layer
-   l's loss counts only while training progress (fraction of the planned steps) is below l / (2L),
-   the paper's schedule (with n layers, layer l stops contributing after l/2n of training): the
-   lowest layers drop out first and all are gone by half of training.
-   Entry ``intermediate_l{l}`` = ``intermediate_weight`` x that layer's loss.
+   predicts the next character, through the model's final norm and then that layer's own classifier
+   (``layer_heads``, the preset's choice) or the model's output projection (``layer_heads`` false).
+   Layer l's loss counts only while training progress (fraction of the planned steps) is below
+   l / (2L), the paper's schedule: the lowest layers drop out first and all are gone by half of
+   training. Entry ``intermediate_l{l}`` = ``intermediate_weight`` x that layer's loss.
 3. Multiple targets: each position also predicts the character after next (targets shifted by one
-   more; the last position has none), through a separate classifier (the paper adds one per extra
-   target), weighted by ``multi_target`` (the paper's multiplier: 0.5) and added to the loss of
-   the layer it belongs to: entry ``multi_target`` for the final layer, and inside
-   ``intermediate_l{l}`` for an intermediate layer.
+   more; the last position has none), through a separate classifier, weighted by ``multi_target``
+   (the paper's multiplier: 0.5) and added to the loss of the layer it belongs to: entry
+   ``multi_target`` for the final layer, and inside ``intermediate_l{l}`` for an intermediate layer.
+
+What was checked against the paper, and from where (the arXiv text itself was not readable in full here;
+its sentences were read as quoted by two third-party reading notes, and the totals as listed by
+Papers with Code and Dai et al. 2019):
+
+- "Intermediate Layer Losses": layer l of n stops contributing after l/2n of training, so all are gone
+  after half of it; predictions at every position at every layer. Matches.
+- "Multiple Targets": a separate classifier per extra target; the extra target's loss weighted 0.5
+  and added to its layer's loss, so intermediate layers predict the character after next too. Matches.
+- "Multiple Positions": every position predicts (the standard LM loss). Matches.
+- Weighting of intermediate losses: the paper speaks of lower layers contributing less and less as
+  training goes on, realised by the drop-out schedule above; no per-layer multiplier is stated, so
+  each active layer counts with weight ``intermediate_weight`` (1) and everything is summed with the
+  final loss (zoo.training.total_loss). Whether the paper sums or averages over layers is not stated
+  in what we could read.
+- Classifiers per layer: the paper's parameter totals (T12 44M, T64 235M, results tables) add up only
+  with a learned position table per layer plus two classifiers (next character, character after next)
+  per layer: 12 x 3.15M blocks + 12 x 0.26M positions + 24 x 0.13M classifiers = 44.2M; the same sum
+  for 64 layers = 235.3M (shared heads would give 41M / 218M). One reading note also says those
+  classifiers are counted as training-only parameters. Hence ``layer_heads`` (on in ``al_rfou_lm``),
+  an inference from the counts rather than a sentence of the paper.
 
 Progress reaches the model through ``set_progress(fraction)``; :func:`zoo.training.set_training_progress`
 calls it, and the trainer does so before every step (``step / max_steps``). A model never told
@@ -44,6 +65,9 @@ class AuxLossOptions:
     intermediate: bool = False  # each layer below the last also predicts the next character
     intermediate_weight: float = 1.0  # multiplier of each intermediate layer's loss
     multi_target: float = 0.0  # weight of the character-after-next loss; 0 = off, the paper: 0.5
+    # own classifiers per layer (the paper's parameter counts); false: intermediate layers share the model's
+    # output head and every layer shares one character-after-next classifier
+    layer_heads: bool = False
 
     def __post_init__(self) -> None:
         require(
@@ -54,6 +78,10 @@ class AuxLossOptions:
             self.intermediate_weight > 0, f"aux_losses.intermediate_weight must be > 0, got {self.intermediate_weight}"
         )
         require(self.multi_target >= 0, f"aux_losses.multi_target must be >= 0 (0 = off), got {self.multi_target}")
+        require(
+            isinstance(self.layer_heads, bool),
+            f"aux_losses.layer_heads must be true or false, got {self.layer_heads!r}",
+        )
 
 
 def intermediate_layer_active(layer: int, n_layers: int, progress: float) -> bool:
@@ -76,8 +104,18 @@ class AlRfouLosses(nn.Module):
         self.n_layers = len(blocks)
         self.progress = 0.0
         self._norm, self._head = [norm], [head]  # held in lists: owned (and saved) by the model, not here
-        # separate classifier for the character after next (no bias, like the tied next-char head)
-        self.multi_target_head = nn.Linear(d_model, vocab_size, bias=False) if self.options.multi_target else None
+        options = self.options
+
+        def linear_heads(count: int) -> nn.ModuleList:  # no bias, like the tied next-character head
+            return nn.ModuleList(nn.Linear(d_model, vocab_size, bias=False) for _ in range(count))
+
+        # the character after next: one classifier shared by all layers, or one per layer (index l - 1)
+        self.multi_target_head = (
+            nn.Linear(d_model, vocab_size, bias=False) if options.multi_target and not options.layer_heads else None
+        )
+        self.after_next_heads = linear_heads(self.n_layers) if options.multi_target and options.layer_heads else None
+        # the next character from intermediate layer l (index l - 1); None: the model's own output head
+        self.next_char_heads = linear_heads(self.n_layers - 1) if options.intermediate and options.layer_heads else None
         self._hidden: list[Tensor] | None = None
         if self.options.intermediate:
             for block in list(blocks)[:-1]:
@@ -88,6 +126,15 @@ class AlRfouLosses(nn.Module):
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"training progress must be in [0, 1], got {fraction}")
         self.progress = float(fraction)
+
+    def classifiers(self, layer: int) -> tuple[nn.Module, nn.Module | None]:
+        """(next-character, character-after-next) classifiers of ``layer`` (1..n_layers); the second is
+        None when multiple targets are off. Layer n_layers's next-character classifier is the model's head."""
+        next_char = self._head[0]
+        if self.next_char_heads is not None and layer < self.n_layers:
+            next_char = self.next_char_heads[layer - 1]
+        after_next = self.after_next_heads[layer - 1] if self.after_next_heads is not None else self.multi_target_head
+        return next_char, after_next
 
     def _keep_output(self, module: nn.Module, args: tuple, output) -> None:
         if self._hidden is not None:
@@ -111,22 +158,23 @@ class AlRfouLosses(nn.Module):
                 f"aux_losses: recorded {len(captured)} intermediate outputs for {self.n_layers} layers; "
                 "the stack must call each block once (stack 'sequential')"
             )
-        weight = self.options.multi_target
-        norm, head = self._norm[0], self._head[0]
+        weight = self.options.multi_target if targets.shape[1] > 1 else 0.0  # a single position has no after-next
+        norm = self._norm[0]
 
-        def after_next(h: Tensor) -> Tensor:  # position i predicts targets[i + 1]
+        def after_next(classifier: nn.Module, h: Tensor) -> Tensor:  # position i predicts targets[i + 1]
             mask = pad_mask[:, 1:] if pad_mask is not None else None
-            return token_loss(self.multi_target_head(h[:, :-1]), targets[:, 1:], mask, label_smoothing)[0]
+            return token_loss(classifier(h[:, :-1]), targets[:, 1:], mask, label_smoothing)[0]
 
         out: dict[str, Tensor] = {}
-        if weight and targets.shape[1] > 1:
-            out["multi_target"] = weight * after_next(hidden)
+        if weight:
+            out["multi_target"] = weight * after_next(self.classifiers(self.n_layers)[1], hidden)
         for layer, h in enumerate(captured, start=1):
             if not intermediate_layer_active(layer, self.n_layers, self.progress):
                 continue
             h = norm(h)
-            loss = token_loss(head(h), targets, pad_mask, label_smoothing)[0]  # (mean, count scored)
-            if weight and targets.shape[1] > 1:
-                loss = loss + weight * after_next(h)
+            next_char, char_after = self.classifiers(layer)
+            loss = token_loss(next_char(h), targets, pad_mask, label_smoothing)[0]  # (mean, count scored)
+            if weight:
+                loss = loss + weight * after_next(char_after, h)
             out[f"intermediate_l{layer}"] = self.options.intermediate_weight * loss
         return out

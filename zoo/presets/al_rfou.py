@@ -25,5 +25,5 @@ def _al_rfou_lm() -> dict[str, Any]:
         dropout=0.55,
         max_len=512,
         position={"name": "learned"},
-        aux_losses={"intermediate": True, "multi_target": PAPER_MULTI_TARGET_WEIGHT},
+        aux_losses={"intermediate": True, "multi_target": PAPER_MULTI_TARGET_WEIGHT, "layer_heads": True},
     )

@@ -33,7 +33,7 @@ def dense_soft_attention(q, k, v, spans, ramp, key_valid=None, window=None, key_
         mask = mask * key_valid[:, None, None, :].to(q.dtype)
     scores = torch.einsum("bhtk,bhsk->bhts", q, k) * q.shape[-1] ** -0.5
     if key_position is not None:
-        column = (distance.long().clamp(1, key_position.shape[1]) - 1)  # [t, s]; outside the window: masked
+        column = distance.long().clamp(1, key_position.shape[1]) - 1  # [t, s]; outside the window: masked
         scores = scores + torch.einsum("bhtk,kts->bhts", q, key_position[:, column]) * q.shape[-1] ** -0.5
     weights = mask * torch.exp(scores - scores.amax(-1, keepdim=True))
     total = weights.sum(-1, keepdim=True)

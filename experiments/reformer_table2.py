@@ -333,7 +333,7 @@ def merge(out: Path) -> None:
     with open(out / "table2.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["train", "impl", "eval", "mean_percent", "min_percent", "max_percent", "seeds"])
-        for mode in TRAINS:
+        for mode in [m for m in TRAINS if any(k[1] == m for k in table)]:
             for impl in impls:
                 if (impl, mode, "full") not in table:
                     continue

@@ -67,3 +67,57 @@ def test_runs_resumes_and_merges(tmp_path, capsys):
 def test_bad_impl_is_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="--impl: unknown.*allowed: ours-window"):
         load_script().main(["--impl", "theirs", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("n_hashes", [1, 4])
+@pytest.mark.parametrize("across", [False, True], ids=["in_bucket", "across_buckets"])
+def test_our_paper_look_back_equals_reformer_pytorch_given_its_rotations(n_hashes, across):
+    """Same weights, inputs and random rotations through zoo's lsh (look_back="chunk") and
+    reformer-pytorch's LSHSelfAttention: the mechanisms agree. Exactly at 1 hash; at 4 hashes in
+    bucket up to the peer's float32 logsumexp over rounds whose only key is the query itself
+    (self score -5e4, where float32 steps are 0.004: weights off by ~0.2%). Across buckets with
+    several hashes the peer's rounds share one sorted sequence, so a round's first chunk looks back
+    into the previous round's last chunk (ours wraps within the round): only 1 hash is compared."""
+    if across and n_hashes > 1:
+        pytest.skip("the peer's chunk 0 looks back into the previous round: a different key set by design")
+    peer_lib = pytest.importorskip("reformer_pytorch.reformer_pytorch")
+    import torch
+
+    from zoo.attention.lsh import LSHAttention
+
+    torch.manual_seed(0)
+    b, t, d, h, c = 2, 64, 32, 2, 8
+    x = torch.randn(b, t, d)
+    peer = peer_lib.LSHSelfAttention(
+        d, heads=h, bucket_size=c, n_hashes=n_hashes, causal=True, attend_across_buckets=across
+    ).eval()
+    rotations = torch.randn(1, d // h, n_hashes, t // c // 2)  # the peer's shape: shared by the heads
+    outputs = {}
+    for look_back in ("chunk", "window"):
+        ours = LSHAttention(
+            d,
+            h,
+            causal=True,
+            bias=False,
+            n_hashes=n_hashes,
+            chunk_size=c,
+            look_back=look_back,
+            attend_across_buckets=across,
+        ).eval()
+        with torch.no_grad():  # the peer's output projection has a bias, its QK and V projections none
+            ours.to_qk.weight.copy_(peer.toqk.weight)
+            ours.to_v.weight.copy_(peer.tov.weight)
+            ours.to_out = torch.nn.Linear(d, d)
+            ours.to_out.load_state_dict(peer.to_out.state_dict())
+        ours.rotations = lambda n_buckets, device, dtype: rotations[0].expand(h, -1, -1, -1)
+        outputs[look_back] = ours(x).out
+    draw = torch.randn
+    try:
+        torch.randn = lambda *args, **kwargs: rotations.clone()  # the peer draws its rotations here
+        expected = peer(x)
+    finally:
+        torch.randn = draw
+    tolerance = 1e-5 if n_hashes == 1 else 5e-3
+    torch.testing.assert_close(outputs["chunk"], expected, atol=tolerance, rtol=0)
+    if not across:  # the strictly causal window is a different key set: it must differ somewhere
+        assert (outputs["window"] - expected).abs().max() > 10 * tolerance

@@ -341,12 +341,40 @@ def merge(out: Path) -> None:
                 for e in EVALS:
                     mean, low, high, n = table[(impl, mode, e)]
                     writer.writerow([mode, impl, e, f"{mean:.2f}", f"{low:.2f}", f"{high:.2f}", n])
-                    cells.append(f"{mean:.1f} ({low:.0f}-{high:.0f})" if n > 1 else f"{mean:.1f}")
+                    cells.append(f"{mean:.1f} ({low:.1f}-{high:.1f})" if n > 1 else f"{mean:.1f}")
                 lines.append(f"| {names[mode]} | {impl} (n={n}) | " + " | ".join(cells) + " |")
             lines.append(f"| {names[mode]} | paper | " + " | ".join(f"{PAPER[mode][e]}" for e in EVALS) + " |")
+    curves = read_rows(out / "curves.csv")
+    lines += ["", *steps_to(curves, impls, 90.0)]
     (out / "table2.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(out, table, impls, read_rows(out / "curves.csv"))
+    plot(out, table, impls, curves)
+
+
+def steps_to(curves: list[dict], impls: list[str], level: float) -> list[str]:
+    """Markdown table: first logged step at which each run's accuracy (own attention) reached ``level``."""
+    first: dict[tuple[str, str], list[str]] = {}
+    for impl in impls:
+        for mode in TRAINS:
+            runs = sorted({c["seed"] for c in curves if c["impl"] == impl and c["train"] == mode})
+            for seed in runs:
+                reached = [
+                    int(c["step"])
+                    for c in curves
+                    if (c["impl"], c["train"], c["seed"]) == (impl, mode, seed)
+                    and float(c["accuracy_own_percent"]) >= level
+                ]
+                first.setdefault((impl, mode), []).append(str(min(reached)) if reached else "never")
+    modes = [m for m in TRAINS if any(k[1] == m for k in first)]
+    lines = [
+        f"First logged step at {level:.0f}% (trained and evaluated with the same attention; one entry per seed)",
+        "",
+        "| impl | " + " | ".join(modes) + " |",
+        "|---|" + "---|" * len(modes),
+    ]
+    for impl in impls:
+        lines.append(f"| {impl} | " + " | ".join(", ".join(first.get((impl, m), ["-"])) for m in modes) + " |")
+    return lines
 
 
 def plot(out: Path, table: dict, impls: list[str], curves: list[dict]) -> None:

@@ -6,7 +6,8 @@ full attention and LSH at 1, 2, 4 and 8 hashes. Implementations (``--impl``):
 
 - ``ours-window`` / ``ours-chunk``: zoo's ``lsh`` with ``look_back="window"`` (strictly causal:
   the chunk_size most recent same-bucket items) or ``"chunk"`` (the paper's own + previous chunk,
-  same bucket); full = zoo's ``shared_qk``. Plain pre-norm stack, learned positions.
+  same bucket); full = zoo's ``shared_qk``. Plain pre-norm stack, learned positions, output layer
+  untied as in the paper's trax model and the peer (``--tie-embeddings`` ties it, zoo's default).
 - ``ours-across``: zoo's ``lsh`` with ``attend_across_buckets=True`` (a query sees every earlier
   key of its own + previous sorted chunk, whatever its bucket), the peer's default.
 - ``peer``: reformer-pytorch's ``ReformerLM`` (``pip install reformer-pytorch``; run from the
@@ -14,12 +15,12 @@ full attention and LSH at 1, 2, 4 and 8 hashes. Implementations (``--impl``):
   (its ``bucket_size``), learned absolute positions, d_ff = d_model, its defaults otherwise
   (attend across buckets, rotations shared by the heads and redrawn at every call, no QK/V
   bias, GELU). Evaluated by setting ``n_hashes`` / ``use_full_attn`` on its attention modules.
-  ``peer-in-bucket`` is the same with ``lsh_attend_across_buckets=False``.
+  ``peer-in-bucket`` is the same limited to same-bucket keys (its ``_attend_across_buckets``).
 
 Both sides see the same batches (same generator seed), the same optimiser (Adam, gradient clip
 1.0) and the same steps. One CSV row per (impl, train, seed, eval) is appended as each model
 ends, and runs whose rows exist are skipped, so a cut-short sweep resumes. ``--merge`` writes
-the table (mean and min..max over seeds, beside the paper's figures), README fragment and plots.
+the table (mean and min..max over seeds, beside the paper's figures), steps to 90% and plots.
 
     python experiments/reformer_table2.py --impl ours-window,peer --train lsh4 --seeds 0 --out runs/t2
     python experiments/reformer_table2.py --merge --out runs/t2
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-batches", type=int, default=1, help="eval batches (of 64) for the logged curve")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="results/reformer_table2")
-    parser.add_argument("--merge", action="store_true", help="write the table, README fragment and plots of --out")
+    parser.add_argument("--merge", action="store_true", help="write the table, steps to 90%% and plots of --out")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.merge:

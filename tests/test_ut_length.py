@@ -21,7 +21,6 @@ def load():
     return module
 
 
-@pytest.mark.slow  # ~10-20 s on a loaded 2-core machine: four models, training, greedy decoding, plot
 def test_runs_every_model_resumes_and_reports(tmp_path, monkeypatch):
     ut_length = load()
     options = (

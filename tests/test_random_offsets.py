@@ -129,3 +129,71 @@ def test_universal_transformer_takes_the_offsets_with_its_own_position_signal_of
     torch.testing.assert_close(model(tokens).logits, first)
     torch.manual_seed(1)
     assert not torch.allclose(model(tokens).logits, first)
+
+
+def universal_stack(act: bool, **options):
+    torch.manual_seed(0)
+    model = create_model(
+        "universal_seq2seq_act",
+        vocab_size=16,
+        d_model=D,
+        n_layers=3,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        stack={"act": act, "halting_bias": -3.0, **options},  # ACT: a low bias keeps positions going
+    )
+    return model.encoder
+
+
+def step_signals(stack, x):
+    """The signal each step added: the block's input minus the state it was given (x, then the
+    previous step's output), [steps][b, t, d]."""
+    inputs, outputs = [], []
+    hooks = [
+        stack.block.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach())),
+        stack.block.register_forward_hook(lambda m, args, out: outputs.append(out.x.detach())),
+    ]
+    stack(x)
+    for hook in hooks:
+        hook.remove()
+    return [inp - prev for inp, prev in zip(inputs, [x, *outputs])]
+
+
+@pytest.mark.parametrize("act", [False, True])
+def test_universal_stack_shifts_its_per_step_position_signal_by_one_offset_per_sequence(act):
+    """With stack.random_offset_max the offsets reach the paper's per-step signal P^t (position +
+    timestep, eq. 3): every step reads positions u_b .. u_b + t - 1 with the same u_b (0 in eval)."""
+    stack = universal_stack(act, random_offset_max=R).train()
+    x = torch.randn(B, T, D)
+    torch.manual_seed(3)
+    signals = step_signals(stack, x)
+    assert len(signals) == 3
+    starts = []
+    for b in range(B):
+        found = set()
+        for step, signal in enumerate(signals, start=1):
+            timestep = sinusoid_table(torch.tensor([float(step)]), D)
+            matches = [
+                u
+                for u in range(R + 1)
+                if torch.allclose(signal[b], sinusoid_table(torch.arange(u, u + T), D) + timestep, atol=1e-5)
+            ]
+            assert len(matches) == 1, (b, step, matches)
+            found.add(matches[0])
+        assert len(found) == 1, (b, found)  # one offset for all the steps of a sequence
+        starts.append(found.pop())
+    assert len(set(starts)) > 5 and min(starts) <= 2 and max(starts) >= R - 2  # per sequence, whole range
+    torch.manual_seed(3)
+    torch.testing.assert_close(step_signals(stack, x)[0], signals[0])  # seeded
+    stack.eval()
+    for step, signal in enumerate(step_signals(stack, x), start=1):
+        expected = sinusoid_table(torch.arange(T), D) + sinusoid_table(torch.tensor([float(step)]), D)
+        torch.testing.assert_close(signal, expected.expand(B, T, D), atol=1e-5, rtol=0)
+
+
+def test_universal_stack_offsets_need_its_position_signal():
+    with pytest.raises(ValueError, match="random_offset_max=4 shifts the stack's position signal"):
+        universal_stack(False, random_offset_max=4, position_signal=False)
+    with pytest.raises(ValueError, match="random_offset_max"):
+        universal_stack(False, random_offset_max=-1)

@@ -11,7 +11,11 @@ signal P^t is added (paper, eq. 3):
     P^t[i, 2j] = sin(i / 10000^(2j/d)) + sin(t / 10000^(2j/d))
     P^t[i, 2j+1] = cos(i / 10000^(2j/d)) + cos(t / 10000^(2j/d))
 
-i.e. the sinusoid of the position i plus the sinusoid of the step t (1-based). The stack is then
+i.e. the sinusoid of the position i plus the sinusoid of the step t (1-based). With
+``random_offset_max = R > 0`` (the paper's randomised position offsets for the algorithmic tasks,
+Section 3.3), training positions start at a random u_b in 0..R per sequence, drawn once per forward
+(torch's global generator, so ``torch.manual_seed`` fixes it) and used by every step: P^t[i] reads
+position i + u_b. Evaluation uses u = 0. The stack is then
 the one owner of the position signal: the builder refuses a model ``position`` other than ``none``
 beside ``position_signal=True`` (positions would be added twice), so the presets set ``none``.
 
@@ -35,6 +39,9 @@ reports the block applications actually made per row, beside the mean/max of N.
 Deviations:
 - The halting unit reads the state after the step (Graves's s^n); tensor2tensor's UT reads the
   state before the transition. Both give every position at least one step.
+- tensor2tensor's ``position_start_index="random"`` draws one shift for the whole batch, up to the
+  sequence length, anew at every step; we draw one per sequence, up to ``random_offset_max``, kept
+  across the steps, so a position keeps one signal through the recurrence (the paper's intent).
 - tensor2tensor keeps updating halted positions' states and mixes outputs as
   s' = w * new + (1 - w) * s'; we follow the paper's text (copy forward) and Graves's mean field.
 - No state across calls: re-applying one block T times (and stopping each position at its own
@@ -55,7 +62,7 @@ from torch import Tensor, nn
 
 from zoo.blocks import merge_into, prefixed
 from zoo.config import require
-from zoo.positional import sinusoid_table
+from zoo.positional import check_random_offset_max, sinusoid_table
 from zoo.registry import STACK
 from zoo.separable_conv import SeparableConvTransition, check_transition_options
 from zoo.stacks import BlockFactory, Stack, StackOutput
@@ -89,6 +96,7 @@ class UniversalStack(Stack):
         halting_bias: float = 1.0  # initial b_h (tensor2tensor's act_halting_bias_init)
         position_signal: bool = True  # add the position sinusoid before each step
         timestep_signal: bool = True  # add the step sinusoid before each step
+        random_offset_max: int = 0  # training positions start at a random 0..R (Dehghani et al. 2019)
         transition: str = "ffn"  # ffn (position-wise network) | sepconv (separable convolution, zoo/separable_conv.py)
         kernel_size: int | None = None  # sepconv taps over time; None = 3
 
@@ -103,6 +111,12 @@ class UniversalStack(Stack):
             )
             require(self.ponder_weight >= 0.0, f"ponder_weight (tau) must be >= 0, got {self.ponder_weight}")
             check_transition_options(self.transition, self.kernel_size)
+            check_random_offset_max(self.random_offset_max)
+            require(
+                self.position_signal or not self.random_offset_max,
+                f"random_offset_max={self.random_offset_max} shifts the stack's position signal, which "
+                "position_signal=false turns off; set position_signal=true or random_offset_max=0",
+            )
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options: Any):
         super().__init__(make_block, n_layers, d_model, **options)
@@ -139,11 +153,25 @@ class UniversalStack(Stack):
             )
         return [None] * self.n_layers
 
-    def signal(self, t: int, step: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """P^step for positions 0 .. t - 1: [t, d] (zeros when both signals are off)."""
+    def draw_offsets(self, b: int, device: torch.device) -> Tensor | None:
+        """Per-sequence start positions u [b, 1] for this forward (training with random_offset_max > 0),
+        else None (positions start at 0)."""
+        if not (self.training and self.options.random_offset_max):
+            return None
+        return torch.randint(0, self.options.random_offset_max + 1, (b, 1)).to(device)
+
+    def signal(
+        self, t: int, step: int, device: torch.device, dtype: torch.dtype, offsets: Tensor | None = None
+    ) -> Tensor:
+        """P^step for positions u + 0 .. u + t - 1: [t, d], or [b, t, d] with per-sequence ``offsets``
+        u [b, 1] (zeros when both signals are off)."""
         out = torch.zeros(t, self.d_model, device=device, dtype=dtype)
         if self.options.position_signal:
-            out = out + sinusoid_table(torch.arange(t, device=device), self.d_model, dtype=dtype)
+            positions = torch.arange(t, device=device)
+            if offsets is not None:
+                positions = (positions + offsets).flatten()  # [b * t]
+            table = sinusoid_table(positions, self.d_model, dtype=dtype)
+            out = out + (table if offsets is None else table.view(-1, t, self.d_model))
         if self.options.timestep_signal:
             out = out + sinusoid_table(torch.tensor([float(step)], device=device), self.d_model, dtype=dtype)
         return out
@@ -162,10 +190,11 @@ class UniversalStack(Stack):
             return self._forward_act(x, pad_mask, context, context_pad_mask)
         aux: dict[str, Tensor] = {}
         stats: dict[str, Tensor] = {}
+        offsets = self.draw_offsets(x.shape[0], x.device)  # one draw, kept by every step
         for step in range(1, self.steps + 1):
             with self.block.at_depth(step - 1):
                 out = self.block(
-                    x + self.signal(x.shape[1], step, x.device, x.dtype),
+                    x + self.signal(x.shape[1], step, x.device, x.dtype, offsets),
                     pad_mask=pad_mask,
                     context=context,
                     context_pad_mask=context_pad_mask,
@@ -193,6 +222,7 @@ class UniversalStack(Stack):
         aux: dict[str, Tensor] = {}
         stats: dict[str, Tensor] = {}
         trace = ACTTrace() if self.trace else None
+        offsets = self.draw_offsets(b, device)  # one draw, kept by every step
         for step in range(1, self.steps + 1):
             active = ~halted.all(dim=1)  # [b]: rows with a position still running
             if not bool(active.any()):
@@ -206,7 +236,7 @@ class UniversalStack(Stack):
             s_in = pick(state)
             with self.block.at_depth(step - 1):
                 out = self.block(
-                    s_in + self.signal(t, step, device, x.dtype),
+                    s_in + self.signal(t, step, device, x.dtype, pick(offsets)),
                     pad_mask=pick(pad_mask),
                     context=pick(context),
                     context_pad_mask=pick(context_pad_mask),

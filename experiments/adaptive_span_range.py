@@ -32,7 +32,6 @@ per layer.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 import torch
 
 import zoo
+from zoo.csv_rows import append_rows, read_rows
 from zoo.data import copy_at_distance
 from zoo.training import after_optimizer_step, detach_state, schedule, total_loss
 
@@ -248,22 +248,6 @@ def train_ref(run: str, args, log) -> dict:
 
 
 # -- driver --------------------------------------------------------------------------------------
-def rows(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def append(path: Path, fields: list[str], row: dict) -> None:
-    new = not path.is_file()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        if new:
-            w.writeheader()
-        w.writerow(row)
-
-
 def run_one(run: str, args, texts) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -281,35 +265,31 @@ def run_one(run: str, args, texts) -> None:
     result = train_ours(run, args, texts, log) if run.startswith("ours") else train_ref(run, args, log)
     flat = [z for row in result["spans"] for z in row]
     paper, kernel = attention_flops(result["spans"], args, run)
-    for step, bpc, spans in trajectory:
-        for layer, row in enumerate(spans):
-            for head, z in enumerate(row):
-                append(
-                    out / "spans.csv",
-                    ["run", "step", "train_bpc", "layer", "head", "span"],
-                    dict(run=run, step=step, train_bpc=f"{bpc:.4f}", layer=layer, head=head, span=f"{z:.2f}"),
-                )
-    append(
-        out / "summary.csv",
-        SUMMARY,
-        dict(
-            run=run,
-            val_bpc=f"{result['bpc']:.4f}",
-            steps=args.steps,
-            cpu_minutes=f"{result['cpu'] / 60:.2f}",
-            span_mean=f"{statistics.mean(flat):.1f}",
-            span_max=f"{max(flat):.1f}",
-            flops_paper=int(paper),
-            flops_kernel=int(kernel),
-            spans=" ".join(f"{z:.1f}" for z in flat),
-        ),
+    span_rows = [
+        dict(run=run, step=step, train_bpc=f"{bpc:.4f}", layer=layer, head=head, span=f"{z:.2f}")
+        for step, bpc, spans in trajectory
+        for layer, row in enumerate(spans)
+        for head, z in enumerate(row)
+    ]
+    append_rows(out / "spans.csv", span_rows, ["run", "step", "train_bpc", "layer", "head", "span"])
+    summary_row = dict(
+        run=run,
+        val_bpc=f"{result['bpc']:.4f}",
+        steps=args.steps,
+        cpu_minutes=f"{result['cpu'] / 60:.2f}",
+        span_mean=f"{statistics.mean(flat):.1f}",
+        span_max=f"{max(flat):.1f}",
+        flops_paper=int(paper),
+        flops_kernel=int(kernel),
+        spans=" ".join(f"{z:.1f}" for z in flat),
     )
+    append_rows(out / "summary.csv", [summary_row], SUMMARY)
     print(f"{run}: val bpc {result['bpc']:.4f}, spans {[[round(z) for z in r] for r in result['spans']]}", flush=True)
 
 
 def merge(args) -> None:
     out = Path(args.out)
-    summary = rows(out / "summary.csv")
+    summary = read_rows(out / "summary.csv")
     if not summary:
         raise SystemExit(f"nothing to merge: no {out / 'summary.csv'} (train first)")
     texts = {"valid": copy_at_distance.read_split(Path(args.data_dir) / "valid.txt")}
@@ -336,7 +316,7 @@ def merge(args) -> None:
     ]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(rows(out / "spans.csv"), args, out / "spans.png")
+    plot(read_rows(out / "spans.csv"), args, out / "spans.png")
 
 
 def plot(spans: list[dict], args, path: Path) -> None:
@@ -415,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(r.startswith("ref") for r in runs):
         import_reference(args.ref)  # fail before training anything
     texts = prepare_data(args)
-    done = {r["run"] for r in rows(Path(args.out) / "summary.csv")}
+    done = {r["run"] for r in read_rows(Path(args.out) / "summary.csv")}
     for run in runs:
         if run in done:
             print(f"{run}: already in {args.out}/summary.csv, skipped", flush=True)

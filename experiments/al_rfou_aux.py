@@ -25,12 +25,13 @@ a run whose row exists with the same settings is skipped.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from zoo.csv_rows import append_rows, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {  # what each arm sets; the same dict as the preset's own for "aux"
@@ -117,23 +118,6 @@ def overrides(arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> l
     ]
 
 
-def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open() as f:
-        return list(csv.DictReader(f))
-
-
-def append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
-    new = not path.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-
-
 def run_one(arm: str, seed: int, args: argparse.Namespace, out: Path) -> None:
     run_dir = Path(args.runs_dir) / f"{settings_key(args)}/{arm}_s{seed}"
     command = [sys.executable, str(ROOT / "experiments" / "train.py"), *overrides(arm, seed, args, run_dir)]
@@ -154,7 +138,7 @@ def run_one(arm: str, seed: int, args: argparse.Namespace, out: Path) -> None:
         for r in metrics
         if r.get("val/bpc")
     ]
-    append_rows(out / "curves.csv", CURVE_FIELDS, curve)  # the curve first: a row in runs.csv means it is complete
+    append_rows(out / "curves.csv", curve, CURVE_FIELDS)  # the curve first: a row in runs.csv means it is complete
     row = dict(
         arm=arm,
         seed=seed,
@@ -165,7 +149,7 @@ def run_one(arm: str, seed: int, args: argparse.Namespace, out: Path) -> None:
         params=result["params"],
         wall_s=round(result["wall_s"], 1),
     )
-    append_rows(out / "runs.csv", RUN_FIELDS, [row])
+    append_rows(out / "runs.csv", [row], RUN_FIELDS)
 
 
 def step_to_reach(curve: list[dict], threshold: float) -> int | None:

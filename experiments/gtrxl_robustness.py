@@ -33,7 +33,6 @@ run), ``curves.csv`` (one row per evaluation). ``--merge`` writes ``table.md`` a
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import os
 import statistics
@@ -46,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
+from zoo.csv_rows import append_rows, read_rows
 from zoo.data.delayed_recall import IGNORE_INDEX, delayed_recall_batch, vocab_size
 from zoo.gating import GRUGate
 
@@ -213,22 +213,6 @@ def acc_fields(acc: torch.Tensor) -> dict:
     return {f"acc_delay{d}": round(float(a), 4) for d, a in enumerate(acc)}
 
 
-def read_csv(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def append_csv(path: Path, rows: list[dict]) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-
-
 def key(row: dict) -> tuple[str, float, int]:
     return row["variant"], float(row["lr"]), int(row["seed"])
 
@@ -244,13 +228,13 @@ def sweep(args, task: dict) -> None:
     if ref is None and any(VARIANTS[v][0] == "ref" for v in variants):
         print(f"reference skipped ({why}); running ours only", flush=True)
         variants = [v for v in variants if VARIANTS[v][0] == "ours"]
-    done = {key(r) for r in read_csv(out / "runs.csv")}
+    done = {key(r) for r in read_rows(out / "runs.csv")}
     # curve rows of a run killed before its runs.csv row: drop them, the run starts again
-    kept = [c for c in read_csv(out / "curves.csv") if key(c) in done]
-    if len(kept) != len(read_csv(out / "curves.csv")):
+    kept = [c for c in read_rows(out / "curves.csv") if key(c) in done]
+    if len(kept) != len(read_rows(out / "curves.csv")):
         (out / "curves.csv").unlink()
         if kept:
-            append_csv(out / "curves.csv", kept)
+            append_rows(out / "curves.csv", kept)
     # seeds outermost, variants innermost: a sweep cut short still holds every (variant, lr) cell alike
     for seed in (int(s) for s in args.seeds.split(",")):
         for lr in (float(x) for x in args.lrs.split(",")):
@@ -258,14 +242,14 @@ def sweep(args, task: dict) -> None:
                 if (variant, lr, seed) in done:
                     continue
                 row, curve = run(variant, lr, seed, args, task, ref)
-                append_csv(out / "curves.csv", curve)
-                append_csv(out / "runs.csv", [row])
+                append_rows(out / "curves.csv", curve)
+                append_rows(out / "runs.csv", [row])
                 print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
 
 def merge(args, task: dict) -> None:
     out = Path(args.out)
-    runs = read_csv(out / "runs.csv")
+    runs = read_rows(out / "runs.csv")
     if not runs:
         raise SystemExit(f"--merge: no runs in {out / 'runs.csv'}; run the sweep first")
     lrs = sorted({float(r["lr"]) for r in runs})
@@ -288,7 +272,7 @@ def merge(args, task: dict) -> None:
         lines.append(f"| {v} | " + " | ".join(cells) + f" | {total}/{n_total} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(read_csv(out / "curves.csv"), variants, lrs, out / "curves.png", task, args.threshold)
+    plot(read_rows(out / "curves.csv"), variants, lrs, out / "curves.png", task, args.threshold)
 
 
 def plot(curves: list[dict], variants: list[str], lrs: list[float], path: Path, task: dict, threshold: float):

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
+from zoo.csv_rows import append_rows, read_rows
 from zoo.data.synthetic import IGNORE_INDEX, duplication_batch
 from zoo.training import after_optimizer_step
 
@@ -227,24 +228,8 @@ def train_one(runner: Runner, mode: str, seed: int, args: argparse.Namespace, ev
             dict(impl=runner.impl, train=mode, seed=seed, steps=step, eval=evaluation, accuracy_percent=round(acc, 2))
         )
     print(runner.impl, mode, seed, {r["eval"]: r["accuracy_percent"] for r in rows}, flush=True)
-    append_rows(out / "curves.csv", CURVE_FIELDS, curve)
-    append_rows(out / "results.csv", RESULT_FIELDS, rows)  # last: its rows mark the run done
-
-
-def append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-
-
-def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path) as f:
-        return list(csv.DictReader(f))
+    append_rows(out / "curves.csv", curve, CURVE_FIELDS)
+    append_rows(out / "results.csv", rows, RESULT_FIELDS)  # last: its rows mark the run done
 
 
 def parse_list(text: str, allowed: list[str], flag: str) -> list[str]:

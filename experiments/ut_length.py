@@ -29,7 +29,6 @@ right). ``--greedy-lengths`` also decodes greedily (batched) and reports greedy 
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import math
 import time
@@ -39,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 import zoo
+from zoo.csv_rows import append_rows, read_rows
 from zoo.data.algorithmic import BOS, EOS, IGNORE_INDEX, PAD, TASKS, algorithmic_batch, score, vocab_size
 from zoo.positional import sinusoid_table
 from zoo.training import adam, optimizer_step, schedule, train_step
@@ -181,7 +181,9 @@ def run(task: str, name: str, seed: int, args) -> dict:
         if args.curve_every and (step + 1) % args.curve_every == 0:
             char, seq = score_teacher_forced(model, test_batch(task, args.train_max, args.n_test, seed))
             point = {"task": task, "model": name, "offset_max": args.offset_max, "seed": seed, "step": step + 1}
-            append_row(Path(args.out) / "curve.csv", {**point, "loss": round(float(loss), 4), "char": char, "seq": seq})
+            append_rows(
+                Path(args.out) / "curve.csv", [{**point, "loss": round(float(loss), 4), "char": char, "seq": seq}]
+            )
         if step % max(1, args.train_steps // 5) == 0:
             print(f"  {task} {name} seed {seed} step {step} loss {float(loss):.3f}", flush=True)
     row = {
@@ -207,23 +209,6 @@ def run(task: str, name: str, seed: int, args) -> dict:
             )
     row["eval_cpu_s"] = round(time.process_time() - start, 1)
     return row
-
-
-def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def append_row(path: Path, row: dict) -> None:
-    """Append one run; the header grows to the union of keys (rows are rewritten when it does)."""
-    rows = read_rows(path) + [{k: str(v) for k, v in row.items()}]
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def run_key(row: dict) -> tuple:
@@ -381,7 +366,7 @@ def main() -> None:
                     continue
                 row = run(task, name, seed, args)
                 print(row, flush=True)
-                append_row(out / "results.csv", row)
+                append_rows(out / "results.csv", [row])
     write_report(out, args)
 
 

@@ -8,7 +8,8 @@ schedule, seeds, residual/norm, data order):
 
 - ``aux``: the preset's losses (intermediate layers on, dropped at l/(2L) of training; character
   after next weighted 0.5, own classifier);
-- ``plain``: ``model.aux_losses={}`` (next-character loss at every position only).
+- ``plain``: ``model.aux_losses={intermediate:false,multi_target:0.0,layer_heads:false}`` (next-character loss at every
+  position only).
 
 Every run goes through the project's Hydra app (experiments/train.py), so what runs is what a user
 runs; validation bits per character over training come from the run's metrics.csv. No reference
@@ -36,7 +37,7 @@ from zoo.csv_rows import append_rows, read_rows
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {  # what each arm sets; the same dict as the preset's own for "aux"
     "aux": "model.aux_losses={intermediate:true,multi_target:0.5,layer_heads:true}",  # the paper's losses
-    "plain": "model.aux_losses={}",  # off: only the every-position next-character loss
+    "plain": "model.aux_losses={intermediate:false,multi_target:0.0,layer_heads:false}",  # next-char loss only
     "aux_shared": "model.aux_losses={intermediate:true,multi_target:0.5,layer_heads:false}",  # shared classifiers
 }
 RUN_FIELDS = ["arm", "seed", "settings", "final_val_bpc", "best_val_bpc", "steps", "params", "wall_s"]

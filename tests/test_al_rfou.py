@@ -76,7 +76,9 @@ def test_each_loss_matches_a_hand_computation(layer_heads):
 
 
 def test_weights_are_applied_and_pad_positions_skipped():
-    model = tiny_model(aux_losses={"intermediate": True, "intermediate_weight": 0.25, "multi_target": 0.0})
+    model = tiny_model(
+        aux_losses={"intermediate": True, "intermediate_weight": 0.25, "multi_target": 0.0, "layer_heads": False}
+    )
     tokens, targets = batch()
     pad_mask = torch.ones_like(tokens, dtype=torch.bool)
     pad_mask[0, -4:] = False
@@ -130,7 +132,7 @@ def test_intermediate_loss_gradient_reaches_its_layers_only():
 
 
 def test_multi_target_gradient_reaches_the_bottom_layer():
-    model = tiny_model(aux_losses={"multi_target": 0.5})
+    model = tiny_model(aux_losses={"intermediate": False, "multi_target": 0.5, "layer_heads": False})
     tokens, targets = batch()
     out = model(tokens, targets)
     assert set(out.aux_losses) == {"multi_target"}
@@ -235,3 +237,12 @@ def test_a_copy_and_a_reload_compute_the_same_losses_from_their_own_layers():
     rebuilt.load_state_dict(model.state_dict())
     for name, value in model(tokens, targets).aux_losses.items():
         torch.testing.assert_close(rebuilt(tokens, targets).aux_losses[name], value)
+
+
+def test_an_override_of_one_loss_option_keeps_the_presets_others():
+    """aux_losses={"layer_heads": False} changes that option only: the preset's intermediate and
+    multiple-target losses stay on (the dict used to replace the preset's, silently turning them off)."""
+    model = tiny_model(aux_losses={"layer_heads": False})
+    assert model.config.aux_losses == {"intermediate": True, "multi_target": 0.5, "layer_heads": False}
+    tokens, targets = batch()
+    assert {"multi_target", "intermediate_l1"} <= set(model(tokens, targets).aux_losses)

@@ -30,19 +30,27 @@ def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
 
 def test_each_arm_sets_what_reaches_the_model(tmp_path):
     pytest.importorskip("hydra")
+    from omegaconf import OmegaConf
+
     from zoo.app.compose import compose
+    from zoo.app.run import model_overrides
+    from zoo.config import merge_config
+    from zoo.models import preset_config
 
     exp = script()
     args = exp.parse_args(["--smoke"])
     expected = {
         "aux": {"intermediate": True, "multi_target": 0.5, "layer_heads": True},
-        "plain": {},
+        "plain": {"intermediate": False, "multi_target": 0.0, "layer_heads": False},
         "aux_shared": {"intermediate": True, "multi_target": 0.5, "layer_heads": False},
     }
     for arm, aux_losses in expected.items():
         overrides = [o for o in exp.overrides(arm, 0, args, tmp_path) if not o.startswith(("hydra.", "data_dir="))]
         cfg = compose(overrides)
         assert dict(cfg.model.aux_losses) == aux_losses, arm
+        # and what the built model gets after the preset's own dict is merged under it
+        preset, model_options = model_overrides(OmegaConf.to_container(cfg, resolve=True))
+        assert merge_config(preset_config(preset).to_dict(), model_options)["aux_losses"] == aux_losses, arm
         assert (cfg.model.n_layers, cfg.trainer.max_steps, cfg.optim.warmup) == (args.layers, args.steps, args.warmup)
 
 

@@ -271,6 +271,10 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
                 merged[key] = new
             else:
                 merged[key] = {**old, **new}
+        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            # a dict of options (aux_losses, adaptive): the keys given change, the preset's others stay,
+            # so aux_losses={"layer_heads": False} does not silently switch the preset's losses off
+            merged[key] = {**merged[key], **copy.deepcopy(dict(value))}
         else:
             merged[key] = copy.deepcopy(value)
     return merged

@@ -5,7 +5,8 @@ follow a Zipf law over the vocabulary (word frequencies roughly do; the adaptive
 depends on how many targets fall in the tail clusters). Variants, measured in turn each round:
 
 - ``full``: Linear(d, V) + cross-entropy (what the LM head does without model.adaptive);
-- ``adaptive div_val=1``: zoo.adaptive.AdaptiveSoftmax, Transformer-XL base layout (cutoffs 20K/40K/200K);
+- ``adaptive div_val=1``: zoo.models.adaptive_softmax.AdaptiveSoftmax, Transformer-XL base layout
+  (cutoffs 20K/40K/200K);
 - ``adaptive div_val=4``: the large layout (narrower tail clusters with projections);
 - ``torch div_value=4``: torch.nn.AdaptiveLogSoftmaxWithLoss with the same cutoffs (untied).
 
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from zoo.adaptive import AdaptiveOptions, AdaptiveSoftmax  # noqa: E402
+from zoo.models.adaptive_softmax import AdaptiveOptions, AdaptiveSoftmax  # noqa: E402
 
 VOCAB = 267_735
 CUTOFFS = [20_000, 40_000, 200_000]

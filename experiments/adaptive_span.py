@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.training import adam, after_optimizer_step, schedule, total_loss
+from zoo.train.steps import adam, after_optimizer_step, schedule, total_loss
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 
@@ -127,7 +127,7 @@ def train(mode: str, args, train_ids, val_ids, vocab: int) -> dict:
         opt.step()
         sched.step()
         after_optimizer_step(model)
-        state = zoo.training.detach_state(out.state)
+        state = zoo.train.steps.detach_state(out.state)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         if mode == "dynamic":

@@ -41,9 +41,9 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.csv_rows import append_rows, read_rows
+from zoo.app.csv_rows import append_rows, read_rows
 from zoo.data import copy_at_distance
-from zoo.training import after_optimizer_step, detach_state, schedule, total_loss
+from zoo.train.steps import after_optimizer_step, detach_state, schedule, total_loss
 
 RUNS = ("ours-adaptive", "ours-fixed", "ours-small", "ref-adaptive", "ref-fixed")
 SUMMARY = ["run", "val_bpc", "steps", "cpu_minutes", "span_mean", "span_max", "flops_paper", "flops_kernel", "spans"]

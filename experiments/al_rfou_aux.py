@@ -1,4 +1,5 @@
-"""Do Al-Rfou et al. 2018's auxiliary losses help a deep, thin character Transformer train? (zoo/al_rfou.py)
+"""Do Al-Rfou et al. 2018's auxiliary losses help a deep, thin character Transformer train?
+(zoo/models/al_rfou_losses.py)
 
 The paper (arXiv:1808.04444, "Auxiliary Losses" and the ablation table) needs intermediate-layer and
 multiple-target losses to train its 64-layer character model. Here the same question at CPU scale:
@@ -32,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zoo.csv_rows import append_rows, read_rows
+from zoo.app.csv_rows import append_rows, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {  # what each arm sets; the same dict as the preset's own for "aux"

@@ -7,7 +7,7 @@
 Prints the preset, each axis and its options, the exact parameter count (the model is built on
 the meta device: no memory, no data), estimated FLOPs and activation memory per training token at
 the configured length, and for experiment=paper/* the published figures beside ours. ``--json``
-prints one JSON object (``params`` is an int). Rules of the estimates: zoo/paper.py.
+prints one JSON object (``params`` is an int). Rules of the estimates: zoo/app/paper.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from zoo.paper import describe, format_report  # noqa: E402
+from zoo.app.paper import describe, format_report  # noqa: E402
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
 

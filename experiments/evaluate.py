@@ -8,7 +8,7 @@ segment across the whole split.
     python experiments/evaluate.py CKPT --protocol memory --seq-len 80 --mem-len 2100 --clamp-len 820
     python experiments/evaluate.py CKPT --protocol sliding --seq-len 512 --stride 1   # Al-Rfou et al.
 
---protocol segment|memory|sliding (zoo/eval_protocols.py); a run of experiment=paper/* defaults to
+--protocol segment|memory|sliding (zoo/train/eval_protocols.py); a run of experiment=paper/* defaults to
 its paper's protocol and settings (paper.eval), which the flags override.
 """
 
@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from zoo.app.run import load_run  # noqa: E402
-from zoo.eval_protocols import add_protocol_arguments, evaluate_protocol, protocol_settings  # noqa: E402
-from zoo.metrics import evaluate_model  # noqa: E402
-from zoo.trainer import pick_device  # noqa: E402
+from zoo.train.eval_protocols import add_protocol_arguments, evaluate_protocol, protocol_settings  # noqa: E402
+from zoo.train.metrics import evaluate_model  # noqa: E402
+from zoo.train.options import pick_device  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -45,9 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
-from zoo.csv_rows import append_rows, read_rows
+from zoo.app.csv_rows import append_rows, read_rows
 from zoo.data.delayed_recall import IGNORE_INDEX, delayed_recall_batch, vocab_size
-from zoo.gating import GRUGate
+from zoo.residual.gtrxl import GRUGate
 
 # variant -> (implementation, preset or reference switch, gate bias)
 VARIANTS = {

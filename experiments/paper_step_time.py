@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from zoo.models import HEADS  # noqa: E402
-from zoo.paper import count_parameters, meta_model, model_config_for, resolved_config  # noqa: E402
-from zoo.training import adam, detach_state, train_step  # noqa: E402
+from zoo.app.paper import count_parameters, meta_model, model_config_for, resolved_config  # noqa: E402
+from zoo.models.base import HEAD  # noqa: E402
+from zoo.train.steps import adam, detach_state, train_step  # noqa: E402
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
 
@@ -38,7 +38,7 @@ def build(name: str, layers: int, seq_len: int) -> tuple[dict, torch.nn.Module, 
     small = resolved_config([f"experiment=paper/{name}", f"model.n_layers={layers}", f"trainer.seq_len={seq_len}"])
     _, config, _ = model_config_for(small)
     torch.manual_seed(0)
-    model = HEADS[config.kind](config)
+    model = HEAD.get(config.kind)(config)
     return resolved, model, {"full_params": full_params, "small_params": sum(p.numel() for p in model.parameters())}
 
 

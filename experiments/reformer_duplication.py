@@ -26,7 +26,7 @@ import torch
 
 import zoo
 from zoo.data.synthetic import IGNORE_INDEX, duplication_batch
-from zoo.training import after_optimizer_step
+from zoo.train.steps import after_optimizer_step
 
 PAPER = {  # Table 2: rows = attention in training, columns = attention in evaluation
     "full": {"full": 100.0, "lsh8": 94.8, "lsh4": 92.5, "lsh2": 76.9, "lsh1": 52.5},

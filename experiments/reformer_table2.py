@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from zoo.csv_rows import append_rows, read_rows
+from zoo.app.csv_rows import append_rows, read_rows
 from zoo.data.synthetic import IGNORE_INDEX, duplication_batch
-from zoo.training import after_optimizer_step
+from zoo.train.steps import after_optimizer_step
 
 PAPER = {  # Table 2: rows = attention in training, columns = attention in evaluation (length 1024, 150K steps)
     "full": {"full": 100.0, "lsh8": 94.8, "lsh4": 92.5, "lsh2": 76.9, "lsh1": 52.5},

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from zoo.app.run import load_run  # noqa: E402
-from zoo.trainer import pick_device  # noqa: E402
+from zoo.train.options import pick_device  # noqa: E402
 
 
 def sample_images(args: argparse.Namespace, task, model, device: torch.device) -> Path:

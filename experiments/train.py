@@ -40,7 +40,7 @@ def main(cfg: DictConfig) -> float:
     except Exception as exc:  # noqa: BLE001
         import json
 
-        from zoo.rundir import RunDirError
+        from zoo.train.rundir import RunDirError
 
         if isinstance(exc, RunDirError):  # the directory holds another run (or a link): write nothing into it
             print(f"run refused: {exc}", file=sys.stderr)

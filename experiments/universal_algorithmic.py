@@ -23,7 +23,7 @@ import torch
 
 import zoo
 from zoo.data.algorithmic import TASKS, algorithmic_batch, score, vocab_size
-from zoo.training import adam, schedule, train_step
+from zoo.train.steps import adam, schedule, train_step
 
 # Paper, Table 4 (train length 40, test length 400): (char-acc, seq-acc)
 PAPER = {

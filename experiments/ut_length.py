@@ -8,10 +8,10 @@ long test string reaches were seen in training); evaluation starts at 0. Models 
 parameter count:
 
 - ``ut``: the Universal Transformer, fixed T steps; the stack adds position + timestep before every
-  step, the position shifted by the offset (``stack.random_offset_max``, zoo/universal.py).
+  step, the position shifted by the offset (``stack.random_offset_max``, zoo/stacks/universal.py).
 - ``ut_act``: the same with ACT halting (at most ``2 T`` steps).
 - ``vanilla``: our encoder-decoder, ``layers`` layers at width d / 2 (params ~ layers * d^2), the
-  offset on its sinusoidal position axis (``position.random_offset_max``, zoo/positional.py).
+  offset on its sinusoidal position axis (``position.random_offset_max``, zoo/position/absolute.py).
 - ``torch``: ``torch.nn.Transformer`` (PyTorch's encoder-decoder, code we did not write) at the
   vanilla's size, with the same tied embeddings and the same sinusoid (offset drawn here) added
   outside it: the reference for our vanilla.
@@ -38,10 +38,10 @@ import torch
 from torch import Tensor, nn
 
 import zoo
-from zoo.csv_rows import append_rows, read_rows
+from zoo.app.csv_rows import append_rows, read_rows
 from zoo.data.algorithmic import BOS, EOS, IGNORE_INDEX, PAD, TASKS, algorithmic_batch, score, vocab_size
-from zoo.positional import sinusoid_table
-from zoo.training import adam, optimizer_step, schedule, train_step
+from zoo.position.base import sinusoid_table
+from zoo.train.steps import adam, optimizer_step, schedule, train_step
 
 
 def _sibling(name: str):

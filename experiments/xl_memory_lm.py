@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.training import schedule
+from zoo.train.steps import schedule
 
 
 def load_bytes(path: Path) -> torch.Tensor:

@@ -11,21 +11,17 @@ Public API::
     zoo.load_checkpoint("run/checkpoints/last.pt")       # a training checkpoint, read as data only
 """
 
-from zoo import attention as _attention  # noqa: F401  (registers mechanisms)
-from zoo import gating as _gating  # noqa: F401  (gru_gate, identity_map residuals)
-from zoo import positional as _positional  # noqa: F401
-from zoo import presets as _presets  # noqa: F401
-from zoo import residual as _residual  # noqa: F401
-from zoo import reversible as _reversible  # noqa: F401  (registers the reversible stack)
-from zoo import stacks as _stacks  # noqa: F401
-from zoo import universal as _universal  # noqa: F401
-from zoo.attention.base import Attention, AttnOutput
-from zoo.build import create_attention
-from zoo.checkpoint import CheckpointError, load_checkpoint
+from zoo import data as _data  # noqa: F401  (registers every task)
+from zoo.attention import ATTENTION, Attention, AttnOutput, create_attention
 from zoo.config import ModelConfig
-from zoo.export import load, save
-from zoo.models import ModelOutput, ModelState, create_model, list_models, preset_config
-from zoo.registry import ATTENTION, POSITION, RESIDUAL, STACK, UnknownNameError
+from zoo.models.base import ModelOutput, ModelState
+from zoo.position import POSITION
+from zoo.presets import create_model, list_models, preset_config
+from zoo.presets.export import load, save
+from zoo.registry import UnknownNameError
+from zoo.residual.base import RESIDUAL
+from zoo.stacks.base import STACK
+from zoo.train.checkpoint import CheckpointError, load_checkpoint
 
 __version__ = "0.1.0"
 

@@ -24,7 +24,7 @@ measures on a GPU (synchronised clocks; ``gpu_peak_mib`` = ``torch.cuda.max_memo
 
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
 ``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
-merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:`zoo.registry.PEER`).
+merged by :func:`zoo.config.merge_config`), ``--peers`` (other libraries, :data:`PEER`).
 ``--set key=value`` goes on top of every zoo variant. Examples::
 
     python -m zoo.bench --attention vanilla --lengths 256,512,1024
@@ -58,8 +58,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.meter import ActivationMeter, synchronize
-from zoo.registry import PEER
+import zoo
+from zoo.config import merge_config
+from zoo.registry import Registry
+from zoo.train.meter import ActivationMeter, synchronize
+from zoo.train.options import pick_device as trainer_pick_device
+from zoo.train.steps import total_loss
+
+# other libraries' models, for the benchmark: (length, shape) -> module
+PEER: Registry[Any] = Registry("peer")
 
 # -- variants -----------------------------------------------------------------------------------
 
@@ -213,9 +220,6 @@ def build(
             return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
         return module, peer_loss
-    import zoo
-    from zoo.config import merge_config
-    from zoo.training import total_loss
 
     sizing = dict(
         vocab_size=shape["vocab"],
@@ -252,7 +256,6 @@ def activation_bytes(module: nn.Module, loss_fn: Callable[[Tensor], Tensor], tok
 
 def pick_device(name: str = "auto") -> torch.device:
     """``--device``: auto (CUDA when present, else CPU), cpu, cuda, cuda:N (the trainer's rule)."""
-    from zoo.train_options import pick_device as trainer_pick_device
 
     try:
         return trainer_pick_device(name)
@@ -1038,7 +1041,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.rss_child:
         _rss_child(args.rss_child)
         return 0
-    import zoo  # noqa: F401  (registers everything before variants are checked)
 
     try:
         variants = variants_from_args(args)

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from zoo.attention.base import Attention, AttnOutput, LayerInput
 from zoo.config import require
-from zoo.residual import Residual
+from zoo.residual.base import Residual
 
 
 class FeedForward(nn.Module):
@@ -56,7 +56,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         # pad_mask is unused: a position-wise network cannot carry padding into real positions (a
-        # transition that mixes positions, zoo/separable_conv.py, reads it)
+        # transition that mixes positions, zoo/stacks/separable_conv.py, reads it)
         if not self.chunk_size or x.shape[1] <= self.chunk_size:
             return self.position_wise(x)
         return torch.cat([self.position_wise(piece) for piece in x.split(self.chunk_size, dim=1)], dim=1)

@@ -23,7 +23,7 @@ from typing import Any, Union
 from zoo.registry import did_you_mean, unknown
 
 PART_AXES = ("attention", "cross_attention", "residual", "stack", "position")
-KINDS = ("lm", "classifier", "seq2seq", "pair_classifier")  # heads in zoo.models.HEADS (pair: zoo.two_tower)
+KINDS = ("lm", "classifier", "seq2seq", "pair_classifier")  # heads in zoo.models.HEAD (pair: zoo.models.two_tower)
 
 
 @dataclass
@@ -178,9 +178,9 @@ class ModelConfig:
     stack: dict = field(default_factory=lambda: {"name": "sequential"})
     position: dict = field(default_factory=lambda: {"name": "sinusoidal"})
     # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
-    # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/adaptive.py
+    # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/models/adaptive_softmax.py
     adaptive: dict = field(default_factory=dict)
-    # LM training losses of Al-Rfou et al. 2018 (zoo/al_rfou.py): {} = off; {"intermediate": true,
+    # LM training losses of Al-Rfou et al. 2018 (zoo/models/al_rfou_losses.py): {} = off; {"intermediate": true,
     # "multi_target": 0.5} = the paper's intermediate-layer and character-after-next losses
     aux_losses: dict = field(default_factory=dict)
     # classifier head

@@ -1,15 +1,23 @@
-"""Name -> part registries for every axis of a variant (timm-style).
+"""Name -> part registries (timm-style), the class every axis of a variant keeps its parts in.
 
-Each axis (attention, residual, stack, position, model; and the benchmark's peer libraries) is one
-:class:`Registry`. Parts register under a name with a decorator; the builders look them up by name,
-and every unknown name raises an error that lists the valid names and suggests the closest one, so
-a typo in a config never ends in a ``KeyError`` from deep inside the library.
+Each axis defines its registry beside its base class (``ATTENTION`` in ``zoo/attention/base.py``,
+``RESIDUAL``, ``STACK``, ``POSITION``, ``HEAD``, ``TASK``, the presets' ``MODEL``, the benchmark's
+``PEER``). Parts register under a name with a decorator; a registry refuses a part that is not of
+its axis's base class and a second part under a taken name (xFormers' registry refused both), and
+every unknown name raises an error that lists the valid names and suggests the closest one, so a
+typo in a config never ends in a ``KeyError`` from deep inside the library.
+
+A package of parts registers every module it holds when it is imported (:func:`import_submodules`):
+no hand-kept import lists. A researcher's own parts live in their own package and register the same
+way when it is imported.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -45,8 +53,9 @@ class Registry(Generic[T]):
     >>> ATTENTION.get("vanila")                             # raises, suggesting 'vanilla'
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, base: type | None = None):
         self.kind = kind
+        self.base = base  # a registered class must subclass it (an instance: be one); None = anything
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
@@ -58,6 +67,7 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} name must be an identifier-like string, got {name!r}")
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered (by {self._entries[name]!r})")
+            self.check_base(name, target)
             self._entries[name] = target
             # let a class know the name it is registered under (messages, configs); a subclass of a
             # registered class gets its own name, not its parent's
@@ -69,6 +79,15 @@ class Registry(Generic[T]):
             return target
 
         return add(obj) if obj is not None else add
+
+    def check_base(self, name: str, target: Any) -> None:
+        """Refuse a part that is not of this axis: a class must subclass ``base``, an instance be one."""
+        if self.base is None:
+            return
+        fits = issubclass(target, self.base) if isinstance(target, type) else isinstance(target, self.base)
+        if not fits:
+            base = f"{self.base.__module__}.{self.base.__qualname__}"
+            raise TypeError(f"{self.kind} {name!r}: {target!r} is not a {base}; a {self.kind} part must subclass it")
 
     def unregister(self, name: str) -> T:
         """Remove ``name`` and return what it held (tests and plugins that register for a while)."""
@@ -95,9 +114,11 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}, {self.list()})"
 
 
-ATTENTION: Registry[Any] = Registry("attention")
-RESIDUAL: Registry[Any] = Registry("residual")
-STACK: Registry[Any] = Registry("stack")
-POSITION: Registry[Any] = Registry("position")
-MODEL: Registry[Any] = Registry("model")
-PEER: Registry[Any] = Registry("peer")  # other libraries' models, for zoo.bench: (length, shape) -> module
+def import_submodules(package: str) -> list[str]:
+    """Import every module of ``package`` (its parts register themselves on import): a part is added
+    by adding its file. Modules whose name starts with ``_`` are skipped. Returns the names imported."""
+    module = importlib.import_module(package)
+    names = sorted(info.name for info in pkgutil.iter_modules(module.__path__) if not info.name.startswith("_"))
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names

@@ -5,7 +5,7 @@ Only this package imports Hydra/OmegaConf and wandb; ``import zoo`` never does.
 - :mod:`zoo.app.schema`: structured-config schemas, generated from the registries (each attention's
   and task's ``Options`` dataclass, ``ModelConfig``), registered in Hydra's ConfigStore so a typo
   fails at compose time; part options default to null = unset (the preset's value);
-- :mod:`zoo.app.run`: config -> task, model, loggers, :class:`zoo.trainer.Trainer`;
+- :mod:`zoo.app.run`: config -> task, model, loggers, :class:`zoo.train.trainer.Trainer`;
 - :mod:`zoo.app.summary`: the multirun callback writing ``summary.csv`` / ``summary.md`` / a plot;
 - :mod:`zoo.app.sync`: (re)writes ``conf/{attention,residual,stack,position}/*.yaml`` and
   ``conf/model/*.yaml`` from the registries.

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.app.schema import PART_GROUPS, register_schemas
+from zoo.presets.factory import preset_config
 from zoo.registry import did_you_mean
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -97,8 +98,6 @@ def unset_part_message(full_key: str, axis: str, key: str, cfg: DictConfig) -> s
     ``model.residual.gate_bias=0``): name the group choice to make, preferring the preset's own
     part, and the parts that have that option."""
     import dataclasses
-
-    from zoo.models import preset_config
 
     registry = PART_GROUPS[axis]
     having = [n for n in registry.list() if key in {f.name for f in dataclasses.fields(registry.get(n).Options)}]

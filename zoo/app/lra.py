@@ -29,6 +29,10 @@ from typing import Any
 
 import torch
 
+from zoo.presets.factory import create_model
+from zoo.train.meter import ActivationMeter
+from zoo.train.options import pick_device
+
 try:  # the callback base class; the module stays importable without Hydra
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover
@@ -159,7 +163,6 @@ def _one_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], device: torch.device
 ) -> tuple[float, float]:
     """(seconds, memory MiB) of one optimiser step: CUDA peak allocation, else saved activations."""
-    from zoo.trainer import ActivationMeter
 
     meter = ActivationMeter()
     if device.type == "cuda":
@@ -181,8 +184,6 @@ def measure_speed(
     configs: dict[str, dict[str, Any]], lengths: list[int], *, batch_size: int, steps: int, device: str = "auto"
 ) -> list[dict[str, Any]]:
     """Median step time and memory of each mechanism's model at each length (alternating rounds)."""
-    from zoo.models import create_model
-    from zoo.trainer import pick_device
 
     dev = pick_device(device)
     out = []

@@ -13,64 +13,21 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.app.schema import PART_GROUPS, LoggerOptions, to_options
-from zoo.checkpoint import load_checkpoint, seed_everything
+from zoo.app.paper import check_paper_data
+from zoo.app.resolve import as_dict, model_overrides
+from zoo.app.schema import LoggerOptions, to_options
 from zoo.data import TASK, Task, create_task
-from zoo.distributed import from_env
-from zoo.loggers import MetricsFile, WandbLogger
-from zoo.paper import check_paper_data
-from zoo.rundir import claim, run_id, write_text
-from zoo.trainer import OptimOptions, Trainer, TrainerOptions, build_model_for_task
+from zoo.presets.factory import create_model
+from zoo.train.checkpoint import load_checkpoint, seed_everything
+from zoo.train.distributed import from_env
+from zoo.train.loggers import MetricsFile, WandbLogger
+from zoo.train.options import OptimOptions, TrainerOptions
+from zoo.train.rundir import claim, run_id, write_text
+from zoo.train.trainer import Trainer, build_model_for_task
 
 # conf/config.yaml ends hydra.run.dir and hydra.sweep.dir with ${zoo_run_id:}: two runs started in the
 # same second get two directories (one token per process, shared with its torchrun ranks and jobs)
 OmegaConf.register_new_resolver("zoo_run_id", run_id, replace=True)
-
-
-def as_dict(cfg: DictConfig | dict) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-
-
-def part_override(axis: str, node: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A part group's node -> a model override: its ``name`` and the options that were set.
-
-    Options are null unless set (the generated ``conf/<axis>/*.yaml`` leave them null), so every
-    option that is not null was asked for and is passed on, even one equal to the ``Options``
-    default; a null one keeps the preset's value when the preset uses that part (``attention=lsh
-    attention.n_hashes=8`` on ``reformer`` changes n_hashes only) and the part's default otherwise."""
-    if not node:
-        return None
-    options = dict(node)
-    name = options.pop("name")
-    cls = PART_GROUPS[axis].get(name)
-    return {"name": name, **to_options(cls.Options, {k: v for k, v in options.items() if v is not None})}
-
-
-def model_overrides(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(preset, overrides) from the ``model`` node and the part groups; null = the preset's value.
-
-    ``model.tiny=true`` starts from the preset's registered tiny variant (its vocabulary excepted:
-    the task sets it); the user's ``model.*`` keys and then the part groups (``attention``,
-    ``residual``, ``stack``, ``position``) go on top, so a key the user set always wins."""
-    from zoo.config import merge_config
-    from zoo.models import get_preset, preset_config
-
-    model = dict(cfg["model"])
-    preset = model.pop("preset")
-    tiny = model.pop("tiny", False)
-    overrides = {k: v for k, v in model.items() if v is not None}
-    if tiny:
-        base = {k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"}
-        overrides = merge_config(base, overrides)
-    for axis in PART_GROUPS:
-        part = part_override(axis, cfg.get(axis))
-        if part is None:
-            continue
-        current = overrides.get(axis)
-        if isinstance(current, dict) and "name" not in current:  # tweaks of the preset's own part
-            overrides[axis] = {"name": getattr(preset_config(preset), axis)["name"], **current}
-        overrides = merge_config(overrides, {axis: part})
-    return preset, overrides
 
 
 def make_task(cfg: dict[str, Any]) -> Task:
@@ -97,15 +54,12 @@ def optim_options(cfg: dict[str, Any]) -> OptimOptions:
 def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     """(resolved config dict, task, model) for a composed config."""
     resolved = as_dict(cfg)
-    check_paper_data(resolved)  # a paper's configuration on another dataset is refused (zoo/paper.py)
+    check_paper_data(resolved)  # a paper's configuration on another dataset is refused (zoo/app/paper.py)
     seed_everything(int(resolved.get("seed", 0)))
     task = make_task(resolved)
     preset, overrides = model_overrides(resolved)
     model = build_model_for_task(preset, task, **overrides)
     return resolved, task, model
-
-
-# -- loggers and the run directory -------------------------------------------------------------
 
 
 def hydra_context() -> tuple[Path, str, str]:
@@ -176,7 +130,6 @@ def load_run(
     """(app config, task, model with the checkpoint's weights, checkpoint) for evaluate/sample.
 
     ``data`` overrides data options (e.g. ``{"path": ...}`` when the file moved)."""
-    from zoo.models import create_model
 
     ckpt = load_checkpoint(checkpoint)
     cfg = ckpt.get("config") or {}

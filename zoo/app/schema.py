@@ -13,7 +13,7 @@ schema lacks at compose time (``attention.n_hashs=8``). The schemas are generate
 - ``schema/data/<name>``: ``name`` + the fields of ``TASK.get(name).Options`` (filled: a task has
   no preset to defer to);
 - ``schema/model``: ``preset`` + every ``ModelConfig`` field as optional (null = the preset's value);
-- ``schema/trainer``, ``schema/optim``, ``schema/logger``: :mod:`zoo.trainer`'s option dataclasses.
+- ``schema/trainer``, ``schema/optim``, ``schema/logger``: :mod:`zoo.train.trainer`'s option dataclasses.
 
 A new mechanism or task therefore needs no schema code, only its ``Options`` dataclass.
 """
@@ -29,10 +29,14 @@ from typing import Any, Optional, Union
 
 from omegaconf import MISSING as REQUIRED  # '???': a value the config must supply
 
-from zoo.config import ModelConfig
+from zoo.attention.base import ATTENTION
+from zoo.config import ModelConfig, require
 from zoo.data import TASK
-from zoo.registry import ATTENTION, POSITION, RESIDUAL, STACK, Registry
-from zoo.trainer import OptimOptions, TrainerOptions
+from zoo.position.base import POSITION
+from zoo.registry import Registry
+from zoo.residual.base import RESIDUAL
+from zoo.stacks.base import STACK
+from zoo.train.options import OptimOptions, TrainerOptions
 
 SIMPLE = (int, float, bool, str)
 
@@ -181,7 +185,6 @@ class LoggerOptions:
     tags: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from zoo.config import require
 
         require(self.name in ("wandb", "csv", "none"), f"logger.name must be wandb, csv or none, got {self.name!r}")
         require(
@@ -207,7 +210,7 @@ class RootSchema:
     name: str = ""  # run name (default: made from the command-line overrides)
     data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
     experiment: str | None = None  # set by experiment/* configs, for the record
-    paper: Any = None  # experiment/paper/* configs: the paper's figures and protocol (zoo/paper.py)
+    paper: Any = None  # experiment/paper/* configs: the paper's figures and protocol (zoo/app/paper.py)
 
 
 def register_schemas() -> None:

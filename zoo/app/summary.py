@@ -27,7 +27,7 @@ try:  # the callback base class; the module stays importable without Hydra for w
 except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
 
-# throughput and memory as zoo.bench names and measures them (zoo.meter): tokens_per_s = tokens of a
+# throughput and memory as zoo.bench names and measures them (zoo.train.meter): tokens_per_s = tokens of a
 # forward + backward over its seconds, median after the first step; act_mib = MiB saved for backward
 # in one step (ActivationMeter); gpu_peak_mib = CUDA max allocated (blank on CPU). Process RSS is
 # shared by every run of an in-process sweep, so it cannot compare runs and is not a column.

@@ -1,7 +1,13 @@
-"""Attention mechanisms. Importing this package registers every mechanism in ``ATTENTION``."""
+"""Attention mechanisms: which keys each query sees and how scores are computed.
 
-# imported for their registration side effects
-from zoo.attention import adaptive_span, additive, local, lsh, sparse, vanilla, xl_rel  # noqa: F401
-from zoo.attention.base import Attention, AttnOutput
+``base.py`` holds the contract (:class:`Attention`, :class:`AttnOutput`), the ``ATTENTION`` registry
+and the shared helpers; every other module is one mechanism (or a helper several share) and is
+imported, so registered, when this package is.
+"""
 
-__all__ = ["Attention", "AttnOutput"]
+from zoo.attention.base import ATTENTION, Attention, AttnOutput, create_attention
+from zoo.registry import import_submodules
+
+import_submodules(__name__)
+
+__all__ = ["ATTENTION", "Attention", "AttnOutput", "create_attention"]

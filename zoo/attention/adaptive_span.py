@@ -73,6 +73,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from zoo.attention.base import (
+    ATTENTION,
     Attention,
     AttnOutput,
     LayerInput,
@@ -83,7 +84,6 @@ from zoo.attention.base import (
 )
 from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
-from zoo.registry import ATTENTION
 
 MODES = ("learned", "dynamic", "fixed")
 

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import ATTENTION, Attention, AttnOutput, causal_allowed, guard_empty_rows
 from zoo.config import require
-from zoo.registry import ATTENTION
 
 SCORES = ("dot", "general", "concat")
 

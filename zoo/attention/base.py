@@ -33,6 +33,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from zoo.config import NoOptions, build_options, check_type, require
+from zoo.registry import Registry
 
 
 @dataclass
@@ -72,7 +73,7 @@ def to_remember(x: Tensor, layer_input: LayerInput | None) -> Tensor:
 @dataclass(frozen=True)
 class StateContract:
     """A stateful mechanism's promise, under its ``contract_options()``, checked for every
-    mechanism with ``supports_memory`` by tests/test_attention.py (causal use)."""
+    mechanism with ``supports_memory`` by tests/contracts/test_attention.py (causal use)."""
 
     bound: int  # state.length == min(tokens seen, bound): the state stops growing here
     exact_for: int  # threading the state through segments of a stream this long == one call over it
@@ -122,7 +123,7 @@ class Attention(nn.Module):
         self.layer_index = layer_index  # depth of the block holding this attention (interleaved patterns)
         self.options = build_options(self.Options, options, f"attention {name!r}")
 
-    # -- hooks for the contract suite (tests/test_attention.py) -----------------------------
+    # -- hooks for the contract suite (tests/contracts/test_attention.py) -----------------------------
     @classmethod
     def contract_options(cls) -> dict[str, Any]:
         """Small options under which the contract suite exercises this mechanism (d_model 32, 4 heads)."""
@@ -216,6 +217,17 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, options={self.options}"
+
+
+ATTENTION: Registry[type[Attention]] = Registry("attention", Attention)
+
+
+def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, **options: Any) -> Attention:
+    """Build one registered attention mechanism on its own.
+
+    ``options`` are the mechanism's own (see its ``Options``) plus ``dropout`` and ``layer_index``.
+    Called as ``attn(x, *, context=None, pad_mask=None, state=None) -> AttnOutput``."""
+    return ATTENTION.get(name)(d_model, n_heads, causal=causal, **options)
 
 
 def _describe(value: Any) -> str:

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
+from zoo.attention.base import ATTENTION
 from zoo.attention.blocked import (
     PatternAttention,
     attend_groups,
@@ -51,7 +52,6 @@ from zoo.attention.blocked import (
     padded_length,
 )
 from zoo.config import require
-from zoo.registry import ATTENTION
 
 log = logging.getLogger(__name__)
 

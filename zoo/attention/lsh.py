@@ -34,11 +34,11 @@ Deviations (each on purpose, each tested):
   the chunk boundaries depend on how many *later* tokens fall in lower buckets, so an output can
   change when a future token changes (information leaks from the future through the sort). With
   the window the key set of position i depends on tokens <= i only: strict causality, checked by
-  perturbation in tests/test_lsh.py. The window always fits in own + previous chunk, so the
+  perturbation in tests/parts/test_lsh.py. The window always fits in own + previous chunk, so the
   blocked computation is unchanged. ``look_back="chunk"`` restores the paper's form (every earlier
   same-bucket key of the own and the previous chunk) for comparison with the paper and with
   implementations that use it: its key set is still past positions only, but which past keys fall
-  in the two chunks moves with the future's buckets (tests/test_lsh.py shows both).
+  in the two chunks moves with the future's buckets (tests/parts/test_lsh.py shows both).
 - Padding (the caller's pad_mask and the tail added to reach a multiple of ``chunk_size``) is
   hashed to an extra bucket sorted last, so padded tokens never take a real token's place in a
   chunk: outputs of real tokens do not depend on what the padding holds.
@@ -49,7 +49,7 @@ Deviations (each on purpose, each tested):
   (their ``length_normalized`` divides by the RMS, then by sqrt(d_k): a unit key), so their
   logits are sqrt(d_k) times ours, a temperature the learned W_qk absorbs. To reproduce their
   outputs, multiply ``to_qk``'s weight and bias by sqrt(d_k) (the angular hash is scale-free, so
-  the buckets stay the same); tests/test_lsh.py checks this conversion.
+  the buckets stay the same); tests/parts/test_lsh.py checks this conversion.
 - Hashing is seeded: the rotations are a function of (``seed``, layer index, step), where the
   step advances in ``after_optimizer_step``. Two calls between optimiser steps hash the same way
   (a recomputing stack gets the same buckets in backward without touching the RNG), while
@@ -68,9 +68,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import ATTENTION, Attention, AttnOutput, causal_allowed, guard_empty_rows
 from zoo.config import require
-from zoo.registry import ATTENTION
 
 SELF_SCORE = -1e5  # the paper's score for attending to oneself: used only when nothing else is allowed
 MASKED_SCORE = -1e9  # finite, so a query that may see nothing (padding) gets no NaN

@@ -49,6 +49,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from zoo.attention.base import ATTENTION
 from zoo.attention.blocked import (
     PatternAttention,
     attend_groups,
@@ -61,7 +62,6 @@ from zoo.attention.blocked import (
 )
 from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
-from zoo.registry import ATTENTION
 
 COMBINE = ("interleaved", "union", "per_head")
 

@@ -20,9 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, StateContract, causal_allowed, guard_empty_rows, join_key_padding
+from zoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttnOutput,
+    StateContract,
+    causal_allowed,
+    guard_empty_rows,
+    join_key_padding,
+)
 from zoo.config import require
-from zoo.registry import ATTENTION
 
 
 @dataclass

@@ -57,6 +57,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from zoo.attention.base import (
+    ATTENTION,
     Attention,
     AttnOutput,
     LayerInput,
@@ -68,8 +69,7 @@ from zoo.attention.base import (
     to_remember,
 )
 from zoo.config import require
-from zoo.positional import sinusoid_table
-from zoo.registry import ATTENTION
+from zoo.position.base import sinusoid_table
 
 
 @dataclass
@@ -192,7 +192,7 @@ class XLRelativeAttention(Attention):
         if got.dtype != x.dtype or got.device != x.device:
             raise ValueError(
                 f"xl_rel: memory is {got.dtype} on {got.device} but the input is {x.dtype} on {x.device}; convert "
-                "the state (zoo.models.map_tensors) or start fresh"
+                "the state (zoo.models.base.map_tensors) or start fresh"
             )
 
     def _next_memory(self, keys_in: Tensor, key_pad: Tensor | None, cache: tuple | None) -> XLMemory:

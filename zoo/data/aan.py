@@ -3,7 +3,7 @@
 Data: Radev et al. 2013 ("The ACL Anthology Network Corpus", LREC); the LRA task of Tay et al.
 2020 (arXiv:2011.04006): given two papers' texts, decide whether one cites the other. LRA reads
 each document as bytes truncated to 4K and encodes both with one shared encoder (a two-tower
-model, :mod:`zoo.two_tower`).
+model, :mod:`zoo.models.two_tower`).
 
 Layout read (as released with LRA): a directory holding ``new_aan_pairs.train.tsv``,
 ``new_aan_pairs.eval.tsv`` and ``new_aan_pairs.test.tsv``; tab-separated, no header, one pair per

@@ -1,3 +1,9 @@
-"""Named presets: one module per family, each registering with ``register_preset``."""
+"""Named presets, one module per family, and the factory (``create_model``, ``list_models``,
+``preset_config``) in ``factory.py``; every module registers its presets when this package is imported."""
 
-from zoo.presets import adaptive_span, al_rfou, lra, reformer, sparse_local, universal, vanilla, xl  # noqa: F401
+from zoo.presets.factory import MODEL, create_model, get_preset, list_models, preset_config
+from zoo.registry import import_submodules
+
+import_submodules(__name__)
+
+__all__ = ["MODEL", "create_model", "get_preset", "list_models", "preset_config"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.models import register_preset
+from zoo.presets.factory import register_preset
 
 
 @register_preset(

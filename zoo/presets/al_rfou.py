@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.al_rfou import PAPER_MULTI_TARGET_WEIGHT
-from zoo.models import register_preset
+from zoo.models.al_rfou_losses import PAPER_MULTI_TARGET_WEIGHT
+from zoo.presets.factory import register_preset
 
 
 @register_preset(

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo import two_tower  # noqa: F401  (registers the pair_classifier head)
-from zoo.models import register_preset
+from zoo.presets.factory import register_preset
 
 
 @register_preset(

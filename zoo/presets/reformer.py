@@ -1,7 +1,7 @@
 """Reformer presets (Kitaev et al. 2020, "Reformer: The Efficient Transformer", arXiv:2001.04451).
 
 ``reformer`` combines the paper's three savers: LSH attention (zoo/attention/lsh.py), the
-reversible stack (zoo/reversible.py) and the chunked feed-forward. ``reformer_full`` is its
+reversible stack (zoo/stacks/reversible.py) and the chunked feed-forward. ``reformer_full`` is its
 ablation with full shared-QK attention in the same reversible, chunked skeleton (the paper's
 "full attention" baseline). Both use pre-norm residuals: the reversible coupling needs additive
 ones. Deviation: sinusoidal positions instead of the paper's axial position embeddings.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.models import register_preset
+from zoo.presets.factory import register_preset
 
 LSH = {"name": "lsh", "n_hashes": 4, "chunk_size": 64, "n_buckets": 0}  # n_buckets 0: ~one chunk per bucket
 COMMON = dict(

@@ -1,5 +1,5 @@
 """Presets of the Universal Transformer (Dehghani et al. 2019, arXiv:1807.03819), fixed depth and
-with Adaptive Computation Time (Graves 2016, arXiv:1603.08983). See zoo/universal.py.
+with Adaptive Computation Time (Graves 2016, arXiv:1603.08983). See zoo/stacks/universal.py.
 
 ``n_layers`` is the number of recurrent steps T (the step limit under ACT). The stack adds the
 position + timestep signal before every step, so the model's own ``position`` is ``none``.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.models import register_preset
+from zoo.presets.factory import register_preset
 from zoo.presets.vanilla import BASE
 
 UNIVERSAL = dict(BASE, position={"name": "none"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.models import register_preset
+from zoo.presets.factory import register_preset
 
 BASE = dict(n_layers=6, d_model=512, d_ff=2048, n_heads=8, dropout=0.1)  # Vaswani et al. 2017, base
 

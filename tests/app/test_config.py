@@ -1,0 +1,248 @@
+"""The Hydra app's configuration: every YAML composes, registries and conf/ agree, typos fail early
+listing the valid keys, attention= swaps the mechanism of a preset."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+pytest.importorskip("hydra")
+
+from hydra.errors import ConfigCompositionException  # noqa: E402
+
+import zoo  # noqa: E402
+from zoo.app import sync  # noqa: E402
+from zoo.app.compose import CONF_DIR, compose, hydra_context, precheck  # noqa: E402
+from zoo.app.resolve import model_overrides  # noqa: E402
+from zoo.app.run import build  # noqa: E402
+from zoo.app.schema import named_schema, options_defaults, schema_type  # noqa: E402
+from zoo.config import merge_config  # noqa: E402
+from zoo.data import list_tasks  # noqa: E402
+
+GROUPS = [
+    "model",
+    "attention",
+    "residual",
+    "stack",
+    "position",
+    "data",
+    "optim",
+    "trainer",
+    "logger",
+    "experiment",
+    "sweep",
+]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def test_every_yaml_composes():
+    """One composition per row of a zip over every group's options covers every file quickly."""
+    from hydra import compose as hydra_compose
+
+    columns = [[f"{g}={o}" for o in options(g)] for g in GROUPS]
+    rows = list(itertools.zip_longest(*columns))
+    with hydra_context():
+        for row in rows:
+            overrides = [o for o in row if o is not None]
+            # an experiment picks its own data and may set that data's keys: compose it apart
+            experiment = [o for o in overrides if o.startswith("experiment=")]
+            rest = [o for o in overrides if not o.startswith("experiment=")]
+            alone = experiment + [o for o in rest if not o.startswith("data=")]
+            for overrides in (rest, alone) if experiment else (rest,):
+                cfg = hydra_compose(config_name="config", overrides=overrides)
+                assert cfg.model.preset and cfg.data.name and cfg.trainer.max_steps > 0, overrides
+    assert len(rows) == max(len(c) for c in columns)
+
+
+def test_launcher_yamls_compose_when_plugin_installed():
+    try:
+        found = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        pytest.skip("hydra-submitit-launcher not installed (pip install transformer-zoo[cluster])")
+    for name in options("hydra/launcher"):
+        compose([f"hydra/launcher={name}"], return_hydra_config=True)
+
+
+def test_registry_names_and_conf_stems_agree_both_ways():
+    from zoo.app.schema import PART_GROUPS
+
+    for axis, registry in PART_GROUPS.items():  # attention, residual, stack, position
+        assert options(axis) == registry.list(), axis
+    assert options("model") == zoo.list_models()
+    assert sync.check(CONF_DIR) == [], "run experiments/sync_configs.py"
+    import yaml
+
+    data_tasks = {yaml.safe_load((CONF_DIR / "data" / f"{o}.yaml").read_text())["name"] for o in options("data")}
+    assert data_tasks == set(list_tasks()), "every registered task has a data/ config"
+
+
+def test_sync_is_idempotent_and_repairs(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    assert sync.sync(conf) == ([], [])
+    (conf / "attention" / "vanilla.yaml").write_text("name: vanilla\n")  # stale
+    (conf / "model" / "vanilla_lm.yaml").unlink()  # missing
+    (conf / "attention" / "gone.yaml").write_text(sync.GENERATED + " from nowhere\nname: gone\n")  # unregistered
+    (conf / "residual" / "gru_gate.yaml").write_text("name: gru_gate\ngate_bias: 2.0\n")  # stale: filled with a default
+    (conf / "stack" / "universal.yaml").unlink()  # missing
+    (conf / "position" / "gone.yaml").write_text(sync.GENERATED + " from nowhere\nname: gone\n")  # unregistered
+    problems = sync.check(conf)
+    assert any("stale" in p and "vanilla.yaml" in p for p in problems)
+    assert any("missing" in p and "vanilla_lm.yaml" in p for p in problems)
+    assert any("gone.yaml" in p for p in problems)
+    assert any("stale" in p and "gru_gate.yaml" in p for p in problems)
+    assert any("missing" in p and "universal.yaml" in p for p in problems)
+    changes, left = sync.sync(conf)
+    assert len(changes) == 6 and left == []
+    assert "gate_bias: null" in (conf / "residual" / "gru_gate.yaml").read_text()  # null = unset: the preset's value
+    assert sync.check(conf) == [] and sync.sync(conf) == ([], [])
+    (conf / "model" / "not_a_preset.yaml").write_text("preset: not_a_preset\n")
+    assert any("not_a_preset" in p and "vanilla_lm" in p for p in sync.check(conf))
+
+
+@pytest.mark.parametrize(
+    "override,valid",
+    [
+        ("attention.max_cach=3", "max_cache"),
+        ("trainer.max_step=3", "max_steps"),
+        ("model.dmodel=3", "d_model"),
+        ("data.n_symbol=3", "n_symbols"),
+        ("sed=1", "seed"),
+    ],
+)
+def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
+    argv = ["attention=vanilla", override] if override.startswith("attention") else [override]
+    message = precheck(argv)
+    assert message and "valid:" in message and valid in message and f"Did you mean '{valid}'" in message
+    with pytest.raises(ConfigCompositionException):
+        compose(argv)
+
+
+def test_option_of_unchosen_attention_says_pick_one_first():
+    message = precheck(["attention.score=dot"])
+    assert "attention=" in message and "additive" in message and "vanilla" in message
+
+
+def test_unknown_choice_lists_options():
+    with pytest.raises(Exception) as info:
+        compose(["attention=no_such_attention"])
+    assert "vanilla" in str(info.value) and "additive" in str(info.value)
+    with pytest.raises(Exception) as info:
+        compose(["model=no_such_preset"])
+    assert "vanilla_lm" in str(info.value)
+
+
+def test_wrong_type_fails_at_compose_time():
+    with pytest.raises(ConfigCompositionException, match="max_steps"):
+        compose(["trainer.max_steps=many"])
+
+
+def test_first_keys_users_reach_for():
+    cfg = compose(
+        [
+            "model=vanilla_lm",
+            "attention=additive",
+            "data=associative_recall",
+            "logger=csv",
+            "seed=3",
+            "trainer.max_steps=7",
+            "trainer.eval_every=2",
+            "trainer.device=cpu",
+            "trainer.batch_size=5",
+            "trainer.seq_len=32",
+        ]
+    )
+    assert (cfg.model.preset, cfg.attention.name, cfg.data.name, cfg.logger.name, cfg.seed) == (
+        "vanilla_lm",
+        "additive",
+        "associative_recall",
+        "csv",
+        3,
+    )
+    assert (
+        cfg.trainer.max_steps,
+        cfg.trainer.eval_every,
+        cfg.trainer.device,
+        cfg.trainer.batch_size,
+        cfg.trainer.seq_len,
+    ) == (7, 2, "cpu", 5, 32)
+
+
+def test_attention_group_swaps_and_tweaks_the_mechanism():
+    base = ["experiment=tiny", "trainer.seq_len=16", "trainer.batch_size=2"]
+    _, _, model = build(compose(base + ["attention=additive", "attention.score=dot"]))
+    assert model.config.attention == {"name": "additive", "score": "dot"}
+    assert type(model.stack.blocks[0].attention).registry_name == "additive"
+    # picking the preset's own mechanism keeps its options except what is set
+    cfg = zoo.app.resolve.as_dict(compose(base + ["attention=vanilla", "attention.max_cache=5"]))
+    _, overrides = model_overrides(cfg)
+    assert overrides["attention"] == {"name": "vanilla", "max_cache": 5}  # only what was set
+    preset_values = {"attention": {"name": "vanilla", "bias": False}}  # a preset with tuned options
+    assert merge_config(preset_values, {"attention": overrides["attention"]})["attention"] == {
+        "name": "vanilla",
+        "bias": False,
+        "max_cache": 5,
+    }
+    assert merge_config(preset_values, {"attention": {"name": "additive"}})["attention"] == {"name": "additive"}
+    # null attention keeps the preset's mechanism
+    _, _, model = build(compose(base))
+    assert model.config.attention["name"] == "vanilla"
+
+
+def test_every_preset_yaml_builds_or_is_refused_clearly():
+    """Every LM preset trains on the default task; classifier/seq2seq presets are refused with the reason."""
+    for preset in zoo.list_models():
+        cfg = compose(["experiment=tiny", f"model={preset}", "trainer.seq_len=16", "trainer.batch_size=2"])
+        kind = zoo.preset_config(preset).kind
+        if kind == "lm":
+            build(cfg)
+        else:
+            with pytest.raises(ValueError, match="language-modelling task"):
+                build(cfg)
+
+
+def test_schema_types_from_options():
+    @dataclasses.dataclass
+    class Options:
+        n: int = 4
+        ratio: float = 0.5
+        flag: bool = True
+        mode: str = "a"
+        maybe: Optional[int] = None  # noqa: UP045
+        pep604: int | None = None
+        sizes: tuple[int, ...] = (1, 2)
+        odd: object = None
+
+    schema = named_schema("attention", "fake", Options)
+    hints = {f.name: f.type for f in dataclasses.fields(schema)}
+    assert hints["n"] is int and hints["sizes"] == list[int] and hints["pep604"] == Optional[int]  # noqa: UP045
+    assert options_defaults(Options)["sizes"] == [1, 2]
+    assert schema_type(dict) == dict[str, Any] and schema_type(dict[str, int]) == dict[str, Any]
+
+
+def test_conf_has_no_machine_paths():
+    for path in Path(CONF_DIR).rglob("*.yaml"):
+        assert "/work/" not in path.read_text(), path
+
+
+def test_model_tiny_starts_from_the_presets_tiny_variant():
+    cfg = zoo.app.resolve.as_dict(
+        compose(
+            ["model=vanilla_lm", "model.tiny=true", "model.n_layers=3", "attention=vanilla", "attention.max_cache=4"]
+        )
+    )
+    preset, overrides = model_overrides(cfg)
+    tiny = zoo.presets.get_preset("vanilla_lm").tiny
+    assert overrides["d_model"] == tiny["d_model"] and overrides["n_layers"] == 3 and "vocab_size" not in overrides
+    assert overrides["attention"] == {"name": "vanilla", "max_cache": 4}

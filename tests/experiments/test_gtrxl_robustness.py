@@ -1,0 +1,65 @@
+"""Smoke test of experiments/gtrxl_robustness.py: a few steps of the sweep, resume, and the merge step."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from zoo.residual.gtrxl import GRUGate
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "gtrxl_robustness.py"
+TINY = [
+    "--steps", "4", "--eval-every", "2", "--lrs", "1e-3,1e-2", "--seeds", "0", "--batch", "4", "--eval-streams", "8",
+    "--d-model", "16", "--d-ff", "16", "--heads", "2", "--segments", "2", "--segment-len", "4", "--ref-path", "",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("gtrxl_robustness", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_sweep_resumes_and_merges_without_the_reference(script, tmp_path, capsys):
+    variants = ["--variants", "TrXL,GTrXL b_g=0,ref GTrXL b_g=2"]
+    assert script.main([*TINY, *variants, "--out", str(tmp_path)]) == 0
+    assert "reference skipped" in capsys.readouterr().out  # absent reference: ours still runs
+    runs = rows(tmp_path / "runs.csv")
+    assert {(r["variant"], float(r["lr"])) for r in runs} == {
+        (v, lr) for v in ("TrXL", "GTrXL b_g=0") for lr in (1e-3, 1e-2)
+    }
+    assert all(r["steps_run"] == "4" and r["solved"] in ("0", "1") for r in runs)
+    curves = rows(tmp_path / "curves.csv")
+    assert len(curves) == 2 * len(runs) and {c["step"] for c in curves} == {"2", "4"}
+    # a curve left by a run killed before its runs.csv row is dropped, and finished runs are not re-run
+    with open(tmp_path / "curves.csv", "a", newline="") as f:
+        f.write("TrXL-I,0.001,0,2,1.0,0.5,0.5\n")
+    script.main([*TINY, *variants, "--out", str(tmp_path)])
+    assert rows(tmp_path / "runs.csv") == runs and rows(tmp_path / "curves.csv") == curves
+    script.main([*TINY, "--out", str(tmp_path), "--merge"])
+    table = (tmp_path / "table.md").read_text()
+    assert "| TrXL |" in table and "| GTrXL b_g=0 |" in table and "/1" in table
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_gate_bias_reaches_our_model(script):
+    args = script.argparse.Namespace(d_model=16, layers=1, heads=2, d_ff=16, segment_len=4)
+    for bias in (0.0, 2.0):
+        model = script.build(f"GTrXL b_g={bias:g}", args, 10, None)
+        gates = [m.gate_bias for m in model.modules() if isinstance(m, GRUGate)]
+        assert gates and all(float(g.detach().min()) == float(g.detach().max()) == bias for g in gates)
+
+
+def test_unknown_variant_is_named(script, tmp_path):
+    with pytest.raises(SystemExit, match="unknown 'GTrXL'"):
+        script.main([*TINY, "--variants", "GTrXL", "--out", str(tmp_path)])

@@ -1,0 +1,217 @@
+"""What every head shares: the model output, the state a model carries between calls, the token
+embedding, and :class:`ZooModel` (the resolved config, state checks, the final norm).
+
+Heads (one file each, registered in ``HEAD`` under their ``kind``): ``lm`` (:mod:`zoo.models.lm`),
+``classifier`` (:mod:`zoo.models.classifier`), ``seq2seq`` (:mod:`zoo.models.seq2seq`),
+``pair_classifier`` (:mod:`zoo.models.two_tower`).
+
+Calls: ``model(tokens, targets=None, *, pad_mask=None, state=None) -> ModelOutput`` and, for the
+encoder-decoder, ``model(src, tgt, targets=None, *, src_pad_mask=None, tgt_pad_mask=None,
+state=None)``. Feeding ``out.state`` back continues the sequence (XL memory, KV cache).
+
+Backbone use: every model also takes vectors in place of token ids, ``model(embeds=x)`` with x
+[b, t, d_model] float (the encoder-decoder: ``src_embeds=`` / ``tgt_embeds=``, each side on its own);
+the token embedding and its sqrt(d_model) scale are skipped, everything after it (position signal,
+dropout, padding masks, state) is the same. ``ModelOutput.hidden`` is always the final hidden
+states [b, t, d_model] (after the final norm where the residual has one); ``head="none"`` builds no
+output projection (``logits`` is None, ``targets`` are refused) so a caller puts its own head on
+``hidden``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.config import ModelConfig
+from zoo.models.inputs import (
+    check_embeds,
+    check_tokens,
+)
+from zoo.position.absolute import LearnedPosition
+from zoo.registry import Registry
+from zoo.residual.base import RESIDUAL
+from zoo.stacks.base import STACK
+from zoo.stacks.build import attention_class, split_part
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor | None  # None when the model was built with head="none"
+    loss: Tensor | None = None  # task loss when targets are given
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)  # summed over layers: span_l1, ponder, ...
+    state: Any = None  # per-layer memory / cache to feed back next call
+    stats: dict[str, Tensor] = field(default_factory=dict)
+    hidden: Tensor | None = None  # [b, t, d_model] final hidden states, after the final norm (decoder's for seq2seq)
+
+
+@dataclass
+class ModelState:
+    """What a model carries between calls: one entry per layer, plus where the stream stands.
+
+    ``offset`` is the absolute position of the next token (for absolute position signals);
+    ``batch_size`` and ``signature`` let a model refuse a state that is not its own."""
+
+    layers: list[Any] | None
+    offset: int
+    batch_size: int
+    signature: str = ""
+
+
+def map_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """Apply ``fn`` to every tensor inside a (nested) state: lists, tuples, dicts, dataclasses.
+    Used to reorder caches in beam search and to move states between devices."""
+    if isinstance(state, Tensor):
+        return fn(state)
+    if isinstance(state, list):
+        return [map_tensors(s, fn) for s in state]
+    if isinstance(state, tuple):
+        return tuple(map_tensors(s, fn) for s in state)
+    if isinstance(state, dict):
+        return {k: map_tensors(v, fn) for k, v in state.items()}
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return dataclasses.replace(
+            state, **{f.name: map_tensors(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init}
+        )
+    return state
+
+
+def reorder_state(state: Any, index: Tensor) -> Any:
+    """Select batch rows of every tensor in a state (beam search)."""
+    out = map_tensors(state, lambda t: t.index_select(0, index) if t.dim() > 0 else t)
+    if isinstance(out, (ModelState, Seq2SeqState)):
+        out = dataclasses.replace(out, batch_size=int(index.numel()))
+    return out
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids -> vectors scaled by sqrt(d_model); also the tied output projection."""
+
+    def __init__(self, vocab_size: int, d_model: int, name: str = "tokens"):
+        super().__init__()
+        self.vocab_size, self.d_model, self.name = vocab_size, d_model, name
+        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        check_tokens(tokens, self.name, self.vocab_size)
+        return F.embedding(tokens.long(), self.weight) * math.sqrt(self.d_model)
+
+
+class ZooModel(nn.Module):
+    """Shared plumbing: the resolved config, state checks, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        # what a state must match to be fed back: the same preset, head, mechanism, stack and sizes
+        parts = "/".join(split_part(getattr(config, axis))[0] for axis in ("attention", "stack"))
+        self.signature = f"{config.name}:{config.kind}:{parts}:{config.n_layers}x{config.d_model}h{config.n_heads}"
+
+    def final_norm(self) -> nn.Module:
+        name, _ = split_part(self.config.residual)
+        return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
+
+    def input_vectors(
+        self,
+        embedding: TokenEmbedding,
+        tokens: Tensor | None,
+        embeds: Tensor | None,
+        names: tuple[str, str] = ("tokens", "embeds"),
+    ) -> Tensor:
+        """[b, t, d_model] vectors entering the stack: token ids through ``embedding`` (scaled by
+        sqrt(d)), or the caller's own vectors as they are (a backbone fed observations/features)."""
+        tokens_name, embeds_name = names
+        d = self.config.d_model
+        if (tokens is None) == (embeds is None):
+            given = "both" if tokens is not None else "neither"
+            raise ValueError(
+                f"pass exactly one of {tokens_name} (token ids [b, t]) or {embeds_name} "
+                f"(vectors [b, t, d_model={d}]); got {given}"
+            )
+        if tokens is not None:
+            return embedding(tokens)
+        check_embeds(embeds, embeds_name, d, embedding.weight.dtype)
+        return embeds
+
+    def output_head(self, logits_in: Tensor) -> Tensor | None:
+        """The output projection (vocabulary or classes), or None for a model built with head="none"."""
+        return None if self.head is None else self.head(logits_in)
+
+    def require_head(self, why: str) -> None:
+        if self.head is None:
+            raise ValueError(
+                f"{why}, but this model was built with head='none' (no output projection, logits=None): compute your "
+                f"loss from out.hidden [b, t, d_model={self.config.d_model}], or build with head='linear'"
+            )
+
+    def refuse_without_head(self, targets: Tensor | None) -> None:
+        if targets is not None:
+            self.require_head("targets were given")
+
+    def attentions_keep_state(self) -> bool:
+        """True when every attention can continue from a state (KV cache / memory) and the stack
+        threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
+        token at a time; otherwise it recomputes the whole prefix each step."""
+        return (
+            attention_class(self.config.attention).supports_memory
+            and STACK.get(split_part(self.config.stack)[0]).keeps_state
+        )
+
+    def check_decode_length(self, length: int, what: str) -> None:
+        """Refuse up front a decode that would run past a learned position table half way through."""
+        if isinstance(self.position, LearnedPosition) and length > self.config.max_len:
+            raise ValueError(
+                f"{what} = {length} positions, past the learned position table (max_len={self.config.max_len}); "
+                "ask for fewer or raise max_len"
+            )
+
+    def check_state(self, state: Any, batch_size: int, cls: type = None, *, stack: nn.Module | None = None) -> None:
+        cls = cls or ModelState
+        if state is None:
+            return
+        if not isinstance(state, cls):
+            raise ValueError(
+                f"state must be the {cls.__name__} this model returned (out.state); got {type(state).__name__}"
+            )
+        if state.signature and state.signature != self.signature:
+            raise ValueError(f"state comes from a different model ({state.signature}); this model is {self.signature}")
+        if state.batch_size != batch_size:
+            raise ValueError(
+                f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh "
+                f"with state=None or model.init_state({batch_size})"
+            )
+        if state.offset and stack is not None and not stack.keeps_state:
+            # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
+            raise ValueError(
+                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence "
+                f"at offset {state.offset}: "
+                "the new tokens would not see the earlier ones; feed the whole prefix with state=None "
+                "(attentions_keep_state() is False for this stack, so generate() does)"
+            )
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+@dataclass
+class Seq2SeqState:
+    """Encoder output (computed once) plus the decoder's per-layer caches."""
+
+    memory: Tensor
+    memory_pad_mask: Tensor | None
+    layers: list[Any] | None
+    offset: int
+    batch_size: int
+    signature: str = ""
+
+
+# the heads, by ``ModelConfig.kind``: each head file registers its class (``@HEAD.register("lm")``)
+HEAD: Registry[type[ZooModel]] = Registry("head", ZooModel)

@@ -1,0 +1,79 @@
+"""Stacks: how blocks are composed in depth.
+
+A stack is built from a block factory ``make_block(layer_index) -> Block`` and called as
+``stack(x, *, pad_mask, state, context, context_pad_mask) -> StackOutput``. ``state`` is a list
+with one entry per layer (``None`` = start fresh).
+
+The contract every stack keeps (``tests/contracts/test_stack_contract.py`` checks it over the registry):
+every layer's aux losses come back (summed by name, as ``ModelOutput.aux_losses``) and every
+layer's stats come back under ``layer<i>/<block stat>`` (``layer3/attn/span_mean``,
+``layer3/cross/...``; a stack re-applying one block numbers its steps as layers); stack-level
+stats get the stack's own prefix (``act/steps_mean``).
+
+The stacks, one file each: ``sequential``, ``reversible``, ``universal``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from zoo.blocks import Block
+from zoo.config import NoOptions, build_options, require
+from zoo.registry import Registry
+
+BlockFactory = Callable[[int], Block]
+
+
+@dataclass
+class StackOutput:
+    x: Tensor
+    state: list[Any] | None = None  # one entry per layer; None when no layer keeps state
+    aux: dict[str, Tensor] = field(default_factory=dict)
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+
+class Stack(nn.Module):
+    Options: ClassVar[type] = NoOptions
+    registry_name: ClassVar[str | None] = None
+    # capability flags: the builder and the contract suite (tests/contracts/test_stack_contract.py) read these
+    keeps_state: ClassVar[bool] = True  # can thread its blocks' caches across calls (universal: no)
+    supports_cross: ClassVar[bool] = True  # can hold blocks with cross-attention (seq2seq decoder)
+    needs_additive: ClassVar[bool] = False  # needs additive residuals (reversible: subtracts the branches)
+
+    def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
+        super().__init__()
+        require(isinstance(n_layers, int) and n_layers > 0, f"n_layers must be a positive int, got {n_layers!r}")
+        self.n_layers, self.d_model = n_layers, d_model
+        self.options = build_options(self.Options, options, f"stack {self.registry_name!r}")
+
+    @classmethod
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        """Option sets under which the stack contract suite exercises this stack (one case each)."""
+        return [{}]
+
+    @classmethod
+    def adds_position_signal(cls, options: dict[str, Any]) -> bool:
+        """True when a stack built with ``options`` adds an absolute position signal itself, so the
+        model must add none (one owner of the position signal; the builder checks it)."""
+        return False
+
+    def init_state(self, batch_size: int) -> list[Any] | None:
+        return None
+
+    def check_state(self, state: list[Any] | None) -> list[Any]:
+        if state is None:
+            return [None] * self.n_layers
+        if not isinstance(state, (list, tuple)) or len(state) != self.n_layers:
+            length = len(state) if hasattr(state, "__len__") else "?"
+            raise ValueError(
+                f"stack {self.registry_name!r}: state must be a list with one entry per layer "
+                f"({self.n_layers}); got {type(state).__name__} of length {length}"
+            )
+        return list(state)
+
+
+STACK: Registry[type[Stack]] = Registry("stack", Stack)

@@ -1,0 +1,112 @@
+"""Builders that turn config dicts (``{"name": ..., **options}``) into parts.
+
+These are the only places that look names up in the registries, so every error about an unknown
+part or an impossible combination (cross-attention from a mechanism that cannot do it, a causal-only
+mechanism in an encoder) is raised here, at build time, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from zoo.attention.base import ATTENTION, Attention
+from zoo.blocks import Block, FeedForward
+from zoo.config import ModelConfig
+from zoo.position.base import POSITION, Position
+from zoo.residual.base import RESIDUAL, Residual
+from zoo.stacks.base import STACK, Stack
+
+
+def split_part(part: dict[str, Any] | str) -> tuple[str, dict[str, Any]]:
+    """{"name": "lsh", "n_hashes": 8} -> ("lsh", {"n_hashes": 8})"""
+    if isinstance(part, str):
+        return part, {}
+    options = dict(part)
+    return options.pop("name"), options
+
+
+def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, **options: Any) -> Attention:
+    """Build one registered attention mechanism on its own.
+
+    ``options`` are the mechanism's own (see its ``Options``) plus ``dropout`` and ``layer_index``.
+    Called as ``attn(x, *, context=None, pad_mask=None, state=None) -> AttnOutput``."""
+    return ATTENTION.get(name)(d_model, n_heads, causal=causal, **options)
+
+
+def attention_class(part: dict[str, Any] | str) -> type[Attention]:
+    return ATTENTION.get(split_part(part)[0])
+
+
+def residual_factory(config: ModelConfig) -> Callable[[], Residual]:
+    name, options = split_part(config.residual)
+    cls = RESIDUAL.get(name)
+    cls(config.d_model, config.dropout, **options)  # validate options now, not on first block
+    return lambda: cls(config.d_model, config.dropout, **options)
+
+
+def create_position(config: ModelConfig) -> Position:
+    name, options = split_part(config.position)
+    return POSITION.get(name)(config.d_model, config.max_len, **options)
+
+
+def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int) -> Stack:
+    """A stack of ``n_layers`` blocks of the configured attention/residual/feed-forward."""
+    attn_name, attn_options = split_part(config.attention)
+    attn_cls = ATTENTION.get(attn_name)
+    if attn_cls.causal_only and not causal:
+        raise ValueError(
+            f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another "
+            f"attention for kind={config.kind!r}"
+        )
+    cross_name, cross_options = split_part(config.cross_attention)
+    if cross and not ATTENTION.get(cross_name).supports_cross:
+        capable = [n for n in ATTENTION.list() if ATTENTION.get(n).supports_cross]
+        reason = ATTENTION.get(cross_name).no_cross_reason
+        raise ValueError(
+            f"cross_attention {cross_name!r} cannot attend to another sequence "
+            f"(supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}"
+        )
+    make_residual = residual_factory(config)
+
+    def make_block(layer_index: int) -> Block:
+        attention = create_attention(
+            attn_name,
+            d_model=config.d_model,
+            n_heads=config.n_heads,
+            causal=causal,
+            dropout=config.attention_dropout,
+            layer_index=layer_index,
+            **attn_options,
+        )
+        cross_attention = None
+        if cross:
+            cross_attention = create_attention(
+                cross_name,
+                d_model=config.d_model,
+                n_heads=config.n_heads,
+                causal=False,
+                dropout=config.attention_dropout,
+                layer_index=layer_index,
+                **cross_options,
+            )
+        feed_forward = FeedForward(
+            config.d_model,
+            config.d_ff,
+            activation=config.activation,
+            dropout=config.dropout,
+            chunk_size=config.ff_chunk_size,
+        )
+        return Block(attention, feed_forward, make_residual, cross_attention)
+
+    stack_name, stack_options = split_part(config.stack)
+    stack_cls = STACK.get(stack_name)
+    position_name = split_part(config.position)[0]
+    if stack_cls.adds_position_signal(stack_options) and position_name != "none":
+        raise ValueError(
+            f"stack {stack_name!r} adds its own position signal (before every step) and "
+            f"position={position_name!r} adds one at the embedding: positions would be added twice; "
+            "set position=none (the universal presets do) "
+            "or turn the stack's signal off (stack.position_signal=false)"
+        )
+    return stack_cls(make_block, n_layers, config.d_model, **stack_options)

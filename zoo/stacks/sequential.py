@@ -1,0 +1,42 @@
+"""Stacks: how blocks are composed in depth.
+
+``sequential``: N independent blocks applied in order (Vaswani et al. 2017)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from zoo.blocks import merge_into, prefixed
+from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
+
+
+@STACK.register("sequential")
+class SequentialStack(Stack):
+    def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
+        super().__init__(make_block, n_layers, d_model, **options)
+        self.blocks = nn.ModuleList(make_block(i) for i in range(n_layers))
+
+    def init_state(self, batch_size: int) -> list[Any] | None:
+        states = [block.init_state(batch_size) for block in self.blocks]
+        return None if all(s is None for s in states) else states
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        pad_mask: Tensor | None = None,
+        state: list[Any] | None = None,
+        context: Tensor | None = None,
+        context_pad_mask: Tensor | None = None,
+    ) -> StackOutput:
+        states = self.check_state(state)
+        new_states, aux, stats = [], {}, {}
+        for i, (block, layer_state) in enumerate(zip(self.blocks, states)):
+            out = block(x, pad_mask=pad_mask, state=layer_state, context=context, context_pad_mask=context_pad_mask)
+            x = out.x
+            new_states.append(out.state)
+            merge_into(aux, out.aux)
+            stats.update(prefixed(f"layer{i}", out.stats))
+        return StackOutput(x, None if all(s is None for s in new_states) else new_states, aux, stats)

@@ -1,0 +1,304 @@
+"""Checkpoints as data: what a training run saves, how it is written, and how it is read back.
+
+A checkpoint is one ``torch.save`` file holding only tensors and plain Python types (dict, list,
+tuple, str, int, float, bool, None):
+
+- ``model`` / ``optimizer`` / ``scheduler``: state dicts; ``step``, ``best``, ``world_size``;
+- ``rng``: the Python, NumPy and torch generator states as integer lists and tensors;
+- ``state``: the carried segment memory, its dataclasses turned into tagged dicts
+  (:func:`state_to_data`), rebuilt only as dataclasses of the ``zoo`` package (:func:`state_from_data`);
+- ``model_config``, ``task``, ``optim``, ``config``: plain dicts.
+
+It is read with ``torch.load(weights_only=True)``, which builds tensors and plain types and
+nothing else, so a crafted file cannot run code; anything else is refused naming the file. Every
+checkpoint has a SHA-256 sidecar (``last.pt.sha256``, ``sha256sum`` format), checked before the
+file is read: a corrupt file is refused naming it and the newest sound checkpoint beside it.
+Writes are atomic (a temp file renamed into place) and a failed write removes its temp file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from zoo.train.rundir import open_exclusive, safe_path
+
+CHECKPOINT_FORMAT = "transformer-zoo/checkpoint/v2"
+CHECKSUM_SUFFIX = ".sha256"
+STATE_TAG = "__dataclass__"
+# modules whose state classes moved when zoo/ was laid out as a folder per axis: format v2 checkpoints
+# written before that name the old module (``zoo.models:ModelState``) and still load
+MOVED_STATE_MODULES = {"zoo.models": "zoo.models.base"}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: unreadable, corrupt, not data, not ours, or not this run's."""
+
+
+# -- seeds and random generators -------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator a training step draws from, as tensors and plain types."""
+    version, words, gauss = random.getstate()
+    _, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {
+        "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
+    key = npy["key"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", key, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- carried state <-> data ------------------------------------------------------------------------
+
+
+def state_to_data(state: Any) -> Any:
+    """A model's carried state (nested dataclasses, lists, dicts of tensors) as tensors and plain
+    types: each dataclass becomes a dict tagged with its class (``module:QualName``)."""
+    if isinstance(state, Tensor):
+        return state.detach().cpu()
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        cls = type(state)
+        fields = {f.name: state_to_data(getattr(state, f.name)) for f in dataclasses.fields(state) if f.init}
+        return {STATE_TAG: f"{cls.__module__}:{cls.__qualname__}", **fields}
+    if isinstance(state, (list, tuple)):
+        return type(state)(state_to_data(s) for s in state)
+    if isinstance(state, dict):
+        return {k: state_to_data(v) for k, v in state.items()}
+    if state is None or isinstance(state, (bool, int, float, str)):
+        return state
+    raise CheckpointError(
+        f"cannot store a {type(state).__name__} of the carried state in a checkpoint (tensors, "
+        "dataclasses and plain types only)"
+    )
+
+
+def state_class(tag: str) -> type:
+    """The dataclass a tag names: only classes of already imported ``zoo`` modules qualify."""
+    module_name, _, qualname = tag.partition(":")
+    module_name = MOVED_STATE_MODULES.get(module_name, module_name)
+    module = sys.modules.get(module_name)
+    if not (module_name == "zoo" or module_name.startswith("zoo.")) or module is None:
+        raise CheckpointError(f"carried state names class {tag!r}; only dataclasses of loaded zoo modules are rebuilt")
+    cls: Any = module
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise CheckpointError(f"carried state names {tag!r}, which is not a zoo dataclass")
+    return cls
+
+
+def state_from_data(data: Any, device: torch.device | str = "cpu") -> Any:
+    """Inverse of :func:`state_to_data`, tensors moved to ``device``."""
+    if isinstance(data, Tensor):
+        return data.to(device)
+    if isinstance(data, dict):
+        if STATE_TAG in data:
+            fields = {k: state_from_data(v, device) for k, v in data.items() if k != STATE_TAG}
+            return state_class(data[STATE_TAG])(**fields)
+        return {k: state_from_data(v, device) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(state_from_data(d, device) for d in data)
+    return data
+
+
+# -- checksums ---------------------------------------------------------------------------------------
+
+
+def checksum_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def sha256_of(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_checksum(path: str | Path, digest: str | None = None) -> Path:
+    """Write ``<path>.sha256`` (``sha256sum -c`` reads it) for an existing checkpoint file."""
+    path = Path(path)
+    sidecar = checksum_path(path)
+    tmp = sidecar.with_name(f".{sidecar.name}.tmp{os.getpid()}")
+    try:
+        with open_exclusive(tmp, "w") as f:
+            f.write(f"{digest or sha256_of(path)}  {path.name}\n")
+        os.replace(tmp, sidecar)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return sidecar
+
+
+def verify_checksum(path: str | Path) -> str | None:
+    """None when ``path`` matches its sidecar, else what is wrong."""
+    path = Path(path)
+    sidecar = checksum_path(path)
+    if not sidecar.is_file():
+        return f"it has no checksum file {sidecar.name} beside it"
+    expected = sidecar.read_text().split()[:1]
+    actual = sha256_of(path)
+    if expected != [actual]:
+        return f"its SHA-256 is {actual} but {sidecar.name} records {expected[0] if expected else 'nothing'}"
+    return None
+
+
+def newest_sound_checkpoint(directory: str | Path, exclude: str | Path | None = None) -> Path | None:
+    """The most recently written checkpoint in ``directory`` whose checksum holds."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    excluded = Path(exclude).resolve() if exclude else None
+    candidates = [p for p in directory.glob("*.pt") if p.is_file() and p.resolve() != excluded]
+    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        if verify_checksum(candidate) is None:
+            return candidate
+    return None
+
+
+# -- writing and reading -----------------------------------------------------------------------------
+
+
+def is_temp_file(path: Path) -> bool:
+    return path.name.startswith(".") and ".tmp" in path.name
+
+
+def sweep_temp_files(directory: str | Path) -> list[Path]:
+    """Remove temp files that killed or failed saves left behind (``.last.pt.tmp<pid>``)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if is_temp_file(p) and (p.is_file() or p.is_symlink())]
+    for path in stale:
+        path.unlink()
+    return stale
+
+
+def _no_space(exc: BaseException) -> bool:
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str | Path | None = None) -> Path:
+    """Write ``payload`` atomically with its checksum sidecar: a crash mid-write leaves the previous
+    file intact, a failed write leaves no temp file. With ``run_dir``, the path must lie inside it
+    and no link on the way is followed."""
+    path = Path(path)
+    if run_dir is not None:
+        safe_path(run_dir, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open_exclusive(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = sha256_of(tmp)
+        os.replace(tmp, path)
+        write_checksum(path, digest)
+    except Exception as exc:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        if _no_space(exc):
+            free = shutil.disk_usage(path.parent).free
+            raise CheckpointError(
+                f"no space left on device: {path} (could not write the checkpoint; {free / 2**20:.1f} MiB free there)"
+            ) from None
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"cannot write checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+    return path
+
+
+def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
+    """Read one of our checkpoints as data, refusing anything else with the reason.
+
+    The checksum sidecar is checked first (``verify=False`` skips it, for a file you checked
+    yourself); then ``torch.load(weights_only=True)`` builds tensors and plain types only, so a
+    file that would run code when unpickled is refused without running anything."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path} (trainer.resume / checkpoint=)")
+    if verify:
+        problem = verify_checksum(path)
+        if problem:
+            sound = newest_sound_checkpoint(path.parent, exclude=path)
+            where = f"the newest sound checkpoint beside it is {sound}" if sound else f"no sound one in {path.parent}"
+            raise CheckpointError(
+                f"refusing checkpoint {path}: {problem} (corrupt or not written by this trainer); {where}"
+            )
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - pickled code, truncated file, not a torch file
+        text = str(exc)
+        if "weights_only" in text or "Unsupported global" in text or "Unpickler" in text:
+            reason = text.strip().splitlines()[0][:300]
+            raise CheckpointError(
+                f"refusing checkpoint {path}: it holds objects other than tensors and plain data, "
+                f"which could run code when loaded ({reason})"
+            ) from None
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {type(exc).__name__}: {text[:300]} (corrupt or not a torch file)"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise CheckpointError(
+            f"{path} is not a transformer-zoo checkpoint (format {found!r}, expected {CHECKPOINT_FORMAT!r})"
+        )
+    missing = [k for k in ("model", "model_config", "step") if k not in payload]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+    return payload
+
+
+def config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Readable differences between two nested config dicts."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append(f"{prefix}{key}: checkpoint {va!r} vs now {vb!r}")
+    return out

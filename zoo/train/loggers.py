@@ -1,0 +1,94 @@
+"""Where a run's metrics go: ``metrics.jsonl`` (+ ``metrics.csv`` at the end) always, wandb when asked.
+
+A logger is any object with ``log(metrics, step)`` and ``finish(summary)``; the trainer calls
+``cut(step)`` on those that have it when a run resumes, so the file never repeats steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from zoo.train.rundir import open_append, safe_path, write_text
+
+
+class MetricsFile:
+    """Every logged metric as JSON lines (``metrics.jsonl``), and a CSV of them at the end, so no
+    run depends on wandb to be read. Written only inside ``run_dir``: a link there is refused."""
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        self.jsonl = self.dir / "metrics.jsonl"
+        self._f: IO | None = None  # opened at the first line, after the trainer has claimed the directory
+
+    def rows(self) -> list[dict[str, Any]]:
+        path = safe_path(self.dir, self.jsonl)
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def cut(self, step: int) -> None:
+        """Drop the lines logged after ``step`` (a resumed run logs them again)."""
+        rows = self.rows()
+        keep = [r for r in rows if r.get("step", 0) <= step]
+        if len(keep) != len(rows):
+            self.close()
+            write_text(self.dir, self.jsonl, "".join(json.dumps(r) + "\n" for r in keep))
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self._f is None:
+            self._f = open_append(self.dir, self.jsonl)
+        self._f.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.close()
+        rows = self.rows()
+        keys = ["step"] + sorted({k for r in rows for k in r} - {"step"})
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text(self.dir, self.dir / "metrics.csv", buffer.getvalue())
+
+
+class WandbLogger:
+    """wandb, ``mode=offline`` by default (no network, no account): the run is named from the
+    command-line overrides, carries the full config, and a sweep's runs share a group.
+    ``options``: the app's ``logger.*`` node (:class:`zoo.app.schema.LoggerOptions`)."""
+
+    def __init__(self, options: Any, *, run_dir: Path, name: str, group: str, config: dict[str, Any]):
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=options.project,
+            entity=options.entity or None,
+            mode=options.mode,
+            dir=str(run_dir),
+            name=name,
+            group=options.group or group or None,
+            tags=list(options.tags) or None,
+            config=config,
+            reinit="finish_previous",
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        for key, value in summary.items():
+            if isinstance(value, (int, float, str, bool)) or value is None:
+                self.run.summary[key] = value
+        self.run.finish()

@@ -1,0 +1,117 @@
+"""The ``trainer.*`` and ``optim.*`` options of a training run, and what they build: the device
+and the optimiser (Adam is Adam: its weight decay is an L2 penalty; AdamW's is decoupled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from zoo.config import require
+from zoo.train.steps import adam
+
+
+@dataclass
+class TrainerOptions:
+    """``trainer.*`` keys of the app."""
+
+    max_steps: int = 1000
+    batch_size: int = 16  # per process (rank)
+    seq_len: int = 256
+    accumulate: int = 1  # micro-batches per optimiser step
+    clip: float = 1.0  # max gradient norm (0 = off)
+    eval_every: int = 200  # steps between evaluations (0 = only at the end)
+    eval_batches: int = 20  # batches per evaluation (0 = the whole split)
+    eval_split: str = "val"
+    log_every: int = 10
+    checkpoint_every: int = 0  # steps between last.pt saves besides each evaluation (0 = at evaluations)
+    checkpoints: bool = True  # write last.pt / best.pt
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "fp32"  # fp32 | bf16 (autocast; CUDA)
+    carry_state: bool = True  # carry segment memory across steps on contiguous data
+    max_time_s: float = 0.0  # stop (and evaluate) after this many seconds of training (0 = no limit)
+    resume: str = ""  # a checkpoint path, or "auto" = last.pt of this run directory if present
+    progress: bool = True  # tqdm bar
+    threads: int = 0  # torch.set_num_threads (0 = leave as is)
+    # train under torch.compile (compiled on the first step; evaluation stays eager). Measured with
+    # ``python -m zoo.bench --paired --compile``: on CPU it helped LSH, slowed dense and local attention
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):
+            value = getattr(self, key)
+            require(isinstance(value, int) and value > 0, f"trainer.{key} must be a positive int, got {value!r}")
+        for key in ("eval_every", "eval_batches", "checkpoint_every", "threads"):
+            require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)!r}")
+        require(self.precision in ("fp32", "bf16"), f"trainer.precision must be fp32 or bf16, got {self.precision!r}")
+        require(self.eval_split in ("val", "test"), f"trainer.eval_split must be val or test, got {self.eval_split!r}")
+        require(self.clip >= 0 and self.max_time_s >= 0, "trainer.clip and trainer.max_time_s must be >= 0")
+
+
+@dataclass
+class OptimOptions:
+    """``optim.*`` keys: the optimiser and the learning-rate schedule.
+
+    ``name=adam`` is Adam, its ``weight_decay`` an L2 penalty added to the gradient;
+    ``name=adamw`` is AdamW, its ``weight_decay`` decoupled from the gradient."""
+
+    name: str = "adam"  # adam | adamw
+    lr: float = 1e-3  # peak rate (a multiplier of the paper's rate for schedule=noam: use 1.0)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: str = "cosine"  # noam | cosine | constant
+    warmup: int = 100
+
+    def __post_init__(self) -> None:
+        require(self.name in ("adam", "adamw"), f"optim.name must be adam or adamw, got {self.name!r}")
+        require(
+            self.schedule in ("noam", "cosine", "constant"),
+            f"optim.schedule must be noam, cosine or constant, got {self.schedule!r}",
+        )
+        require(
+            self.lr > 0 and self.warmup >= 0 and len(self.betas) == 2,
+            f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; got {self.lr}, {self.warmup}, {list(self.betas)}",
+        )
+        require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+
+    def describe(self) -> str:
+        """What runs, in words (logged at the start and stored in result.json)."""
+        if self.name == "adamw":
+            return f"AdamW (decoupled weight decay {self.weight_decay})"
+        return f"Adam (L2 weight decay {self.weight_decay})" if self.weight_decay else "Adam"
+
+
+# optimiser settings its saved state (moment estimates) depends on: a change is refused on resume
+OPTIM_STATE_KEYS = ("name", "betas")
+# settings applied on resume (the schedule is rebuilt from the current options at every start)
+OPTIM_APPLIED_KEYS = ("lr", "schedule", "warmup", "weight_decay", "eps")
+
+
+def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """``trainer.device``: auto (CUDA when present, else CPU), cpu, cuda, cuda:N, or any torch device."""
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"trainer.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.device={name!r} but CUDA is not available here; use trainer.device=auto or cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"trainer.device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def make_optimizer(model: nn.Module, options: OptimOptions) -> torch.optim.Optimizer:
+    return adam(
+        model,
+        lr=options.lr,
+        betas=tuple(options.betas),
+        eps=options.eps,
+        weight_decay=options.weight_decay,
+        decoupled=options.name == "adamw",
+    )

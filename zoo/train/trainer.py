@@ -1,0 +1,540 @@
+"""The training loop of the Hydra application (usable on its own from Python).
+
+What it does around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then
+``optimizer_step``: aux losses, clipping, schedules, post-step hooks):
+
+- options and what they build (:mod:`zoo.train.options`): device, optimiser; bf16 autocast on
+  CUDA, gradient accumulation;
+- state carried from step to step on contiguous tasks for every model that keeps segment memory
+  (XL memory, the adaptive-span cache), started with ``init_state`` where the streams start over;
+- evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged to :mod:`zoo.train.loggers`;
+- a tqdm bar with loss and tokens/s; tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
+- checkpoints as data (:mod:`zoo.train.checkpoint`): ``last.pt`` and ``best.pt`` with checksums,
+  written atomically, never with non-finite weights nor after a non-finite evaluation; resume
+  restores model, optimiser, schedule, RNG states, data position (the step: batches are a pure
+  function of their index), carried memory and step-dependent buffers, so 2 + 2 steps equal 4
+  straight, bit for bit; changed learning rate, schedule and weight decay are applied on resume;
+- a NaN/inf loss stops the run naming the step and the newest sound checkpoint; Ctrl-C and
+  SIGTERM save first and print how to resume;
+- a run directory of its own (:mod:`zoo.train.rundir`): one holding another run is refused unless
+  resuming, and nothing is written through a link planted in it;
+- ``torchrun`` data parallelism: DDP, each rank reads its own rows, only rank 0 logs and saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import json
+import logging
+import math
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from zoo.data.base import SPLITS, Task
+from zoo.presets.factory import create_model, preset_config
+from zoo.train import distributed
+from zoo.train.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    config_diff,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    state_from_data,
+    state_to_data,
+    sweep_temp_files,
+)
+from zoo.train.meter import ActivationMeter, synchronize
+from zoo.train.metrics import evaluate_model, scalar_stats
+from zoo.train.options import (
+    OPTIM_APPLIED_KEYS,
+    OPTIM_STATE_KEYS,
+    OptimOptions,
+    TrainerOptions,
+    make_optimizer,
+    pick_device,
+)
+from zoo.train.rundir import claim, write_text
+from zoo.train.steps import (
+    TrainingDiverged,
+    forward_backward,
+    initial_state,
+    optimizer_step,
+    schedule,
+    set_training_progress,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ImmediateInterrupt(KeyboardInterrupt):
+    """A second Ctrl-C / SIGTERM: stop now, possibly mid-step, so no checkpoint is written."""
+
+
+def check_splits(task: Task, world_size: int = 1) -> None:
+    """Every split of ``task`` holds at least one batch at this batch size and ``seq_len``: found
+    when the run starts, not at the final evaluation after hours of training."""
+    for split in SPLITS:
+        try:
+            task.num_batches(split, world_size)
+        except ValueError as exc:
+            raise ValueError(f"data {task.registry_name!r}, {split} split: {exc}") from None
+
+
+def finite_parameters(model: nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+# -- the trainer ---------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Train ``model`` on ``task``, writing into ``run_dir`` (which must not hold another run
+    unless ``trainer.resume`` continues it).
+
+    ``loggers``: objects with ``log(metrics, step)`` and ``finish(summary)`` (rank 0 only).
+    ``callbacks``: ``fn(trainer, step)`` called after each optimiser step (tests, custom stops).
+    ``config``: the full application config, stored in checkpoints for evaluate/sample."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        *,
+        trainer: TrainerOptions,
+        optim: OptimOptions,
+        run_dir: str | Path,
+        seed: int = 0,
+        loggers: Iterable[Any] = (),
+        callbacks: Iterable[Callable[[Trainer, int], None]] = (),
+        config: dict[str, Any] | None = None,
+    ):
+        self.opts, self.optim_opts, self.task = trainer, optim, task
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.seed, self.config = seed, config or {}
+        self.callbacks = list(callbacks)
+        if trainer.threads:
+            torch.set_num_threads(trainer.threads)
+        self.dist = distributed.from_env()
+        self.device = pick_device(trainer.device, self.dist.local_rank)
+        if trainer.precision == "bf16" and self.device.type != "cuda":
+            raise ValueError("trainer.precision=bf16 autocast needs CUDA here; use fp32 on CPU")
+        check_splits(task, self.dist.world_size)
+        if self.dist.is_main:
+            claim(self.run_dir, resuming=bool(trainer.resume))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.dist = distributed.setup(self.device)
+        self.loggers = list(loggers) if self.dist.is_main else []
+        self.model = model.to(self.device)
+        self.net: nn.Module = self.model
+        if self.dist.enabled:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+        if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
+            self.net = torch.compile(self.net)
+        self.optimizer = make_optimizer(self.model, optim)
+        warmup = max(1, optim.warmup) if optim.schedule == "noam" else optim.warmup
+        self.scheduler = schedule(
+            self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup, total=trainer.max_steps
+        )
+        self.step = 0
+        self.state: Any = None
+        self.best: float | None = None
+        self.last_checkpoint: Path | None = None  # the newest checkpoint known sound (finite, checksummed)
+        self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
+        self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
+        self.act_mib: float | None = None
+        self._stop_signal: str | None = None
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def task_info(self) -> dict[str, Any]:
+        task = self.task
+        return {
+            "name": task.registry_name,
+            "options": asdict(task.options),
+            "batch_size": task.batch_size,
+            "seq_len": task.seq_len,
+            "seed": task.seed,
+        }
+
+    def payload(self) -> dict[str, Any]:
+        """Everything resume needs, as tensors and plain types (see :mod:`zoo.train.checkpoint`)."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "model_config": self.model.config.to_dict(),
+            "task": self.task_info(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "optim": asdict(self.optim_opts),
+            "rng": rng_state(),
+            "state": state_to_data(self.state),
+            "best": self.best,
+            "world_size": self.dist.world_size,
+            "config": json.loads(json.dumps(self.config, default=str)),
+        }
+
+    def sound_checkpoint_note(self) -> str:
+        if self.last_checkpoint is not None:
+            return f"newest sound checkpoint: {self.last_checkpoint}"
+        return "no sound checkpoint was written yet"
+
+    def save(self, name: str = "last.pt", payload: dict[str, Any] | None = None) -> Path | None:
+        """Write ``checkpoints/<name>``; weights that are not finite are never written (raises)."""
+        if not (self.opts.checkpoints and self.dist.is_main):
+            return None
+        if not finite_parameters(self.model):
+            raise TrainingDiverged(
+                f"the weights hold NaN/inf at step {self.step}; {name} not written. {self.sound_checkpoint_note()}"
+            )
+        path = save_checkpoint(self.ckpt_dir / name, payload or self.payload(), run_dir=self.run_dir)
+        self.last_checkpoint = path
+        return path
+
+    def resume(self, path: str | Path) -> None:
+        ckpt = load_checkpoint(path)
+        diff = config_diff(ckpt["model_config"], self.model.config.to_dict())
+        if diff:
+            raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
+        diff = config_diff(ckpt.get("task", {}), self.task_info())
+        if diff:
+            raise CheckpointError(
+                f"checkpoint {path} was trained on different data (the data position would be "
+                "meaningless): " + "; ".join(diff[:8])
+            )
+        if ckpt.get("world_size", 1) != self.dist.world_size:
+            raise CheckpointError(
+                f"checkpoint {path} was written with {ckpt.get('world_size')} processes, resuming "
+                f"with {self.dist.world_size}: data rows would not line up"
+            )
+        saved_optim = ckpt.get("optim") or {}
+        now_optim = asdict(self.optim_opts)
+        refused = [
+            f"optim.{k}: checkpoint {saved_optim[k]!r} vs now {now_optim[k]!r}"
+            for k in OPTIM_STATE_KEYS
+            if k in saved_optim and list(np.atleast_1d(saved_optim[k])) != list(np.atleast_1d(now_optim[k]))
+        ]
+        if refused:
+            raise CheckpointError(
+                f"checkpoint {path} holds optimiser state made with other settings, which it would "
+                f"not fit: {'; '.join(refused)}; resume with the checkpoint's values, or start a "
+                "new run from the weights"
+            )
+        try:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser: {exc}") from None
+        self.apply_optim_options(saved_optim)
+        self.step, self.best = int(ckpt["step"]), ckpt.get("best")
+        self.state = state_from_data(ckpt.get("state"), self.device)
+        set_rng_state(ckpt["rng"])
+        self.last_checkpoint = Path(path)
+        for logger in self.loggers:
+            if hasattr(logger, "cut"):
+                logger.cut(self.step)
+
+    def apply_optim_options(self, saved: dict[str, Any]) -> None:
+        """``load_state_dict`` brought back the checkpoint's rate, decay and eps: put the current
+        options in their place (the schedule is already today's) and say what changed."""
+        o = self.optim_opts
+        for group in self.optimizer.param_groups:
+            group.update(initial_lr=o.lr, weight_decay=o.weight_decay, eps=o.eps)
+        sched = self.scheduler
+        sched.base_lrs = [o.lr for _ in self.optimizer.param_groups]
+        for group, base, rate in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+            group["lr"] = base * rate(sched.last_epoch)
+        sched._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        for key in OPTIM_APPLIED_KEYS:
+            if key in saved and saved[key] != getattr(o, key):
+                log.warning(
+                    "resume: optim.%s=%r applied (the checkpoint was trained with %r)", key, getattr(o, key), saved[key]
+                )
+
+    # -- one optimiser step --------------------------------------------------------------------
+    def autocast(self):
+        if self.opts.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward_context(self, meter: ActivationMeter | None = None) -> contextlib.ExitStack:
+        """What the forward pass runs under: autocast, and the activation meter on the first step."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.autocast())
+        if meter is not None:
+            stack.enter_context(meter)
+        return stack
+
+    def train_step(self) -> dict[str, float]:
+        """Accumulate ``accumulate`` micro-batches (:func:`zoo.train.steps.forward_backward`), then
+        clip and step (:func:`zoo.train.steps.optimizer_step`); returns this step's metrics."""
+        self.net.train()
+        accumulate, t0 = self.opts.accumulate, time.perf_counter()
+        carry = self.task.contiguous and self.opts.carry_state
+        loss_sum, aux_sum, tokens, stats, fwd_bwd_s = 0.0, {}, 0, {}, 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        set_training_progress(self.model, self.step / max(1, self.opts.max_steps))  # scheduled losses
+        for micro in range(accumulate):
+            index = self.step * accumulate + micro
+            rows = self.task.batch("train", index, rank=self.dist.rank, world_size=self.dist.world_size)
+            batch = {k: v.to(self.device) for k, v in rows.items()}
+            if not carry:
+                self.state = None
+            elif self.task.starts_stream(index):
+                self.state = initial_state(self.model, next(iter(batch.values())).shape[0])
+            last = micro == accumulate - 1 or not self.dist.enabled
+            sync = contextlib.nullcontext() if last else self.net.no_sync()
+            meter = ActivationMeter(self.model) if self.act_mib is None else None
+            context = functools.partial(self.forward_context, meter)
+            try:
+                with sync:
+                    synchronize(self.device)
+                    fwd_bwd_start = time.perf_counter()
+                    out, _ = forward_backward(self.net, batch, state=self.state, scale=1 / accumulate, context=context)
+                    synchronize(self.device)
+                    fwd_bwd_s += time.perf_counter() - fwd_bwd_start
+            except TrainingDiverged as exc:
+                raise TrainingDiverged(
+                    f"{exc} at step {self.step + 1} (micro-batch {micro}); stopping. {self.sound_checkpoint_note()}"
+                ) from None
+            if meter is not None:
+                self.act_mib = meter.megabytes
+            self.state = out.state if carry else None
+            loss_sum += float(out.loss.detach()) / accumulate
+            for name, value in out.aux_losses.items():
+                aux_sum[name] = aux_sum.get(name, 0.0) + float(value.detach()) / accumulate
+            stats = out.stats
+            tokens += int((batch["tokens"] if "tokens" in batch else batch["tgt"]).numel())
+        grad_norm = optimizer_step(self.model, self.optimizer, scheduler=self.scheduler, clip=self.opts.clip)
+        self.step += 1
+        synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        tok_s = tokens * self.dist.world_size / max(elapsed, 1e-9)
+        metrics = {
+            "train/loss": loss_sum,
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/grad_norm": float(grad_norm),
+            "train/tokens_per_s": tok_s,
+            "train/fwd_bwd_tokens_per_s": tokens * self.dist.world_size / max(fwd_bwd_s, 1e-9),
+        }
+        metrics.update({f"train/aux/{k}": v for k, v in aux_sum.items()})
+        metrics.update(scalar_stats(stats, "train/stats/"))
+        return metrics
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self, split: str | None = None, max_batches: int | None = None) -> dict[str, float]:
+        split = split or self.opts.eval_split
+        max_batches = self.opts.eval_batches if max_batches is None else max_batches
+        return evaluate_model(
+            self.model,
+            self.task,
+            split,
+            max_batches,
+            device=self.device,
+            autocast=self.autocast,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
+
+    def is_better(self, value: float) -> bool:
+        if self.best is None or math.isnan(self.best):
+            return not math.isnan(value)
+        return value > self.best if self.task.higher_is_better else value < self.best
+
+    def peak_memory_mb(self) -> dict[str, float]:
+        """MiB (2**20 bytes), named as in ``zoo.bench``: ``act_mib`` (the activation meter, first step),
+        ``gpu_peak_mib`` (CUDA max allocated), ``rss_peak_mib`` (the process's peak resident set)."""
+        out = {"mem/rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        if self.device.type == "cuda":
+            out["mem/gpu_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self.act_mib is not None:
+            out["mem/act_mib"] = self.act_mib
+        return out
+
+    def log(self, metrics: dict[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log(metrics, self.step)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to ``max_steps`` (or the time budget); returns the run summary (also written to
+        ``result.json``)."""
+        opts = self.opts
+        if self.dist.is_main:
+            for directory in (self.run_dir, self.ckpt_dir):
+                sweep_temp_files(directory)
+        resume = opts.resume
+        if resume == "auto":
+            resume = str(self.ckpt_dir / "last.pt") if (self.ckpt_dir / "last.pt").is_file() else ""
+        if resume:
+            self.resume(resume)
+        o = self.optim_opts
+        log.info("optimiser: %s, lr %s, schedule %s", o.describe(), o.lr, o.schedule)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        metric_key = f"{opts.eval_split}/{self.task.metric}"
+        from tqdm.auto import tqdm
+
+        show = opts.progress and self.dist.is_main
+        bar = tqdm(
+            total=opts.max_steps,
+            initial=self.step,
+            disable=None if show else True,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            desc=self.model.config.name,
+        )
+        start, last_eval, stopped_early, status = time.perf_counter(), None, False, "finished"
+        previous_handlers = self._defer_stop_signals()
+        try:
+            while self.step < opts.max_steps:
+                metrics = self.train_step()
+                self.tokens_per_s.append(metrics["train/tokens_per_s"])
+                self.fwd_bwd_tokens_per_s.append(metrics["train/fwd_bwd_tokens_per_s"])
+                bar.update(1)
+                loss_text = f"{metrics['train/loss']:.3f}"
+                bar.set_postfix(loss=loss_text, tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
+                if self.step % opts.log_every == 0 or self.step == 1:
+                    self.log({**metrics, **self.peak_memory_mb()})
+                for callback in self.callbacks:
+                    callback(self, self.step)
+                # every rank stops after the same step
+                if distributed.broadcast_flag(self._stop_signal is not None, self.device):
+                    raise KeyboardInterrupt
+                over_time = bool(opts.max_time_s) and time.perf_counter() - start > opts.max_time_s
+                over_time = distributed.broadcast_flag(over_time, self.device)
+                if (opts.eval_every and self.step % opts.eval_every == 0) or self.step == opts.max_steps or over_time:
+                    last_eval = self._evaluate_and_save(metric_key)
+                    bar.set_postfix(loss=loss_text, **{metric_key: f"{last_eval[metric_key]:.4f}"}, refresh=False)
+                elif opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
+                    self.save()
+                if over_time:
+                    stopped_early = True
+                    break
+        except ImmediateInterrupt:
+            bar.close()
+            print(f"\nstopped mid-step; {self.sound_checkpoint_note()}", flush=True)
+            raise
+        except KeyboardInterrupt:
+            status = "interrupted"
+            why = "terminated (SIGTERM)" if self._stop_signal == "SIGTERM" else "interrupted"
+            path = self.save()
+            bar.close()
+            off = "checkpoints are off (trainer.checkpoints=false)"
+            resume_with = f"resume with trainer.resume={path}" if path else off
+            print(f"\n{why} at step {self.step}; checkpoint saved to {path}; {resume_with}", flush=True)
+            raise
+        finally:
+            bar.close()
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+        if last_eval is None:  # resumed at or past max_steps
+            last_eval = self._evaluate_and_save(metric_key)
+        wall = time.perf_counter() - start
+        steady = self.tokens_per_s[1:] or self.tokens_per_s  # the first step is the warm-up
+        steady_fwd_bwd = self.fwd_bwd_tokens_per_s[1:] or self.fwd_bwd_tokens_per_s
+        summary = {
+            "status": status,
+            "model": self.model.config.name,
+            "attention": self.model.config.attention.get("name"),
+            "data": self.task.registry_name,
+            "optimizer": self.optim_opts.describe(),
+            "metric": self.task.metric,
+            "metric_name": metric_key,
+            "final_metric": last_eval[metric_key],
+            "best_metric": self.best,
+            "higher_is_better": self.task.higher_is_better,
+            "steps": self.step,
+            "stopped_early": stopped_early,
+            # tokens_per_s as zoo.bench measures it (forward + backward); train_tokens_per_s: whole steps
+            "tokens_per_s": float(np.median(steady_fwd_bwd)) if steady_fwd_bwd else float("nan"),
+            "train_tokens_per_s": float(np.median(steady)) if steady else float("nan"),
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "wall_s": wall,
+            "seed": self.seed,
+            **{k.split("/", 1)[1]: v for k, v in self.peak_memory_mb().items()},
+            **{k: v for k, v in last_eval.items()},
+        }
+        if self.dist.is_main:
+            write_text(self.run_dir, self.run_dir / "result.json", json.dumps(summary, indent=2, default=str))
+            for logger in self.loggers:
+                logger.finish(summary)
+        return summary
+
+    def _defer_stop_signals(self) -> dict[int, Any]:
+        """Make the first Ctrl-C or SIGTERM (what Slurm and containers send) stop the run *between*
+        steps, so the checkpoint it saves resumes exactly; a second one stops at once. Returns the
+        previous handlers (none when not on the main thread, where signals cannot be handled)."""
+        self._stop_signal = None
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop_signal is not None:
+                raise ImmediateInterrupt
+            self._stop_signal = signal.Signals(signum).name
+            what = "Ctrl-C" if signum == signal.SIGINT else self._stop_signal
+            print(f"\n{what}: finishing this step, then saving a checkpoint ({what} again to stop now)", flush=True)
+
+        return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def _evaluate_and_save(self, metric_key: str) -> dict[str, float]:
+        result = self.evaluate()
+        value = result[metric_key]
+        bad = {k: v for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            found = ", ".join(f"{k}={v}" for k, v in bad.items())
+            raise TrainingDiverged(
+                f"evaluation at step {self.step} gave {found}; stopping without overwriting any "
+                f"checkpoint. {self.sound_checkpoint_note()}"
+            )
+        improved = self.is_better(value)
+        if improved:
+            self.best = value
+        result[f"{metric_key}_best"] = self.best
+        self.log({**result, **self.peak_memory_mb()})
+        payload = self.payload() if self.opts.checkpoints and self.dist.is_main else None
+        if improved:
+            self.save("best.pt", payload)
+        self.save("last.pt", payload)
+        distributed.barrier()
+        return result
+
+
+def build_model_for_task(preset: str, task: Task, **overrides: Any) -> nn.Module:
+    """``zoo.create_model(preset, **overrides)`` with the task's vocabulary/classes filled in and a
+    position table long enough for ``trainer.seq_len``; refuses a head the task cannot train."""
+
+    merged = {**task.model_overrides(), **{k: v for k, v in overrides.items() if v is not None}}
+    config = preset_config(preset, **merged)
+    if config.kind != task.kind:
+        if task.kind != "lm":
+            raise ValueError(
+                f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} trains a "
+                f"{task.kind}; pick a *_{task.kind} preset"
+            )
+        raise ValueError(
+            f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} is a "
+            "language-modelling task; pick an LM preset"
+        )
+    task.check_model(config)
+    if "max_len" not in merged and config.max_len < task.seq_len:
+        merged["max_len"] = task.seq_len
+    return create_model(preset, **copy.deepcopy(merged))

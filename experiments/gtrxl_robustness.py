@@ -46,7 +46,8 @@ from torch import nn
 
 import zoo
 from zoo.app.csv_rows import append_rows, read_rows
-from zoo.data.delayed_recall import IGNORE_INDEX, delayed_recall_batch, vocab_size
+from zoo.config import IGNORE_INDEX
+from zoo.data.delayed_recall import delayed_recall_batch, vocab_size
 from zoo.residual.gtrxl import GRUGate
 
 # variant -> (implementation, preset or reference switch, gate bias)

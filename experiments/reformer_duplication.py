@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.data.synthetic import IGNORE_INDEX, duplication_batch
+from zoo.config import IGNORE_INDEX
+from zoo.data.synthetic import duplication_batch
 from zoo.train.steps import after_optimizer_step
 
 PAPER = {  # Table 2: rows = attention in training, columns = attention in evaluation

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 import zoo
 from zoo.app.csv_rows import append_rows, read_rows
-from zoo.data.synthetic import IGNORE_INDEX, duplication_batch
+from zoo.config import IGNORE_INDEX
+from zoo.data.synthetic import duplication_batch
 from zoo.train.steps import after_optimizer_step
 
 PAPER = {  # Table 2: rows = attention in training, columns = attention in evaluation (length 1024, 150K steps)

@@ -39,7 +39,8 @@ from torch import Tensor, nn
 
 import zoo
 from zoo.app.csv_rows import append_rows, read_rows
-from zoo.data.algorithmic import BOS, EOS, IGNORE_INDEX, PAD, TASKS, algorithmic_batch, score, vocab_size
+from zoo.config import IGNORE_INDEX
+from zoo.data.algorithmic import BOS, EOS, PAD, TASKS, algorithmic_batch, score, vocab_size
 from zoo.position.base import sinusoid_table
 from zoo.train.steps import adam, optimizer_step, schedule, train_step
 

@@ -18,12 +18,14 @@ from zoo.models.base import ModelOutput, ModelState
 from zoo.position import POSITION
 from zoo.presets import create_model, list_models, preset_config
 from zoo.presets.export import load, save
-from zoo.registry import UnknownNameError
+from zoo.registry import UnknownNameError, import_plugins, load_entry_points
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
 from zoo.train.checkpoint import CheckpointError, load_checkpoint
 
 __version__ = "0.1.0"
+
+load_entry_points()  # parts of installed packages (group transformer_zoo.parts), after the zoo's own
 
 
 def list_attention(pattern: str = "*") -> list[str]:
@@ -52,6 +54,7 @@ __all__ = [
     "UnknownNameError",
     "create_attention",
     "create_model",
+    "import_plugins",
     "list_attention",
     "list_models",
     "list_positions",

@@ -22,6 +22,7 @@ from typing import Any, Union
 
 from zoo.registry import did_you_mean, unknown
 
+IGNORE_INDEX = -100  # a target that is not scored (padding, prompt positions): the data/model contract
 PART_AXES = ("attention", "cross_attention", "residual", "stack", "position")
 KINDS = ("lm", "classifier", "seq2seq", "pair_classifier")  # heads in zoo.models.HEAD (pair: zoo.models.two_tower)
 

@@ -9,7 +9,9 @@ typo in a config never ends in a ``KeyError`` from deep inside the library.
 
 A package of parts registers every module it holds when it is imported (:func:`import_submodules`):
 no hand-kept import lists. A researcher's own parts live in their own package and register the same
-way when it is imported.
+way when it is imported: :func:`import_plugins` imports modules by dotted name (the app's and the
+benchmark's ``imports=``), and installed packages announce theirs in the entry-point group
+``transformer_zoo.parts`` (:func:`load_entry_points`, called when ``zoo`` is imported).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import importlib
+import importlib.metadata
 import pkgutil
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
@@ -122,3 +125,39 @@ def import_submodules(package: str) -> list[str]:
     for name in names:
         importlib.import_module(f"{package}.{name}")
     return names
+
+
+ENTRY_POINT_GROUP = "transformer_zoo.parts"  # installed packages name their part modules here
+
+
+def import_plugins(modules: Iterable[str]) -> list[str]:
+    """Import a researcher's own modules by dotted name (``["my_research.attention"]``); each registers
+    its parts on import, as the zoo's own do. A module that cannot be imported raises ImportError
+    naming it and saying how to make it importable. Returns the names imported."""
+    names = [str(m) for m in modules if str(m).strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            raise ImportError(
+                f"imports: cannot import {name!r} ({exc}); install its package (pip install -e .) or add its "
+                "directory to PYTHONPATH"
+            ) from exc
+    return names
+
+
+def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
+    """Import the part modules installed packages name in the entry-point ``group``
+    (``[project.entry-points."transformer_zoo.parts"] my_attention = "my_research.attention"``).
+    A broken one raises, naming the package: a part that fails to register is not skipped silently."""
+    loaded = []
+    for entry in importlib.metadata.entry_points(group=group):
+        try:
+            entry.load()
+        except Exception as exc:
+            dist = getattr(entry.dist, "name", "?")
+            raise ImportError(
+                f"entry point {entry.name!r} = {entry.value!r} of package {dist!r} failed: {exc}"
+            ) from exc
+        loaded.append(entry.value)
+    return loaded

@@ -20,9 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from zoo.config import IGNORE_INDEX
+
 PAD, BOS, EOS, FIRST = 0, 1, 2, 3
 TASKS = ("copy", "reverse", "addition")
-IGNORE_INDEX = -100
 
 
 def vocab_size(task: str, n_symbols: int = 10) -> int:

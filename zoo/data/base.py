@@ -26,7 +26,6 @@ from torch import Tensor
 from zoo.config import NoOptions, build_options, check_type, require
 from zoo.registry import Registry
 
-IGNORE_INDEX = -100
 SPLITS = ("train", "val", "test")
 TASK: Registry[Any] = Registry("task")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-IGNORE_INDEX = -100
+from zoo.config import IGNORE_INDEX
 
 
 def delayed_recall_batch(

@@ -11,8 +11,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-IGNORE_INDEX = -100
-
 
 def duplication_batch(
     batch_size: int, length: int, *, n_symbols: int = 127, generator: torch.Generator | None = None
@@ -80,7 +78,7 @@ def associative_recall_batch(
 
 from dataclasses import dataclass  # noqa: E402
 
-from zoo.config import require  # noqa: E402
+from zoo.config import IGNORE_INDEX, require  # noqa: E402
 from zoo.data.base import TASK, Task, check_split, seeded_generator  # noqa: E402
 
 

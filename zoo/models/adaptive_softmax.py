@@ -32,10 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.config import require
+from zoo.config import IGNORE_INDEX, require
 from zoo.models.inputs import check_tokens
-
-IGNORE_INDEX = -100
 
 
 @dataclass

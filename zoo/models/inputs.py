@@ -24,9 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zoo.config import ArgumentTypeError, check_type
+from zoo.config import IGNORE_INDEX, ArgumentTypeError, check_type
 
-IGNORE_INDEX = -100
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from zoo.attention.xl_rel import XLRelativeAttention
-from zoo.config import require
-from zoo.data.base import IGNORE_INDEX, Task, metric_value
+from zoo.config import IGNORE_INDEX, require
+from zoo.data.base import Task, metric_value
 
 PROTOCOLS = ("segment", "memory", "sliding")
 

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.data.base import IGNORE_INDEX, Task, metric_value
+from zoo.config import IGNORE_INDEX
+from zoo.data.base import Task, metric_value
 from zoo.train import distributed
 from zoo.train.steps import initial_state
 

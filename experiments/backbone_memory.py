@@ -31,6 +31,8 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
 import zoo  # noqa: E402
+from zoo.stacks.build import attention_class  # noqa: E402
+from zoo.train.steps import carries_memory  # noqa: E402
 
 PRESETS = ("gtrxl", "transformer_xl", "vanilla_lm")
 
@@ -43,10 +45,13 @@ class Regressor(nn.Module):
         overrides = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_ff=2 * args.d_model)
         overrides["dropout"] = 0.0
         overrides["head"] = "none"  # a backbone: hidden states out, our own read-out
-        if zoo.preset_config(preset).attention["name"] == "xl_rel":
-            overrides["attention"] = {"mem_len": args.mem_len, "block_size": args.segment}
+        with torch.device("meta"):  # shapes only: ask the parts whether they carry segment memory
+            memory = carries_memory(zoo.create_model(preset, **overrides))
+        option = attention_class(zoo.preset_config(preset).attention).memory_option  # xl_rel: mem_len
+        if memory and option:
+            overrides["attention"] = {option: args.mem_len}
         self.backbone = zoo.create_model(preset, **overrides)
-        self.carries_state = self.backbone.config.attention["name"] == "xl_rel"
+        self.carries_state = carries_memory(self.backbone)
         self.read_in = nn.Linear(features, args.d_model)
         self.read_out = nn.Linear(args.d_model, features)
 

@@ -156,6 +156,12 @@ class AdaptiveSoftmax(nn.Module):
                 )
         self.projections = nn.ParameterList(projections)
 
+    flops_rule = "adaptive softmax: head cluster only (tail clusters add per their token share)"
+
+    def forward_flops(self, t: int) -> float:
+        """Matmul FLOPs over t tokens of the head cluster: the shortlist and one logit per tail cluster."""
+        return 2.0 * t * self.d_model * (self.shortlist + len(self.bounds) - 1)
+
     def cluster_logits(self, hidden: Tensor, i: int) -> Tensor:
         """[n, d] -> [n, size of cluster i] (the head cluster without its tail logits)."""
         if len(self.projections):

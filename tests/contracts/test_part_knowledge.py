@@ -195,3 +195,21 @@ def test_length_limit_is_where_the_signal_refuses(name):
 def test_every_task_names_its_vocabulary_without_data(name):
     size, source = TASK.get(name).nominal_vocab_size({})
     assert isinstance(size, int) and size > 1 and source
+
+
+@pytest.mark.parametrize("preset", zoo.list_models())
+def test_every_preset_is_costed_or_names_the_silent_part(preset):
+    """describe's figures for every preset: known, or unknown with the part that does not say named."""
+    tiny = zoo.presets.get_preset(preset).tiny
+    with torch.device("meta"):
+        model = zoo.create_model(preset, **tiny)
+    t = zoo.presets.get_preset(preset).example_length
+    info = costs.describe_costs(model, t)
+    silent = costs.unanswered(model, t)
+    assert (info["train_flops_per_token"] is None) == bool(silent), silent
+    if info["train_flops_per_token"] is not None:
+        assert info["train_flops_per_token"] >= 3 * info["forward_flops_per_token"] * (1 - 1e-9) > 0
+        assert info["keys_per_query"] > 0 and info["activation_bytes_per_token"] > 0
+    else:
+        assert all(info[k] is None for k in ("train_flops_per_token", "forward_flops_per_token"))
+        assert info["keys_rule"].startswith("unknown: ") or info["head_rule"].startswith("unknown: ")

@@ -20,9 +20,11 @@ import torch
 from torch import nn
 
 import zoo
+from zoo.app import lra
 from zoo.app.paper import describe, format_report
 from zoo.attention.base import ATTENTION
 from zoo.data.base import TASK, create_task
+from zoo.data.images import check_raster
 from zoo.models import costs
 from zoo.models.base import HEAD
 from zoo.position.base import POSITION
@@ -106,6 +108,29 @@ def test_own_attention_builds_trains_and_is_reported_unknown(plugin):
     assert info["train_flops_per_token"] is None and info["keys_per_query"] is None
     assert "attention 'plugin_attention' does not say" in info["keys_rule"]
     assert "dense" not in info["keys_rule"]
+
+
+def test_lra_tables_ask_the_mechanism_for_its_paper_row(plugin, monkeypatch):
+    name = plugin("attention")
+    rows = [{"experiment": "lra_text", "attention": m, "accuracy": 60.0} for m in (name, "local_1d", "gone")]
+    body = [row[0] for row in lra.table1(rows)[1]]
+    assert f"{name} (ours)" in body and "gone (ours)" in body  # no row of the paper beside either
+    assert body[body.index("local_1d (ours)") + 1] == "Local Attention (LRA paper)"
+    monkeypatch.setattr(ATTENTION.get(name), "lra_row", "Reformer", raising=False)  # it names one: it gets it
+    body = [row[0] for row in lra.table1(rows)[1]]
+    assert body[body.index(f"{name} (ours)") + 1] == "Reformer (LRA paper)"
+
+
+def test_image_tasks_ask_the_mechanism_for_its_layout(plugin, monkeypatch):
+    name = plugin("attention")
+    seen = []
+    monkeypatch.setattr(ATTENTION.get(name), "check_layout", classmethod(lambda cls, options, **at: seen.append(at)))
+    check_raster(zoo.preset_config("vanilla_lm", attention=name), "cifar10", 32, 96)
+    assert seen == [{"rows": 32, "width": 96, "data": "cifar10"}]
+    # local_2d answers from its resolved options: its default width 32 reads a 32-wide raster, not a 96-wide one
+    check_raster(zoo.preset_config("vanilla_lm", attention="local_2d"), "cifar10_gray", 32, 32)
+    with pytest.raises(ValueError, match="local_2d has width=32 .* raster 96 wide"):
+        check_raster(zoo.preset_config("vanilla_lm", attention="local_2d"), "cifar10", 32, 96)
 
 
 def test_describe_of_a_model_with_an_own_attention_says_unknown(plugin):

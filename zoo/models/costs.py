@@ -169,7 +169,7 @@ def describe_costs(model: nn.Module, t: int) -> dict[str, Any]:
         "forward_flops_per_token": None if forward is None else forward / t,
         "keys_per_query": None if keys is None else keys.keys,
         "keys_rule": unknown if keys is None else keys.rule,
-        "head_rule": "unknown" if output is None else output[1],
+        "head_rule": f"unknown: head {config.kind!r} does not say" if output is None else output[1],
         "activation_bytes_per_token": None if activations is None else activations[0],
         "activation_mib_per_sequence": None if activations is None else activations[0] * t / 2**20,
         "activation_rule": unknown if activations is None else activations[1],

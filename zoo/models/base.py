@@ -174,8 +174,8 @@ class ZooModel(nn.Module):
         limit = self.position.length_limit()
         if limit is not None and length > limit:
             raise ValueError(
-                f"{what} = {length} positions, past the limit of position {self.position.registry_name!r} "
-                f"({limit}, from max_len={self.config.max_len}); ask for fewer or raise max_len"
+                f"{what} = {length} positions, past what position {self.position.registry_name!r} holds ({limit}, "
+                f"max_len={self.config.max_len}); ask for fewer or raise max_len"
             )
 
     def check_state(self, state: Any, batch_size: int, cls: type = None, *, stack: nn.Module | None = None) -> None:

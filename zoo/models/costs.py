@@ -131,21 +131,24 @@ def activation_bytes_per_token(model: nn.Module, t: int, d_model: int, d_ff: int
 
 def unanswered(model: nn.Module, t: int) -> list[str]:
     """The parts whose silence makes a figure unknown, named for the report."""
+    found = stacks(model)
+    if not found:
+        return ["the model has no stack"]
     silent = []
-    for stack in stacks(model) or [None]:
-        if stack is None:
-            return ["the model has no stack"]
-        if stack.block_applications() is None or stack.recompute_passes() is None or stack.kept_layers() is None:
+    for stack in found:
+        applied = stack.block_applications()
+        if applied is None or stack.recompute_passes() is None or stack.kept_layers() is None:
             silent.append(f"stack {stack.registry_name!r}")
             continue
-        for block in stack.block_applications():
+        for block in applied:
             if block.cross_attention is not None:
                 silent.append("cross-attention (its cost depends on the other sequence)")
             attention = block.attention
+            name = attention.registry_name or type(attention).__name__
             if attention.keys_per_query(t) is None or attention.forward_flops(t) is None:
-                silent.append(f"attention {attention.registry_name or type(attention).__name__!r}")
+                silent.append(f"attention {name!r}")
             if attention.memory_keys() is None:
-                silent.append(f"attention {attention.registry_name or type(attention).__name__!r} (memory_keys)")
+                silent.append(f"attention {name!r} (memory_keys)")
             if feed_forward_flops(block, t) is None:
                 silent.append(f"feed-forward {type(block.feed_forward).__name__}")
     if not callable(getattr(model, "output_flops", None)) or model.output_flops(t) is None:

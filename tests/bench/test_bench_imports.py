@@ -74,3 +74,26 @@ def test_an_unimportable_module_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--imports", "no_such_research.attention", "--attention", "vanilla", "--out", str(tmp_path)])
     assert "no_such_research.attention" in capsys.readouterr().err
+
+
+def test_import_checkout_reads_a_reference_checkout_without_touching_sys_path(tmp_path):
+    """A checkout of someone else's code (flat modules importing each other by top-level name, and a
+    package) is imported from its folder; sys.path is left as it was."""
+    folder = tmp_path / "ref_checkout"
+    (folder / "_zoo_ref_pkg" / "sub").mkdir(parents=True)
+    (folder / "_zoo_ref_helpers.py").write_text("SCALE = 3\n")
+    (folder / "_zoo_ref_models.py").write_text("from _zoo_ref_helpers import SCALE\n\ndef f(x):\n    return SCALE * x\n")
+    (folder / "_zoo_ref_pkg" / "__init__.py").write_text("")
+    (folder / "_zoo_ref_pkg" / "sub" / "__init__.py").write_text("")
+    (folder / "_zoo_ref_pkg" / "sub" / "mod.py").write_text("from _zoo_ref_pkg import sub\nVALUE = 7\n")
+    before = list(sys.path)
+    try:
+        models, mod = bench.import_checkout(folder, "_zoo_ref_models", "_zoo_ref_pkg.sub.mod")
+        assert models.f(2) == 6 and mod.VALUE == 7
+        assert sys.path == before
+        assert bench.import_checkout(folder, "_zoo_ref_models")[0] is models  # a second call reuses the modules
+    finally:
+        for name in [m for m in sys.modules if m.startswith("_zoo_ref_")]:
+            del sys.modules[name]
+        for finder in [f for f in sys.meta_path if getattr(f, "folder", None) == str(folder.resolve())]:
+            sys.meta_path.remove(finder)

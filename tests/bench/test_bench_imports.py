@@ -82,7 +82,8 @@ def test_import_checkout_reads_a_reference_checkout_without_touching_sys_path(tm
     folder = tmp_path / "ref_checkout"
     (folder / "_zoo_ref_pkg" / "sub").mkdir(parents=True)
     (folder / "_zoo_ref_helpers.py").write_text("SCALE = 3\n")
-    (folder / "_zoo_ref_models.py").write_text("from _zoo_ref_helpers import SCALE\n\ndef f(x):\n    return SCALE * x\n")
+    models_source = "from _zoo_ref_helpers import SCALE\n\n\ndef f(x):\n    return SCALE * x\n"
+    (folder / "_zoo_ref_models.py").write_text(models_source)
     (folder / "_zoo_ref_pkg" / "__init__.py").write_text("")
     (folder / "_zoo_ref_pkg" / "sub" / "__init__.py").write_text("")
     (folder / "_zoo_ref_pkg" / "sub" / "mod.py").write_text("from _zoo_ref_pkg import sub\nVALUE = 7\n")

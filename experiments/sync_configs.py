@@ -12,9 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
-
-from zoo.app.sync import check, sync  # noqa: E402
+from zoo.app.sync import check, sync
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

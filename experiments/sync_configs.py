@@ -1,6 +1,6 @@
 """(Re)write conf/<axis>/<name>.yaml for every registered attention, residual, stack and position,
-and conf/model/<preset>.yaml for every registered preset lacking one, from the registries
-(see zoo/app/sync.py).
+conf/data/<task>.yaml for every registered task (and its named setups), and conf/model/<preset>.yaml
+for every registered preset lacking one, from the registries (see zoo/app/sync.py).
 
     python experiments/sync_configs.py            # write
     python experiments/sync_configs.py --check    # exit 1 listing mismatches, write nothing

@@ -113,6 +113,8 @@ def data_files() -> dict[str, str]:
         files[name] = "\n".join([*header, *_comment(_task_about(cls))]) + "\n" + _data_body(name, values)
         for choice, (about, setup) in cls.__dict__.get("setups", {}).items():
             unknown = sorted(set(setup) - set(values))
+            if choice in TASK:
+                raise ValueError(f"setup {choice!r} of task {name!r} takes the name of a registered task")
             if unknown:
                 raise ValueError(f"setup {choice!r} of task {name!r} sets unknown options {unknown}")
             chosen = {**values, **setup}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -28,31 +29,40 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
-
-import zoo  # noqa: E402
+import zoo
+from zoo.attention import ATTENTION
+from zoo.models.base import ModelOutput
+from zoo.train.steps import carries_memory, train_step
 
 PRESETS = ("gtrxl", "transformer_xl", "vanilla_lm")
 
 
 class Regressor(nn.Module):
-    """features -> d_model -> zoo backbone -> features: what a user writes around a zoo model."""
+    """features -> d_model -> zoo backbone -> features: what a user writes around a zoo model.
+
+    Called like a zoo model (``ModelOutput``: the prediction as ``logits``, the mean squared error over
+    the ``scored`` positions as ``loss`` when ``targets`` are given), so zoo.train.steps trains it."""
 
     def __init__(self, preset: str, features: int, args):
         super().__init__()
         overrides = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_ff=2 * args.d_model)
         overrides["dropout"] = 0.0
         overrides["head"] = "none"  # a backbone: hidden states out, our own read-out
-        if zoo.preset_config(preset).attention["name"] == "xl_rel":
-            overrides["attention"] = {"mem_len": args.mem_len, "block_size": args.segment}
+        attention = ATTENTION.get(zoo.preset_config(preset).attention["name"])
+        options = {f.name for f in dataclasses.fields(attention.Options)}
+        if "mem_len" in options:  # a mechanism with segment memory: enough of it for the largest delay
+            memory = {"mem_len": args.mem_len, "block_size": args.segment}
+            overrides["attention"] = {key: value for key, value in memory.items() if key in options}
         self.backbone = zoo.create_model(preset, **overrides)
-        self.carries_state = self.backbone.config.attention["name"] == "xl_rel"
+        self.carries_state = carries_memory(self.backbone)  # the vanilla LM's KV cache is not memory
         self.read_in = nn.Linear(features, args.d_model)
         self.read_out = nn.Linear(args.d_model, features)
 
-    def forward(self, x: Tensor, state):
+    def forward(self, x: Tensor, targets: Tensor | None = None, *, scored: Tensor | None = None, state=None):
         out = self.backbone(embeds=self.read_in(x), state=state if self.carries_state else None)
-        return self.read_out(out.hidden), out.state
+        prediction = self.read_out(out.hidden)
+        loss = None if targets is None else ((prediction - targets) ** 2).mean(-1)[:, scored].mean()
+        return ModelOutput(prediction, loss, state=out.state)
 
 
 def stream(batch: int, length: int, features: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -73,18 +83,17 @@ def run_stream(model: Regressor, x: Tensor, y: Tensor, k: int, segment: int, opt
     totals = {"in_sse": 0.0, "in_n": 0, "earlier_sse": 0.0, "earlier_n": 0}
     for start in range(0, x.shape[1], segment):
         xs, ys = x[:, start : start + segment], y[:, start : start + segment]
-        prediction, state = model(xs, state)
         t = torch.arange(start, start + xs.shape[1])
         scored = t >= k  # [s]: the target exists
+        if optimizer is not None and bool(scored.any()):
+            out, _ = train_step(model, {"x": xs, "targets": ys, "scored": scored}, optimizer, clip=0.0, state=state)
+        else:
+            out = model(xs, state=state)
+        state = out.state
         if not bool(scored.any()):
             continue
-        error = ((prediction - ys) ** 2).mean(-1)  # [b, s]
-        if optimizer is not None:
-            loss = error[:, scored].mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
         with torch.no_grad():
+            error = ((out.logits - ys) ** 2).mean(-1)  # [b, s]
             source_inside = (t - k) >= start
             for part, mask in (("in", scored & source_inside), ("earlier", scored & ~source_inside)):
                 totals[f"{part}_sse"] += float(error[:, mask].sum())

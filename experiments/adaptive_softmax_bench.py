@@ -2,7 +2,9 @@
 
 One forward + backward of the output layer alone (hidden [n, d] -> loss) for n tokens whose ids
 follow a Zipf law over the vocabulary (word frequencies roughly do; the adaptive softmax's cost
-depends on how many targets fall in the tail clusters). Variants, measured in turn each round:
+depends on how many targets fall in the tail clusters). Variants, timed in zoo.bench's paired rounds
+(each once per round, order rotated, a warm-up round unrecorded; the speed-up is the median of the
+per-round ratios):
 
 - ``full``: Linear(d, V) + cross-entropy (what the LM head does without model.adaptive);
 - ``adaptive div_val=1``: zoo.models.adaptive_softmax.AdaptiveSoftmax, Transformer-XL base layout
@@ -18,17 +20,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
-import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from zoo.models.adaptive_softmax import AdaptiveOptions, AdaptiveSoftmax  # noqa: E402
+from zoo.bench import clocked, paired_ratios, paired_rounds
+from zoo.models.adaptive_softmax import AdaptiveOptions, AdaptiveSoftmax
 
 VOCAB = 267_735
 CUTOFFS = [20_000, 40_000, 200_000]
@@ -69,24 +67,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for i, (lo, hi) in enumerate(zip([0, *CUTOFFS], [*CUTOFFS, VOCAB]))
     }
     models = variants(args.d_model)
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(args.rounds + 1):  # the first round warms up and is dropped
-        for name, (module, loss_fn) in models.items():
-            module.zero_grad(set_to_none=True)
-            hidden.grad = None
-            start = time.perf_counter()
-            loss_fn(hidden, targets).backward()
-            times[name].append(time.perf_counter() - start)
+
+    def step(module: torch.nn.Module, loss_fn) -> float:
+        module.zero_grad(set_to_none=True)
+        hidden.grad = None
+        return clocked(lambda: loss_fn(hidden, targets).backward())()
+
+    rounds = paired_rounds({name: lambda m=m: step(*m) for name, m in models.items()}, args.rounds, progress=print)
+    timing = paired_ratios(rounds, "full")
     rows = []
-    full_ms = statistics.median(times["full"][1:]) * 1e3
     for name, (module, _) in models.items():
-        ms = statistics.median(times[name][1:]) * 1e3
         params = sum(p.numel() for p in module.parameters())
         rows.append(
             {
                 "variant": name,
-                "ms_median": round(ms, 2),
-                "speedup_vs_full": round(full_ms / ms, 2),
+                "ms_median": round(timing[name]["median_s"] * 1e3, 2),
+                "speedup_vs_full": round(timing[name]["ratio"], 2),
                 "params": params,
                 "tokens": args.tokens,
                 "d_model": args.d_model,

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.train.steps import adam, after_optimizer_step, schedule, total_loss
+from zoo.train.steps import adam, schedule, train_step
 
 DEFAULT_DATA = "../shared/data/tinyshakespeare/input.txt"
 
@@ -119,15 +119,10 @@ def train(mode: str, args, train_ids, val_ids, vocab: int) -> dict:
         targets = data[:, position + 1 : position + args.segment + 1]
         position += args.segment
         t0, c0 = time.perf_counter(), time.process_time()
-        out = model(tokens, targets, state=state)
-        loss = total_loss(out)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        sched.step()
-        after_optimizer_step(model)
-        state = zoo.train.steps.detach_state(out.state)
+        out, _ = train_step(
+            model, {"tokens": tokens, "targets": targets}, opt, scheduler=sched, clip=args.clip, state=state
+        )
+        state = out.state  # detached by train_step: the cache carries the text, not the graph
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         if mode == "dynamic":

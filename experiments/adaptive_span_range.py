@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -42,8 +41,9 @@ import torch
 
 import zoo
 from zoo.app.csv_rows import append_rows, read_rows
+from zoo.bench import import_checkout
 from zoo.data import copy_at_distance
-from zoo.train.steps import after_optimizer_step, detach_state, schedule, total_loss
+from zoo.train.steps import schedule, train_step
 
 RUNS = ("ours-adaptive", "ours-fixed", "ours-small", "ref-adaptive", "ref-fixed")
 SUMMARY = ["run", "val_bpc", "steps", "cpu_minutes", "span_mean", "span_max", "flops_paper", "flops_kernel", "spans"]
@@ -147,19 +147,13 @@ def train_ours(run: str, args, texts, log) -> dict:
     for step in range(1, args.steps + 1):
         if position + args.segment + 1 > data.shape[1]:
             position, state = 0, model.init_state(args.batch)
-        out = model(
-            data[:, position : position + args.segment],
-            data[:, position + 1 : position + args.segment + 1],
-            state=state,
-        )
+        batch = {
+            "tokens": data[:, position : position + args.segment],
+            "targets": data[:, position + 1 : position + args.segment + 1],
+        }
         position += args.segment
-        opt.zero_grad(set_to_none=True)
-        total_loss(out).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        sched.step()
-        after_optimizer_step(model)
-        state = detach_state(out.state)
+        out, _ = train_step(model, batch, opt, scheduler=sched, clip=args.clip, state=state)
+        state = out.state  # detached by train_step
         if step % args.log_every == 0 or step == args.steps:
             log(step, float(out.loss.detach()) / math.log(2), ours_spans(model))
     return dict(bpc=ours_bpc(model, val, args.segment), spans=ours_spans(model), cpu=time.process_time() - c0)
@@ -173,11 +167,7 @@ def import_reference(path: str | None):
             f"--ref {path!r}: not a checkout of facebookresearch/adaptive-span (no adaptive_span.py there); "
             "fetch it, pass its folder with --ref, or run only the ours-* runs (--runs ours-adaptive,ours-fixed,...)"
         )
-    sys.path.insert(0, str(Path(path).resolve()))  # their top-level names (models, data, trainer) first
-    import data as ref_data
-    import models as ref_models
-    import trainer as ref_trainer
-
+    ref_data, ref_models, ref_trainer = import_checkout(path, "data", "models", "trainer")  # their top-level names
     return ref_data, ref_models, ref_trainer
 
 

@@ -28,17 +28,19 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
-
-import zoo  # noqa: E402
-from zoo.stacks.build import attention_class  # noqa: E402
-from zoo.train.steps import carries_memory  # noqa: E402
+import zoo
+from zoo.models.base import ModelOutput
+from zoo.stacks.build import attention_class
+from zoo.train.steps import carries_memory, train_step
 
 PRESETS = ("gtrxl", "transformer_xl", "vanilla_lm")
 
 
 class Regressor(nn.Module):
-    """features -> d_model -> zoo backbone -> features: what a user writes around a zoo model."""
+    """features -> d_model -> zoo backbone -> features: what a user writes around a zoo model.
+
+    Called like a zoo model (``ModelOutput``: the prediction as ``logits``, the mean squared error over
+    the ``scored`` positions as ``loss`` when ``targets`` are given), so zoo.train.steps trains it."""
 
     def __init__(self, preset: str, features: int, args):
         super().__init__()
@@ -48,16 +50,18 @@ class Regressor(nn.Module):
         with torch.device("meta"):  # shapes only: ask the parts whether they carry segment memory
             memory = carries_memory(zoo.create_model(preset, **overrides))
         option = attention_class(zoo.preset_config(preset).attention).memory_option  # xl_rel: mem_len
-        if memory and option:
+        if memory and option:  # enough of it for the largest delay
             overrides["attention"] = {option: args.mem_len}
         self.backbone = zoo.create_model(preset, **overrides)
-        self.carries_state = carries_memory(self.backbone)
+        self.carries_state = carries_memory(self.backbone)  # the vanilla LM's KV cache is not memory
         self.read_in = nn.Linear(features, args.d_model)
         self.read_out = nn.Linear(args.d_model, features)
 
-    def forward(self, x: Tensor, state):
+    def forward(self, x: Tensor, targets: Tensor | None = None, *, scored: Tensor | None = None, state=None):
         out = self.backbone(embeds=self.read_in(x), state=state if self.carries_state else None)
-        return self.read_out(out.hidden), out.state
+        prediction = self.read_out(out.hidden)
+        loss = None if targets is None else ((prediction - targets) ** 2).mean(-1)[:, scored].mean()
+        return ModelOutput(prediction, loss, state=out.state)
 
 
 def stream(batch: int, length: int, features: int, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -78,18 +82,17 @@ def run_stream(model: Regressor, x: Tensor, y: Tensor, k: int, segment: int, opt
     totals = {"in_sse": 0.0, "in_n": 0, "earlier_sse": 0.0, "earlier_n": 0}
     for start in range(0, x.shape[1], segment):
         xs, ys = x[:, start : start + segment], y[:, start : start + segment]
-        prediction, state = model(xs, state)
         t = torch.arange(start, start + xs.shape[1])
         scored = t >= k  # [s]: the target exists
+        if optimizer is not None and bool(scored.any()):
+            out, _ = train_step(model, {"x": xs, "targets": ys, "scored": scored}, optimizer, clip=0.0, state=state)
+        else:
+            out = model(xs, state=state)
+        state = out.state
         if not bool(scored.any()):
             continue
-        error = ((prediction - ys) ** 2).mean(-1)  # [b, s]
-        if optimizer is not None:
-            loss = error[:, scored].mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
         with torch.no_grad():
+            error = ((out.logits - ys) ** 2).mean(-1)  # [b, s]
             source_inside = (t - k) >= start
             for part, mask in (("in", scored & source_inside), ("earlier", scored & ~source_inside)):
                 totals[f"{part}_sse"] += float(error[:, mask].sum())

@@ -24,7 +24,6 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def lm_presets() -> tuple[list[str], dict[str, str]]:

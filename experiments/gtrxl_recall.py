@@ -28,6 +28,7 @@ import torch
 
 import zoo
 from zoo.data.delayed_recall import delayed_recall_batch, vocab_size
+from zoo.train.steps import forward_backward, optimizer_step
 
 MODELS = ("transformer_xl", "trxl_i", "gtrxl")
 
@@ -35,19 +36,25 @@ MODELS = ("transformer_xl", "trxl_i", "gtrxl")
 def stream_loss(model, batch, seg_len: int, train: bool):
     """Feed a stream segment by segment with the memory carried.
 
+    Training backpropagates each segment's loss as it comes (zoo.train.steps.forward_backward; truncated
+    BPTT: the memory is detached, so each segment's graph ends there), segment i weighted 1 / (i + 1) as
+    this experiment's runs always were; the caller takes the optimiser step.
     Returns (mean loss, accuracy per delay [n_segments]).
     """
     b = batch["tokens"].shape[0]
     state = model.init_state(b)
     losses, correct = [], []
-    for tokens, targets in zip(batch["tokens"].split(seg_len, 1), batch["targets"].split(seg_len, 1)):
-        out = model(tokens, targets, state=state)
+    pieces = zip(batch["tokens"].split(seg_len, 1), batch["targets"].split(seg_len, 1))
+    for i, (tokens, targets) in enumerate(pieces):
+        piece = {"tokens": tokens, "targets": targets}
+        if train:
+            out, _ = forward_backward(model, piece, state=state, scale=1 / (i + 1))
+        else:
+            out = model(**piece, state=state)
         state = out.state
-        losses.append(out.loss)
+        losses.append(out.loss.detach())
         correct.append((out.logits[:, -1].argmax(-1) == batch["cue"]).float().mean())
-        if train:  # truncated BPTT: the memory is detached, so each segment's graph ends here
-            (out.loss / len(correct)).backward()
-    return torch.stack([x.detach() for x in losses]).mean(), torch.stack(correct)
+    return torch.stack(losses).mean(), torch.stack(correct)
 
 
 def evaluate(model, task: dict, n: int, seed: int) -> torch.Tensor:
@@ -79,8 +86,7 @@ def run(name: str, seed: int, args, task: dict, log) -> dict:
         loss, _ = stream_loss(
             model, delayed_recall_batch(args.batch, generator=g, **task), task["segment_len"], train=True
         )
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, clip=1.0)
         if step % args.eval_every == 0 or step == args.steps:
             acc = evaluate(model, task, args.eval_streams, seed)
             curve.append(dict(step=step, loss=float(loss), **{f"acc_delay{d}": float(a) for d, a in enumerate(acc)}))

@@ -33,10 +33,8 @@ run), ``curves.csv`` (one row per evaluation). ``--merge`` writes ``table.md`` a
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -46,9 +44,12 @@ from torch import nn
 
 import zoo
 from zoo.app.csv_rows import append_rows, read_rows
-from zoo.config import IGNORE_INDEX
+from zoo.bench import import_checkout
 from zoo.data.delayed_recall import delayed_recall_batch, vocab_size
+from zoo.models.base import ModelOutput
+from zoo.models.losses import token_loss
 from zoo.residual.gtrxl import GRUGate
+from zoo.train.steps import TrainingDiverged, forward_backward, optimizer_step
 
 # variant -> (implementation, preset or reference switch, gate bias)
 VARIANTS = {
@@ -70,15 +71,15 @@ def import_reference(path: str):
         return None, "no --ref-path / $GTRXL_REF given"
     if not (Path(path) / "ding" / "torch_utils" / "network" / "gtrxl.py").is_file():
         return None, f"--ref-path {path!r} has no ding/torch_utils/network/gtrxl.py"
-    sys.path.insert(0, str(Path(path).resolve()))
     try:
-        return importlib.import_module(REF_MODULE), ""
+        return import_checkout(path, REF_MODULE)[0], ""
     except ImportError as error:
         return None, f"importing {REF_MODULE} from {path!r} failed: {error}"
 
 
 class Ours(nn.Module):
-    """A zoo preset behind the stream interface: reset(batch) then step(tokens) -> logits [b, t, vocab]."""
+    """A zoo preset behind the stream interface: reset(batch), then one call per segment,
+    ``(tokens, targets) -> ModelOutput`` (logits [b, t, vocab], the model's own loss), the memory carried."""
 
     def __init__(self, preset: str, gate_bias: float | None, args, vocab: int):
         super().__init__()
@@ -99,10 +100,10 @@ class Ours(nn.Module):
     def reset(self, batch: int) -> None:
         self.state = self.model.init_state(batch)
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        out = self.model(tokens, state=self.state)
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
+        out = self.model(tokens, targets, state=self.state)
         self.state = out.state
-        return out.logits
+        return out
 
 
 class Reference(nn.Module):
@@ -128,9 +129,11 @@ class Reference(nn.Module):
     def reset(self, batch: int) -> None:
         self.core.reset_memory(batch)
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
+        """The same interface as :class:`Ours`, scored by the loss our models use (zoo.models.losses)."""
         hidden = self.core(self.embed(tokens), batch_first=True, return_mem=False)["logit"]
-        return self.head(self.norm(hidden))
+        logits = self.head(self.norm(hidden))
+        return ModelOutput(logits, None if targets is None else token_loss(logits, targets, None, 0.0)[0])
 
 
 def build(variant: str, args, vocab: int, ref) -> nn.Module:
@@ -157,17 +160,17 @@ def check_gate(ref, d_model: int = 16) -> float:
 def stream(model: nn.Module, batch: dict, seg_len: int, train: bool) -> tuple[float, torch.Tensor]:
     """Feed a stream segment by segment, memory carried. Returns (mean loss, accuracy per delay [n_seg]).
 
-    Training backpropagates each segment's loss at once: the memory is detached (truncated BPTT)."""
+    Training backpropagates each segment's loss / n_seg at once (zoo.train.steps.forward_backward): the
+    memory is detached (truncated BPTT); the caller takes the optimiser step. A NaN loss raises
+    TrainingDiverged before any gradient is touched."""
     model.reset(batch["tokens"].shape[0])
     losses, correct = [], []
-    pieces = zip(batch["tokens"].split(seg_len, 1), batch["targets"].split(seg_len, 1))
-    for tokens, targets in pieces:
-        logits = model.step(tokens)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-        losses.append(float(loss.detach()))
-        correct.append((logits[:, -1].argmax(-1) == batch["cue"]).float().mean())
-        if train:
-            (loss / (batch["tokens"].shape[1] // seg_len)).backward()
+    n_segments = batch["tokens"].shape[1] // seg_len
+    for tokens, targets in zip(batch["tokens"].split(seg_len, 1), batch["targets"].split(seg_len, 1)):
+        piece = {"tokens": tokens, "targets": targets}
+        out = forward_backward(model, piece, scale=1 / n_segments)[0] if train else model(**piece)
+        losses.append(float(out.loss.detach()))
+        correct.append((out.logits[:, -1].argmax(-1) == batch["cue"]).float().mean())
     return sum(losses) / len(losses), torch.stack(correct)
 
 
@@ -180,10 +183,12 @@ def run(variant: str, lr: float, seed: int, args, task: dict, ref) -> tuple[dict
     curve, start, above, solved_at, loss = [], time.perf_counter(), 0, None, float("nan")
     for step in range(1, args.steps + 1):
         opt.zero_grad(set_to_none=True)
-        loss, _ = stream(model, delayed_recall_batch(args.batch, generator=data, **task), args.segment_len, True)
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % args.eval_every and step != args.steps:
+        try:
+            loss, _ = stream(model, delayed_recall_batch(args.batch, generator=data, **task), args.segment_len, True)
+            optimizer_step(model, opt, clip=1.0)
+        except TrainingDiverged:  # the loss went NaN: no step taken; evaluated now, and the run ends below
+            loss = float("nan")
+        if step % args.eval_every and step != args.steps and loss == loss:
             continue
         model.eval()
         with torch.no_grad():

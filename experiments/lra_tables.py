@@ -10,15 +10,12 @@ one or more sweep directories (e.g. one per task) with the Table 2 measurement s
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from zoo.app.lra import PAPER_LENGTHS, write_lra_tables  # noqa: E402
-from zoo.data.layouts import write_lra_data_dir  # noqa: E402
+from zoo.app.lra import PAPER_LENGTHS, write_lra_tables
+from zoo.data.layouts import write_lra_data_dir
 
 
 def main(argv: list[str] | None = None) -> dict:

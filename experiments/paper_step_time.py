@@ -4,7 +4,9 @@ Each row is the paper's configuration (width, heads, d_ff, attention options, vo
 head, memory length) with only depth, batch and segment length cut down (defaults: 2 layers,
 batch 1, 512 tokens), trained for a few Adam steps on random tokens with the state carried
 (memory models see their memory). The parameter count of the full-size model comes from
-describe (meta device). Rounds visit every configuration in turn, so load affects all alike.
+describe (meta device). Timed in zoo.bench's paired rounds: each round runs ``--steps`` steps of
+every configuration in turn (order rotated each round, a warm-up round unrecorded), so load
+affects all alike; s/step is the median over rounds of each round's mean.
 
     python experiments/paper_step_time.py --layers 2 --seq-len 512 --steps 3 --rounds 2 --out results/paper
 """
@@ -13,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from zoo.app.paper import count_parameters, meta_model, model_config_for, resolved_config  # noqa: E402
-from zoo.models.base import HEAD  # noqa: E402
-from zoo.train.steps import adam, detach_state, train_step  # noqa: E402
+from zoo.app.paper import count_parameters, meta_model, model_config_for, resolved_config
+from zoo.bench import clocked, paired_ratios, paired_rounds
+from zoo.models.base import HEAD
+from zoo.train.steps import adam, train_step
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per round (after one warm-up step)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per round (after a warm-up round)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="")
@@ -58,22 +58,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     runs = {}
     for name in names:
         resolved, model, info = build(name, args.layers, args.seq_len)
-        runs[name] = dict(resolved=resolved, model=model, info=info, opt=adam(model, 1e-4), state=None, times=[])
+        runs[name] = dict(resolved=resolved, model=model, info=info, opt=adam(model, 1e-4), state=None)
         model.train()
         vocab = model.config.vocab_size
         runs[name]["batch"] = lambda v=vocab: (lambda t: {"tokens": t[:, :-1], "targets": t[:, 1:]})(
             torch.randint(0, v, (args.batch_size, args.seq_len + 1))
         )
-    for round_index in range(args.rounds):
-        for name, run in runs.items():
-            steps = args.steps + (1 if round_index == 0 else 0)
-            for step in range(steps):
-                start = time.perf_counter()
-                out, _ = train_step(run["model"], run["batch"](), run["opt"], state=run["state"])
-                run["state"] = detach_state(out.state)
-                if not (round_index == 0 and step == 0):
-                    run["times"].append(time.perf_counter() - start)
-            print(f"round {round_index} {name}: {statistics.median(run['times']):.3f} s/step", file=sys.stderr)
+
+    def one_step(run: dict, batch: dict) -> None:
+        out, _ = train_step(run["model"], batch, run["opt"], state=run["state"])
+        run["state"] = out.state  # detached by train_step: truncated BPTT across steps
+
+    def round_of_steps(run: dict) -> float:
+        """``--steps`` training steps on fresh random batches; mean seconds per step."""
+        return sum(clocked(functools.partial(one_step, run, run["batch"]()))() for _ in range(args.steps)) / args.steps
+
+    rounds = paired_rounds(
+        {name: functools.partial(round_of_steps, run) for name, run in runs.items()},
+        args.rounds,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    seconds = paired_ratios(rounds, next(iter(runs)))
     load = os.getloadavg()
     rows = []
     for name, run in runs.items():
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "paper_row": f"{paper['citation'].split(',')[0]}, {paper['table']}: {paper['row']}",
                 "published_params": paper.get("params"),
                 "our_params": run["info"]["full_params"],
-                "s_per_step": round(statistics.median(run["times"]), 3),
+                "s_per_step": round(seconds[name]["median_s"], 3),
                 "scale": (
                     f"{args.layers} layers, batch {args.batch_size} x {args.seq_len} tokens, CPU fp32, "
                     f"{args.threads} thread(s)"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import time
 
 import torch
 
@@ -20,7 +19,7 @@ import zoo
 from zoo.attention.adaptive_span import blocked_span_attention
 from zoo.attention.blocked import key_validity
 from zoo.attention.recompute import recompute_in_backward
-from zoo.bench import paired_ratios, paired_rounds
+from zoo.bench import clocked, paired_ratios, paired_rounds
 
 
 def main() -> None:
@@ -47,15 +46,15 @@ def main() -> None:
         cases[label] = (span_attention, (q, k, v, spans))
     cases["sparse_fixed union l=128"] = (functools.partial(union.merged, stride=128), (q, k, v, valid))
 
-    def step(fn, inputs, recompute: bool) -> float:
-        start = time.perf_counter()
+    def step(fn, inputs, recompute: bool) -> None:
         out = recompute_in_backward(fn, *inputs) if recompute else fn(*inputs)
         out.sum().backward()
-        return time.perf_counter() - start
 
     for label, (fn, inputs) in cases.items():
         # zoo.bench's paired rounds: order rotated each round, warm-up round not recorded
-        steps = {mode: functools.partial(step, fn, inputs, mode == "recomputed") for mode in ("plain", "recomputed")}
+        steps = {
+            mode: clocked(functools.partial(step, fn, inputs, mode == "recomputed")) for mode in ("plain", "recomputed")
+        }
         rounds = paired_rounds(steps, args.rounds, progress=lambda line: None)
         cost = paired_ratios(rounds, "recomputed")["plain"]  # recomputed time / plain time, per round
         print(

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-import zoo
 from zoo.config import IGNORE_INDEX
 from zoo.data.synthetic import duplication_batch
-from zoo.train.steps import after_optimizer_step
+from zoo.presets.reformer import duplication_model
+from zoo.train.steps import train_step
 
 PAPER = {  # Table 2: rows = attention in training, columns = attention in evaluation
     "full": {"full": 100.0, "lsh8": 94.8, "lsh4": 92.5, "lsh2": 76.9, "lsh1": 52.5},
@@ -38,26 +38,9 @@ PAPER = {  # Table 2: rows = attention in training, columns = attention in evalu
 EVALS = ["full", "lsh8", "lsh4", "lsh2", "lsh1"]
 
 
-def attention(mode: str, chunk: int) -> dict:
-    if mode == "full":
-        return {"name": "shared_qk"}
-    return {"name": "lsh", "n_hashes": int(mode[3:]), "chunk_size": chunk}
-
-
-def build(mode: str, args: argparse.Namespace) -> zoo.models.ZooModel:
-    return zoo.create_model(
-        "reformer",
-        vocab_size=args.n_symbols + 1,
-        d_model=args.d_model,
-        d_ff=args.d_model,
-        n_heads=args.heads,
-        n_layers=1,
-        dropout=0.0,
-        position="learned",
-        max_len=args.length,
-        stack="sequential",
-        ff_chunk_size=0,
-        attention=attention(mode, args.chunk),
+def build(mode: str, args: argparse.Namespace) -> torch.nn.Module:
+    return duplication_model(
+        mode, n_symbols=args.n_symbols, length=args.length, d_model=args.d_model, n_heads=args.heads, chunk=args.chunk
     )
 
 
@@ -115,14 +98,8 @@ def main() -> None:
         g = torch.Generator().manual_seed(args.seed)
         start = time.time()
         for step in range(1, args.steps + 1):
-            model.train()
             batch = duplication_batch(args.batch, args.length, n_symbols=args.n_symbols, generator=g)
-            loss = model(**batch).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            after_optimizer_step(model)  # LSH: fresh rotations for the next step
+            _, loss = train_step(model, batch, optimizer, clip=1.0)  # its post-step hook: LSH's fresh rotations
             if step % 100 == 0 or step == args.steps:
                 acc = accuracy(model, eval_batches[:2])
                 log_rows.append(

@@ -36,11 +36,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import zoo
 from zoo.app.csv_rows import append_rows, read_rows
 from zoo.config import IGNORE_INDEX
 from zoo.data.synthetic import duplication_batch
-from zoo.train.steps import after_optimizer_step
+from zoo.models.base import ModelOutput
+from zoo.models.losses import token_loss
+from zoo.presets.reformer import duplication_model
+from zoo.train.steps import train_step
 
 PAPER = {  # Table 2: rows = attention in training, columns = attention in evaluation (length 1024, 150K steps)
     "full": {"full": 100.0, "lsh8": 94.8, "lsh4": 92.5, "lsh2": 76.9, "lsh1": 52.5},
@@ -67,24 +69,15 @@ def hashes(mode: str) -> int:
 
 # -- ours ------------------------------------------------------------------------------------
 def build_ours(impl: str, mode: str, args: argparse.Namespace) -> torch.nn.Module:
-    if mode == "full":
-        attention = {"name": "shared_qk"}
-    else:
-        attention = {"name": "lsh", "n_hashes": hashes(mode), "chunk_size": args.chunk, **OURS[impl]}
-    return zoo.create_model(
-        "reformer",
-        vocab_size=args.n_symbols + 1,
+    return duplication_model(
+        mode,
+        n_symbols=args.n_symbols,
+        length=args.length,
         d_model=args.d_model,
-        d_ff=args.d_model,
         n_heads=args.heads,
-        n_layers=1,
-        dropout=0.0,
-        position="learned",
-        max_len=args.length,
-        stack="sequential",
-        ff_chunk_size=0,
-        attention=attention,
+        chunk=args.chunk,
         tie_embeddings=args.tie_embeddings,
+        **OURS[impl],
     )
 
 
@@ -134,12 +127,21 @@ def set_peer_attention(model: torch.nn.Module, mode: str) -> None:
                 module.lsh_attn.n_hashes = hashes(mode)
 
 
-def peer_logits(model: torch.nn.Module, tokens: torch.Tensor, multiple: int) -> torch.Tensor:
-    """The peer needs a length divisible by 2 x bucket_size: a zero token is appended at the end
-    (causal, so no earlier output reads it) and its logits are dropped."""
-    t = tokens.shape[1]
-    padded = F.pad(tokens, (0, -t % multiple))
-    return model(padded)[:, :t]
+class PeerLM(torch.nn.Module):
+    """The peer called like our models: ``(tokens, targets) -> ModelOutput``, scored by the loss our
+    models use (zoo.models.losses), so both train through zoo.train.steps alike.
+
+    The peer needs a length divisible by 2 x bucket_size: zero tokens are appended at the end
+    (causal, so no earlier output reads them) and their logits are dropped."""
+
+    def __init__(self, peer: torch.nn.Module, multiple: int):
+        super().__init__()
+        self.peer, self.multiple = peer, multiple
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
+        t = tokens.shape[1]
+        logits = self.peer(F.pad(tokens, (0, -t % self.multiple)))[:, :t]
+        return ModelOutput(logits, None if targets is None else token_loss(logits, targets, None, 0.0)[0])
 
 
 # -- one implementation behind one interface --------------------------------------------------------
@@ -150,12 +152,10 @@ class Runner:
         self.impl, self.args, self.is_peer = impl, args, impl in PEERS
 
     def build(self, mode: str) -> torch.nn.Module:
-        return build_peer(self.impl, mode, self.args) if self.is_peer else build_ours(self.impl, mode, self.args)
-
-    def logits(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """A model called as ``model(tokens, targets) -> ModelOutput``, ours or the peer's."""
         if self.is_peer:
-            return peer_logits(model, tokens, 2 * self.args.chunk)
-        return model(tokens).logits
+            return PeerLM(build_peer(self.impl, mode, self.args), 2 * self.args.chunk)
+        return build_ours(self.impl, mode, self.args)
 
     def evaluator(self, model: torch.nn.Module, mode: str, steps: int) -> torch.nn.Module:
         """The trained weights with attention ``mode``."""
@@ -171,17 +171,13 @@ class Runner:
         return evaluator
 
 
-def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
-
-
 @torch.no_grad()
-def accuracy(runner: Runner, model: torch.nn.Module, batches: list[dict]) -> float:
+def accuracy(model: torch.nn.Module, batches: list[dict]) -> float:
     model.eval()
     right = total = 0
     for batch in batches:
         keep = batch["targets"] != IGNORE_INDEX
-        predicted = runner.logits(model, batch["tokens"]).argmax(-1)
+        predicted = model(batch["tokens"]).logits.argmax(-1)
         right += int((predicted[keep] == batch["targets"][keep]).sum())
         total += int(keep.sum())
     return 100.0 * right / total
@@ -195,16 +191,11 @@ def train_one(runner: Runner, mode: str, seed: int, args: argparse.Namespace, ev
     curve = []
     start, step = time.time(), 0
     for step in range(1, args.steps + 1):
-        model.train()
         batch = duplication_batch(args.batch, args.length, n_symbols=args.n_symbols, generator=g)
-        loss = loss_of(runner.logits(model, batch["tokens"]), batch["targets"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        after_optimizer_step(model)  # ours: fresh rotations for the next step (the peer redraws per call)
+        # the post-step hook gives ours fresh rotations for the next step (the peer redraws per call)
+        _, loss = train_step(model, batch, optimizer, clip=1.0)
         if step % args.log_every == 0 or step == args.steps:
-            acc = accuracy(runner, model, eval_batches[: args.log_batches])
+            acc = accuracy(model, eval_batches[: args.log_batches])
             curve.append(
                 dict(
                     impl=runner.impl,
@@ -224,7 +215,7 @@ def train_one(runner: Runner, mode: str, seed: int, args: argparse.Namespace, ev
                 break
     rows = []
     for evaluation in EVALS:
-        acc = accuracy(runner, runner.evaluator(model, evaluation, step), eval_batches)
+        acc = accuracy(runner.evaluator(model, evaluation, step), eval_batches)
         rows.append(
             dict(impl=runner.impl, train=mode, seed=seed, steps=step, eval=evaluation, accuracy_percent=round(acc, 2))
         )

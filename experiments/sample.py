@@ -8,15 +8,12 @@ imagenet64) write a PNG grid of samples and of completions of the top half of te
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from zoo.app.run import load_run  # noqa: E402
-from zoo.train.options import pick_device  # noqa: E402
+from zoo.app.run import load_run
+from zoo.train.options import pick_device
 
 
 def sample_images(args: argparse.Namespace, task, model, device: torch.device) -> Path:

@@ -1,6 +1,6 @@
 """(Re)write conf/<axis>/<name>.yaml for every registered attention, residual, stack and position,
-and conf/model/<preset>.yaml for every registered preset lacking one, from the registries
-(see zoo/app/sync.py).
+conf/data/<task>.yaml for every registered task (and its named setups), and conf/model/<preset>.yaml
+for every registered preset lacking one, from the registries (see zoo/app/sync.py).
 
     python experiments/sync_configs.py            # write
     python experiments/sync_configs.py --check    # exit 1 listing mismatches, write nothing
@@ -12,9 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
-
-from zoo.app.sync import check, sync  # noqa: E402
+from zoo.app.sync import check, sync
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -14,14 +14,12 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import hydra
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from zoo.app.compose import precheck  # noqa: E402
-from zoo.app.run import run  # noqa: E402
-from zoo.app.schema import register_schemas  # noqa: E402
+from zoo.app.compose import precheck
+from zoo.app.run import run
+from zoo.app.schema import register_schemas
 
 register_schemas()
 

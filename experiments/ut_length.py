@@ -29,7 +29,6 @@ right). ``--greedy-lengths`` also decodes greedily (batched) and reports greedy 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import time
 from pathlib import Path
@@ -40,20 +39,12 @@ from torch import Tensor, nn
 import zoo
 from zoo.app.csv_rows import append_rows, read_rows
 from zoo.config import IGNORE_INDEX
-from zoo.data.algorithmic import BOS, EOS, PAD, TASKS, algorithmic_batch, score, vocab_size
+from zoo.data.algorithmic import BOS, EOS, PAD, PAPER_TABLE4, TASKS, algorithmic_batch, score, vocab_size
+from zoo.models.base import ModelOutput
 from zoo.position.base import sinusoid_table
-from zoo.train.steps import adam, optimizer_step, schedule, train_step
+from zoo.train.steps import adam, schedule, train_step
 
-
-def _sibling(name: str):
-    """Another script of experiments/ (they are not a package), loaded by path."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PAPER = _sibling("universal_algorithmic").PAPER  # Table 4 (train 40, test 400): (task, row) -> (char, seq)
+PAPER = PAPER_TABLE4  # Table 4 (train 40, test 400): (task, row) -> (char, seq)
 PAPER_ROW = {"ut": "ut", "ut_act": "ut", "vanilla": "transformer", "torch": "transformer"}
 MODELS = tuple(PAPER_ROW)
 
@@ -77,7 +68,18 @@ class TorchSeq2Seq(nn.Module):
         signal = sinusoid_table(positions.flatten(), self.d_model).view(-1, t, self.d_model)
         return nn.functional.embedding(tokens, self.embed) * math.sqrt(self.d_model) + signal
 
-    def forward(self, src: Tensor, tgt: Tensor, src_pad_mask: Tensor, tgt_pad_mask: Tensor) -> Tensor:
+    def forward(
+        self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *, src_pad_mask: Tensor, tgt_pad_mask: Tensor
+    ) -> ModelOutput:
+        """Called like our encoder-decoder, so zoo.train.steps trains both; the loss is cross-entropy
+        over the targets that are not -100 (as our models' loss)."""
+        logits = self.logits(src, tgt, src_pad_mask, tgt_pad_mask)
+        if targets is None:
+            return ModelOutput(logits)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return ModelOutput(logits, loss)
+
+    def logits(self, src: Tensor, tgt: Tensor, src_pad_mask: Tensor, tgt_pad_mask: Tensor) -> Tensor:
         causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], dtype=torch.bool)
         h = self.transformer(
             self.vectors(src),
@@ -96,7 +98,7 @@ class TorchSeq2Seq(nn.Module):
         prefix = torch.full((src.shape[0], 1), BOS, dtype=torch.long)
         done = torch.zeros(src.shape[0], dtype=torch.bool)
         for _ in range(max_len):
-            logits = self(src, prefix, src_pad_mask, torch.ones_like(prefix, dtype=torch.bool))
+            logits = self.logits(src, prefix, src_pad_mask, torch.ones_like(prefix, dtype=torch.bool))
             token = logits[:, -1].argmax(-1).masked_fill(done, PAD)
             prefix = torch.cat([prefix, token[:, None]], 1)
             done |= token == EOS
@@ -121,20 +123,8 @@ def build(name: str, task: str, args) -> nn.Module:
 
 
 def logits_of(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    if isinstance(model, TorchSeq2Seq):
-        return model(batch["src"], batch["tgt"], batch["src_pad_mask"], batch["tgt_pad_mask"])
     out = model(batch["src"], batch["tgt"], src_pad_mask=batch["src_pad_mask"], tgt_pad_mask=batch["tgt_pad_mask"])
     return out.logits
-
-
-def torch_train_step(model: TorchSeq2Seq, batch: dict[str, Tensor], optimizer, scheduler) -> Tensor:
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    logits = logits_of(model, batch)
-    loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten(), ignore_index=IGNORE_INDEX)
-    loss.backward()
-    optimizer_step(model, optimizer, scheduler=scheduler, clip=1.0)
-    return loss
 
 
 @torch.no_grad()
@@ -172,12 +162,9 @@ def run(task: str, name: str, seed: int, args) -> dict:
     losses, act_steps = [], []
     for step in range(args.train_steps):
         batch = algorithmic_batch(task, args.batch, args.train_min, args.train_max, generator=g)
-        if isinstance(model, TorchSeq2Seq):
-            loss = torch_train_step(model, batch, optimizer, scheduler)
-        else:
-            out, loss = train_step(model, batch, optimizer, scheduler=scheduler)
-            if "encoder/act/steps_mean" in out.stats:
-                act_steps.append(float(out.stats["encoder/act/steps_mean"]))
+        out, loss = train_step(model, batch, optimizer, scheduler=scheduler)
+        if "encoder/act/steps_mean" in out.stats:
+            act_steps.append(float(out.stats["encoder/act/steps_mean"]))
         losses.append(float(loss.detach()))
         if args.curve_every and (step + 1) % args.curve_every == 0:
             char, seq = score_teacher_forced(model, test_batch(task, args.train_max, args.n_test, seed))

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 import zoo
-from zoo.train.steps import schedule
+from zoo.train.steps import schedule, train_step
 
 
 def load_bytes(path: Path) -> torch.Tensor:
@@ -78,17 +78,9 @@ def train(kind: str, data: torch.Tensor, args, log) -> tuple[torch.nn.Module, li
             pos, state = 0, None
         chunk = source[:, pos : pos + args.segment + 1]
         pos += args.segment
-        out = (
-            model(chunk[:, :-1], chunk[:, 1:], state=state)
-            if kind == "xl_memory"
-            else model(chunk[:, :-1], chunk[:, 1:])
-        )
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
-        opt.step()
-        sched.step()
-        state = out.state if kind == "xl_memory" else None
+        batch = {"tokens": chunk[:, :-1], "targets": chunk[:, 1:]}
+        out, _ = train_step(model, batch, opt, scheduler=sched, clip=0.25, state=state)
+        state = out.state if kind == "xl_memory" else None  # carried (detached) only with memory on
         losses.append(out.loss.item() / math.log(2))
     seconds = time.perf_counter() - start
     log(

@@ -10,14 +10,15 @@ Protocol (ours, CPU):
 - XL (``transformer_xl``, same size): a stream fed segment by segment (``--segment`` tokens) with
   ``mem_len = L``, so every prediction sees at least L tokens of context (never fewer than the
   vanilla model); time per token = time per segment / segment length, measured after the memory
-  is full. Both under ``torch.no_grad()`` in eval mode; calls are interleaved so machine load
-  hits both alike, and the ratio is the median of per-round ratios.
+  is full. Both under ``torch.no_grad()`` in eval mode, timed in zoo.bench's paired rounds (both
+  once per round, order rotated, a warm-up round unrecorded) so machine load hits both alike; the
+  ratio is the median of per-round ratios.
 
 Training speed (``--train-lengths``): one step (forward + backward) of ``transformer_xl`` on a
 segment of N tokens with a full memory of N tokens from the previous step, against
 x-transformers' ``TransformerWrapper`` with ``max_mem_len = N`` and ``rel_pos_bias=True``
 (the peer BENCHMARKS.md lists at 542 ms / 18,094 ms for 1,024 / 4,096), same shape: 2 layers,
-d 256, 4 heads, FFN 1,024, vocab 256, batch 1. Interleaved too.
+d 256, 4 heads, FFN 1,024, vocab 256, batch 1. In paired rounds too.
 
     python experiments/xl_speed.py --out results/xl_speed
 """
@@ -26,25 +27,18 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
+import functools
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import zoo
-from zoo.bench import _machine
+from zoo.bench import clocked, describe_machine, paired_ratios, paired_rounds, write_csv
 
 PAPER_TABLE9 = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
 PEER_BENCHMARKS_MS = {1024: 542, 4096: 18094}  # keyed by segment + memory
-
-
-def timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
 
 
 def ours_step(model, tokens, state) -> None:
@@ -59,6 +53,31 @@ def peer_step(model, tokens, mems) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def quiet(line: str) -> None:
+    """paired_rounds' per-round lines are not logged (the per-length summary is)."""
+
+
+class XLStream:
+    """Transformer-XL reading random tokens segment by segment, its memory carried between calls."""
+
+    def __init__(self, model: torch.nn.Module, vocab: int, segment: int, length: int):
+        self.model, self.vocab, self.segment, self.length = model, vocab, segment, length
+        self.state = model.init_state(1)
+
+    def feed(self, piece: torch.Tensor) -> None:
+        self.state = self.model(piece, state=self.state).state
+
+    def fill(self) -> None:
+        """Read enough segments to fill the memory (and warm up)."""
+        for _ in range(-(-self.length // self.segment) + 1):
+            self.feed(torch.randint(0, self.vocab, (1, self.segment)))
+
+    def seconds_per_token(self) -> float:
+        """One paired-round step: read ``length`` fresh tokens; the clocked model calls per token."""
+        pieces = [torch.randint(0, self.vocab, (1, self.segment)) for _ in range(max(1, self.length // self.segment))]
+        return sum(clocked(functools.partial(self.feed, p))() for p in pieces) / (self.segment * len(pieces))
+
+
 def eval_speed(lengths: list[int], segment: int, rounds: int, shape: dict, log) -> list[dict]:
     torch.manual_seed(0)
     vanilla = zoo.create_model("vanilla_lm", **shape, max_len=max(lengths)).eval()
@@ -68,31 +87,20 @@ def eval_speed(lengths: list[int], segment: int, rounds: int, shape: dict, log) 
         xl = zoo.create_model("transformer_xl", **shape, attention={"mem_len": length}).eval()
         context = torch.randint(0, shape["vocab_size"], (1, length))
         with torch.no_grad():
-            state = xl.init_state(1)
-            for _ in range(-(-length // seg) + 1):  # fill the memory (and warm up)
-                state = xl(torch.randint(0, shape["vocab_size"], (1, seg)), state=state).state
-            vanilla(context)
-            van_times, xl_times, ratios = [], [], []
-            for _ in range(rounds):
-                t_van = timed(vanilla, context)
-                segments = [torch.randint(0, shape["vocab_size"], (1, seg)) for _ in range(max(1, length // seg))]
-                t_xl = 0.0
-                for piece in segments:
-                    start = time.perf_counter()
-                    state = xl(piece, state=state).state
-                    t_xl += time.perf_counter() - start
-                t_xl /= seg * len(segments)
-                van_times.append(t_van)
-                xl_times.append(t_xl)
-                ratios.append(t_van / t_xl)
+            stream = XLStream(xl, shape["vocab_size"], seg, length)
+            stream.fill()
+            # per predicted token: one vanilla forward over the last L tokens, against XL's share of a segment
+            steps = {"vanilla": clocked(functools.partial(vanilla, context)), "xl": stream.seconds_per_token}
+            recorded = paired_rounds(steps, rounds, progress=quiet)
+        timing = paired_ratios(recorded, "vanilla")
         row = dict(
             attention_length=length,
             segment=seg,
-            vanilla_ms_per_token=1e3 * statistics.median(van_times),
-            xl_ms_per_token=1e3 * statistics.median(xl_times),
-            speedup=statistics.median(ratios),
-            speedup_min=min(ratios),
-            speedup_max=max(ratios),
+            vanilla_ms_per_token=1e3 * timing["vanilla"]["median_s"],
+            xl_ms_per_token=1e3 * timing["xl"]["median_s"],
+            speedup=timing["xl"]["ratio"],
+            speedup_min=timing["xl"]["ratio_min"],
+            speedup_max=timing["xl"]["ratio_max"],
             paper_speedup=PAPER_TABLE9.get(length, ""),
         )
         log(
@@ -124,17 +132,16 @@ def train_speed(configs: list[tuple[int, int]], rounds: int, log) -> list[dict]:
             ours_state = ours(torch.randint(0, 256, (1, mem))).state
             with torch.no_grad():
                 _, peer_mems = peer(torch.randint(0, 256, (1, mem)), return_mems=True)
-
-        ours_step(ours, tokens, ours_state), peer_step(peer, tokens, peer_mems)  # warm-up
-        ours_t, peer_t = [], []
-        for _ in range(rounds):
-            ours_t.append(timed(ours_step, ours, tokens, ours_state))
-            peer_t.append(timed(peer_step, peer, tokens, peer_mems))
+        steps = {
+            "transformer_xl": clocked(functools.partial(ours_step, ours, tokens, ours_state)),
+            "x_transformers": clocked(functools.partial(peer_step, peer, tokens, peer_mems)),
+        }
+        timing = paired_ratios(paired_rounds(steps, rounds, progress=quiet), "x_transformers")
         row = dict(
             segment=n,
             memory=mem,
-            transformer_xl_ms=1e3 * statistics.median(ours_t),
-            x_transformers_ms=1e3 * statistics.median(peer_t),
+            transformer_xl_ms=1e3 * timing["transformer_xl"]["median_s"],
+            x_transformers_ms=1e3 * timing["x_transformers"]["median_s"],
             peer_in_benchmarks_md_ms=PEER_BENCHMARKS_MS.get(n + mem, ""),
         )
         row["ratio_ours_over_peer"] = row["transformer_xl_ms"] / row["x_transformers_ms"]
@@ -144,13 +151,6 @@ def train_speed(configs: list[tuple[int, int]], rounds: int, log) -> list[dict]:
         )
         rows.append(row)
     return rows
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -218,18 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = "python " + " ".join(["experiments/xl_speed.py", *(argv if argv is not None else sys.argv[1:])])
     eval_rows = eval_speed([int(x) for x in args.lengths.split(",")], args.segment, args.rounds, shape, log)
-    write_csv(eval_rows, out / "eval_speed.csv")
+    write_csv(out / "eval_speed.csv", eval_rows)
     plot(eval_rows, out / "eval_speed.png")
     configs = (
         [tuple(int(v) for v in pair.split("+")) for pair in args.train_configs.split(",")] if args.train_configs else []
     )
     train_rows = train_speed(configs, args.train_rounds, log) if configs else []
     if train_rows:
-        write_csv(train_rows, out / "train_speed.csv")
+        write_csv(out / "train_speed.csv", train_rows)
     md = [
-        f"# Transformer-XL speed\n\nCommand: `{command}`  \nMachine: {_machine()}, torch {torch.__version__}, "
+        f"# Transformer-XL speed\n\nCommand: `{command}`  \nMachine: {describe_machine()}, torch {torch.__version__}, "
         f"{args.threads} threads (shared machine: absolute times are noisy, ratios are measured in the same run, "
-        "interleaved).\n"
+        "in zoo.bench's paired rounds: order rotated each round, a warm-up round unrecorded).\n"
     ]
     md.append(
         "## Evaluation: per-token time, vanilla re-computing its context vs XL state reuse\n\nModel: "

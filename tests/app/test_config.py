@@ -97,18 +97,62 @@ def test_sync_is_idempotent_and_repairs(tmp_path):
     (conf / "residual" / "gru_gate.yaml").write_text("name: gru_gate\ngate_bias: 2.0\n")  # stale: filled with a default
     (conf / "stack" / "universal.yaml").unlink()  # missing
     (conf / "position" / "gone.yaml").write_text(sync.GENERATED + " from nowhere\nname: gone\n")  # unregistered
+    (conf / "data" / "enwik8.yaml").write_text("name: enwik8\npath: /home/me/enwik8\n")  # stale: hand-edited
+    (conf / "data" / "shakespeare.yaml").unlink()  # missing: a task's named setup
+    (conf / "data" / "gone.yaml").write_text(sync.GENERATED + " from nowhere\nname: gone\n")  # unregistered
     problems = sync.check(conf)
+    assert any("stale" in p and "enwik8.yaml" in p for p in problems)
+    assert any("missing" in p and "shakespeare.yaml" in p for p in problems)
+    assert any("not registered" in p and "data/gone.yaml" in p for p in problems)
     assert any("stale" in p and "vanilla.yaml" in p for p in problems)
     assert any("missing" in p and "vanilla_lm.yaml" in p for p in problems)
     assert any("gone.yaml" in p for p in problems)
     assert any("stale" in p and "gru_gate.yaml" in p for p in problems)
     assert any("missing" in p and "universal.yaml" in p for p in problems)
     changes, left = sync.sync(conf)
-    assert len(changes) == 6 and left == []
+    assert len(changes) == 9 and left == []
     assert "gate_bias: null" in (conf / "residual" / "gru_gate.yaml").read_text()  # null = unset: the preset's value
+    assert "path: ${data_dir}/enwik8\n" in (conf / "data" / "enwik8.yaml").read_text()  # from Enwik8Task.data_dir_path
     assert sync.check(conf) == [] and sync.sync(conf) == ([], [])
     (conf / "model" / "not_a_preset.yaml").write_text("preset: not_a_preset\n")
     assert any("not_a_preset" in p and "vanilla_lm" in p for p in sync.check(conf))
+    (conf / "data" / "mine.yaml").write_text("name: char_lm\n")  # hand-written, no task or setup of that name
+    assert any("mine.yaml" in p and "hand-written" in p for p in sync.check(conf))
+
+
+def test_data_configs_say_what_the_task_class_says():
+    """conf/data/<task>.yaml comes from the task: its Options at their defaults, data.path under the data
+    directory where the task names one, its docstring as the comment, and one file per named setup
+    (a setup naming an option the task lacks is refused)."""
+    from dataclasses import dataclass
+
+    from zoo.data import TASK
+    from zoo.data.base import Task
+
+    @dataclass
+    class Options:
+        path: str = ""
+        width: int = 3
+
+    class Throwaway(Task):
+        """A throwaway task for this test."""
+
+        data_dir_path = "throwaway/files"
+        setups = {"throwaway_wide": ("The wide one.", {"width": 9})}
+
+    Throwaway.Options = Options
+    TASK.register("_test_throwaway", Throwaway)
+    try:
+        files = sync.data_files()
+        mine, wide = files["_test_throwaway"], files["throwaway_wide"]
+        assert "# A throwaway task for this test." in mine and "# The wide one." in wide
+        assert mine.endswith("name: _test_throwaway\npath: ${data_dir}/throwaway/files\nwidth: 3\n")
+        assert wide.endswith("name: _test_throwaway\npath: ${data_dir}/throwaway/files\nwidth: 9\n")
+        Throwaway.setups = {"throwaway_bad": ("Bad.", {"height": 2})}
+        with pytest.raises(ValueError, match="unknown options.*height"):
+            sync.data_files()
+    finally:
+        TASK.unregister("_test_throwaway")
 
 
 @pytest.mark.parametrize(

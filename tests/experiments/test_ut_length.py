@@ -83,3 +83,42 @@ def test_offsets_reach_the_models_in_training_only(name):
     first = ut_length.logits_of(model, batch)
     torch.manual_seed(2)
     assert not torch.allclose(ut_length.logits_of(model, batch), first)
+
+
+def test_torch_reference_trains_through_zoo_steps_as_its_plain_loop_did(monkeypatch, tmp_path):
+    """torch.nn.Transformer now trains through zoo.train.steps.train_step like our models; its losses
+    over a few steps equal those of the plain loop it had (cross-entropy, backward, clip 1.0, Adam +
+    cosine schedule), bitwise."""
+    from zoo.data.algorithmic import algorithmic_batch
+    from zoo.train.steps import adam, optimizer_step, schedule, train_step
+
+    ut_length = load()
+    seen = []
+
+    def recording(*args, **kwargs):
+        out, loss = train_step(*args, **kwargs)
+        seen.append(float(loss))
+        return out, loss
+
+    monkeypatch.setattr(ut_length, "train_step", recording)
+    options = "--tasks copy --models torch --seeds 0 --train-steps 4 --d-model 16 --steps-t 2 --train-max 5"
+    options += " --offset-max 10 --test-lengths 5 --n-test 2 --greedy-lengths= --batch 4"
+    monkeypatch.setattr(sys, "argv", ["ut_length.py", *options.split(), "--out", str(tmp_path)])
+    ut_length.main()
+    args = type("A", (), {"d_model": 16, "heads": 4, "steps_t": 2, "offset_max": 10})()
+    torch.manual_seed(0)
+    model = ut_length.build("torch", "copy", args)
+    optimizer = adam(model, lr=3e-3)
+    scheduler = schedule(optimizer, "cosine", warmup=0, total=4)
+    g = torch.Generator().manual_seed(1)
+    expected = []
+    for _ in range(4):
+        batch = algorithmic_batch("copy", 4, 1, 5, generator=g)
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        logits = ut_length.logits_of(model, batch)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten(), ignore_index=-100)
+        loss.backward()
+        optimizer_step(model, optimizer, scheduler=scheduler, clip=1.0)
+        expected.append(float(loss.detach()))
+    assert seen == expected

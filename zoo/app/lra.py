@@ -10,7 +10,8 @@ Tay et al. 2020 ("Long Range Arena", arXiv:2011.04006):
 - Table 2: training steps per second and peak memory on byte-level Text at 1K, 2K, 3K and 4K
   tokens, each relative to vanilla. Measured here after the sweep: the model each mechanism trained
   on Text (its stored config) is rebuilt at each length and timed for a few optimiser steps on
-  random bytes, alternating mechanisms within each round so machine load hits all alike. Memory is
+  random bytes in zoo.bench's paired rounds (every mechanism once per round, order rotated), so
+  machine load hits all alike. Memory is
   the CUDA peak allocation where there is a GPU, else the bytes of tensors saved for backward.
 
 Outputs in the sweep directory (or ``out_dir``): ``lra_table1.{md,csv,png}`` and
@@ -20,18 +21,18 @@ Outputs in the sweep directory (or ``out_dir``): ``lra_table1.{md,csv,png}`` and
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
-import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from zoo.attention.base import ATTENTION
+from zoo.bench.timing import ActivationMeter, clocked, paired_ratios, paired_rounds
 from zoo.presets.factory import create_model
-from zoo.train.meter import ActivationMeter
 from zoo.train.options import pick_device
 
 try:  # the callback base class; the module stays importable without Hydra
@@ -160,31 +161,45 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 # -- Table 2: speed and memory on Text ------------------------------------------------------------------
 
 
-def _one_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], device: torch.device
-) -> tuple[float, float]:
-    """(seconds, memory MiB) of one optimiser step: CUDA peak allocation, else saved activations."""
+def _optimiser_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> None:
+    model(**batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
-    meter = ActivationMeter()
+
+def _step_memory_mib(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor], device: torch.device
+) -> float:
+    """Memory of one optimiser step: the CUDA peak allocation, else the bytes of tensors saved for
+    backward (counted by the activation meter; parameters saved by their layers included, as the
+    table has always counted them)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
-        out = model(**batch)
-    out.loss.backward()
+        _optimiser_step(model, optimizer, batch)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    meter = ActivationMeter()
+    with meter:
+        loss = model(**batch).loss
+    loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return time.perf_counter() - start, torch.cuda.max_memory_allocated(device) / 2**20
-    return time.perf_counter() - start, meter.megabytes
+    return meter.megabytes
 
 
 def measure_speed(
-    configs: dict[str, dict[str, Any]], lengths: list[int], *, batch_size: int, steps: int, device: str = "auto"
+    configs: dict[str, dict[str, Any]],
+    lengths: list[int],
+    *,
+    batch_size: int,
+    steps: int,
+    device: str = "auto",
+    progress: Callable[[str], None] = lambda line: None,
 ) -> list[dict[str, Any]]:
-    """Median step time and memory of each mechanism's model at each length (alternating rounds)."""
+    """Median step time and memory of each mechanism's model at each length. Timed by zoo.bench's
+    paired rounds: ``steps`` rounds, each one optimiser step of every mechanism in an order rotated
+    each round, after a warm-up round; memory from one more step (:func:`_step_memory_mib`)."""
 
     dev = pick_device(device)
     out = []
@@ -212,21 +227,19 @@ def measure_speed(
                 "targets": torch.randint(0, config["n_classes"], (batch_size,), generator=generator).to(dev),
                 "pad_mask": torch.ones(batch_size, length, dtype=torch.bool, device=dev),
             }
-            built[mech] = (model, torch.optim.Adam(model.parameters(), lr=1e-4), batch, [], [])
-        for model, optimizer, batch, _, _ in built.values():  # warm-up
-            _one_step(model, optimizer, batch, dev)
-        for _ in range(steps):
-            for model, optimizer, batch, times, memory in built.values():
-                seconds, mb = _one_step(model, optimizer, batch, dev)
-                times.append(seconds)
-                memory.append(mb)
-        for mech, (_, _, _, times, memory) in built.items():
+            built[mech] = (model, torch.optim.Adam(model.parameters(), lr=1e-4), batch)
+        if not built:
+            continue
+        timed = {mech: clocked(functools.partial(_optimiser_step, *parts), dev) for mech, parts in built.items()}
+        rounds = paired_rounds(timed, steps, progress=progress)
+        seconds = paired_ratios(rounds, next(iter(built)))
+        for mech, (model, optimizer, batch) in built.items():
             out.append(
                 {
                     "attention": mech,
                     "length": length,
-                    "steps_per_s": 1.0 / statistics.median(times),
-                    "memory_mb": max(memory),
+                    "steps_per_s": 1.0 / seconds[mech]["median_s"],
+                    "memory_mb": _step_memory_mib(model, optimizer, batch, dev),
                     "error": "",
                 }
             )
@@ -426,8 +439,8 @@ def write_lra_tables(
         )
         paths["table2_md"].write_text(
             f"# LRA Table 2 layout: Text, steps per second and peak memory (relative to vanilla)\n\n"
-            f"Measured on {where}; batch {batch_size}, median of {steps} steps after one warm-up, mechanisms "
-            "alternating; "
+            f"Measured on {where}; batch {batch_size}, median of {steps} paired rounds (one step of every "
+            "mechanism per round, order rotated each round) after a warm-up round; "
             f"models as trained on Text in this sweep.{note}\n\n{markdown(header2, body2)}\n"
         )
         _write_csv(

@@ -65,7 +65,11 @@ def read_pairs(path: Path, max_bytes: int) -> tuple[Tensor, Tensor, Tensor]:
 
 @TASK.register("aan")
 class AANRetrievalTask(Task):
-    """Binary citation-link classification of document pairs (trains a ``pair_classifier``)."""
+    """ACL Anthology Network citation pairs as bytes (LRA "Retrieval"), read from the released TSV
+    directory (new_aan_pairs.{train,eval,test}.tsv): binary citation-link classification of document
+    pairs (trains a ``pair_classifier``, e.g. model=two_tower_classifier)."""
+
+    data_dir_path = "lra_release/tsv_data"
 
     kind = "pair_classifier"
     metric = "accuracy"

@@ -13,17 +13,34 @@ longer ones, scored by character accuracy and sequence accuracy.
 
 Vocabulary (shared by source and target, so the encoder-decoder can tie all three embeddings):
 0 pad, 1 bos, 2 eos, 3 .. 3 + n_symbols - 1 the symbols (digits 0-9 for addition), then ``+``.
+
+``data=algorithmic data.problem=addition`` trains an encoder-decoder on them through the app (the
+metric: token accuracy given the true prefix, the answer's eos included); experiments/ut_length.py
+and universal_algorithmic.py draw batches with :func:`algorithmic_batch` and add sequence accuracy
+and greedy decoding.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from zoo.config import IGNORE_INDEX
+from zoo.config import IGNORE_INDEX, require
+from zoo.data.base import TASK, Task, check_split, seeded_generator
 
 PAD, BOS, EOS, FIRST = 0, 1, 2, 3
 TASKS = ("copy", "reverse", "addition")
+# the paper's Table 4 (trained on length 40, tested on 400): (task, "transformer" | "ut") -> (char-acc, seq-acc)
+PAPER_TABLE4 = {
+    ("copy", "transformer"): (0.53, 0.03),
+    ("copy", "ut"): (0.91, 0.35),
+    ("reverse", "transformer"): (0.13, 0.06),
+    ("reverse", "ut"): (0.96, 0.46),
+    ("addition", "transformer"): (0.07, 0.0),
+    ("addition", "ut"): (0.34, 0.02),
+}
 
 
 def vocab_size(task: str, n_symbols: int = 10) -> int:
@@ -120,3 +137,51 @@ def score(predicted: Tensor, targets: Tensor) -> tuple[float, float]:
     char = correct.sum().item() / max(1, real.sum().item())
     seq = (correct | ~real).all(dim=1).float().mean().item()
     return char, seq
+
+
+@TASK.register("algorithmic")
+class AlgorithmicTask(Task):
+    """The Universal Transformer's algorithmic tasks (copy, reverse, addition; Dehghani et al. 2019,
+    Table 4) as sequence-to-sequence: strings of data.min_len..trainer.seq_len symbols (addition:
+    digits per operand) in training, of data.eval_len in val/test (longer: length generalisation)."""
+
+    kind = "seq2seq"
+    metric = "accuracy"
+
+    @dataclass
+    class Options:
+        problem: str = "copy"  # copy | reverse | addition
+        min_len: int = 1  # shortest training string (the longest: trainer.seq_len)
+        eval_len: int = 0  # val/test strings of exactly this length; 0 = the training range
+        n_symbols: int = 10  # alphabet of copy and reverse (addition always uses the 10 digits)
+        eval_size: int = 256  # strings in the val/test splits
+
+        def __post_init__(self) -> None:
+            check_task(self.problem)
+            require(self.min_len >= 1, f"data.min_len must be >= 1, got {self.min_len}")
+            require(self.eval_len >= 0, f"data.eval_len must be >= 0 (0 = the training range), got {self.eval_len}")
+            require(self.n_symbols >= 1, f"data.n_symbols must be >= 1, got {self.n_symbols}")
+            require(self.eval_size >= 1, f"data.eval_size must be >= 1, got {self.eval_size}")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        o = self.options
+        require(
+            o.min_len <= self.seq_len,
+            f"algorithmic needs data.min_len <= trainer.seq_len (the longest training string), got "
+            f"{o.min_len} > {self.seq_len}",
+        )
+        self.vocab_size = vocab_size(o.problem, o.n_symbols)
+
+    def num_batches(self, split: str, world_size: int = 1) -> int | None:
+        check_split(split, world_size=world_size)
+        if split == "train":
+            return None
+        return max(1, self.options.eval_size // (self.batch_size * world_size))
+
+    def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
+        check_split(split, index=index, rank=rank, world_size=world_size)
+        o = self.options
+        low, high = (o.min_len, self.seq_len) if split == "train" or not o.eval_len else (o.eval_len, o.eval_len)
+        generator = seeded_generator(self.seed, self.registry_name, split, index, rank, world_size)
+        return algorithmic_batch(o.problem, self.batch_size, low, high, n_symbols=o.n_symbols, generator=generator)

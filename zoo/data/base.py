@@ -86,6 +86,13 @@ class Task:
     contiguous: ClassVar[bool] = False  # consecutive batches continue the same streams
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
+    # where the data set lives in the shared data directory (the app's ``data_dir``): its generated
+    # conf/data/<name>.yaml sets data.path to ${data_dir}/<data_dir_path>; "" = no such default
+    data_dir_path: ClassVar[str] = ""
+    # named set-ups of this task (not inherited), each a ``data=<choice>`` of the app with its own
+    # conf/data/<choice>.yaml: choice -> (what it is, in a line; option values, a ``path`` relative
+    # to the data directory)
+    setups: ClassVar[dict[str, tuple[str, dict[str, Any]]]] = {}
 
     vocab_size: int = 256
     n_classes: int = 0
@@ -110,8 +117,8 @@ class Task:
         """Batches in one pass over ``split`` (None: unbounded, e.g. generated on the fly)."""
         return None
 
-    def starts_stream(self, index: int) -> bool:
-        """True when batch ``index`` of a contiguous task starts its streams over (memory reset)."""
+    def starts_stream(self, index: int, split: str = "train") -> bool:
+        """True when batch ``index`` of ``split`` of a contiguous task starts its streams over (memory reset)."""
         return index == 0
 
     def eval_batches(

@@ -16,14 +16,23 @@ key at t + 1 - D: distance D - 1 in attention's terms.
 
 The transition table depends on ``chain_seed`` only, so train, valid and test share one language
 and differ in their samples. ``write_splits`` writes the three files in the layout the authors'
-code reads (``train.txt``, ``valid.txt``, ``test.txt``: characters separated by spaces, one line).
+code reads (``train.txt``, ``valid.txt``, ``test.txt``: characters separated by spaces, one line);
+experiments/adaptive_span_range.py trains on those. ``data=copy_at_distance`` generates the same
+texts in memory (seeds 1, 2, 3) and reads them as a character LM, like ``char_lm``.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+
+from zoo.config import require
+from zoo.data.base import TASK, Task
+from zoo.data.text import TextLMTask
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
@@ -114,3 +123,45 @@ def read_split(path: str | Path) -> str:
     if not file.is_file():
         raise FileNotFoundError(f"no split at {str(file)!r}: write the splits first (write_splits)")
     return "".join(file.read_text(encoding="utf-8").split())
+
+
+@TASK.register("copy_at_distance")
+class CopyAtDistanceTask(TextLMTask):
+    """Markov text over data.n_symbols letters in which each letter copies the one data.distance back
+    with probability data.copy_prob: a character LM whose useful range is known (adaptive span's claim).
+    Generated in memory (the splits write_splits writes), read as contiguous streams. Built in."""
+
+    @dataclass
+    class Options:
+        distance: int = 200  # D: a copied letter repeats the one D back
+        copy_prob: float = 0.5
+        n_symbols: int = 16
+        successors: int = 3  # letters that may follow each letter in the chain
+        chain_seed: int = 0  # the language (transition table); the splits are its samples 1, 2, 3
+        train_chars: int = 400_000
+        eval_chars: int = 16_384  # each of valid and test
+
+        def __post_init__(self) -> None:
+            require(self.train_chars >= 2, f"data.train_chars must be >= 2, got {self.train_chars}")
+            require(self.eval_chars >= 2, f"data.eval_chars must be >= 2, got {self.eval_chars}")
+            transition_table(self.n_symbols, self.successors, self.chain_seed)  # refuses bad sizes by name
+
+    def __init__(self, **kwargs):
+        Task.__init__(self, **kwargs)  # the text is generated, not read: TextLMTask's file reading is skipped
+        o = self.options
+        process = dict(
+            distance=o.distance,
+            copy_prob=o.copy_prob,
+            n_symbols=o.n_symbols,
+            successors=o.successors,
+            chain_seed=o.chain_seed,
+        )
+        lengths = {"train": o.train_chars, "val": o.eval_chars, "test": o.eval_chars}
+        texts = {split: generate(n, seed=seed, **process) for seed, (split, n) in enumerate(lengths.items(), 1)}
+        self.path = f"data=copy_at_distance (distance {o.distance}, generated)"
+        self.itos = list(ALPHABET[: o.n_symbols])
+        self.stoi = {c: i for i, c in enumerate(self.itos)}
+        self.vocab_size = o.n_symbols
+        self.data = np.array([self.stoi[c] for split in lengths for c in texts[split]], dtype=np.int64)
+        starts = np.cumsum([0, *lengths.values()])
+        self.bounds = {split: (int(starts[i]), int(starts[i + 1])) for i, split in enumerate(lengths)}

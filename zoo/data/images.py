@@ -200,7 +200,11 @@ class ImageLMTask(ImageTask):
 
 @TASK.register("cifar10")
 class CIFAR10Task(ImageLMTask):
-    """CIFAR-10 pixels as a 3,072-token sequence (channels interleaved), bits per dimension."""
+    """CIFAR-10 pixels as a 3,072-token sequence (channels interleaved in raster order), scored in bits
+    per dimension; read from the python pickle batches (data.path = the cifar-10-batches-py directory).
+    Needs trainer.seq_len=3072 (see experiment=paper/image_transformer_cifar10, paper/sparse_cifar10)."""
+
+    data_dir_path = "cifar-10-batches-py"
 
     @dataclass
     class Options:
@@ -223,7 +227,10 @@ class CIFAR10Task(ImageLMTask):
 
 @TASK.register("cifar10_gray")
 class CIFAR10GrayTask(ImageTask):
-    """LRA Image: CIFAR-10 in 8-bit grayscale, 1,024 pixel tokens, 10 classes."""
+    """LRA "Image": CIFAR-10 in 8-bit grayscale, 1,024 pixel tokens, 10 classes; read from the python
+    pickle batches (data.path = the cifar-10-batches-py directory). Needs trainer.seq_len=1024."""
+
+    data_dir_path = "cifar-10-batches-py"
 
     kind = "classifier"
     metric = "accuracy"
@@ -295,7 +302,11 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 @TASK.register("imagenet64")
 class ImageNet64Task(ImageLMTask):
-    """Downsampled ImageNet pixels (channels interleaved), bits per dimension."""
+    """Downsampled ImageNet (train_data_batch_*.npz + val_data.npz) as pixel sequences (channels
+    interleaved) in bits per dimension; image_size 64 needs trainer.seq_len=12288 (the 32/16/8
+    releases: 3 x size^2)."""
+
+    data_dir_path = "imagenet64"
 
     @dataclass
     class Options:

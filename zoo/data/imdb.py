@@ -56,6 +56,9 @@ def read_imdb(path, max_bytes: int) -> dict[str, tuple[list[bytes], list[int]]]:
 
 @TASK.register("imdb")
 class IMDbTask(Task):
+    """IMDb reviews as bytes (LRA "Text"), read from the aclImdb tarball by path; binary sentiment."""
+
+    data_dir_path = "imdb/aclImdb_v1_labeled.tar.gz"
     kind = "classifier"
     metric = "accuracy"
     vocab_size = 257

@@ -111,7 +111,9 @@ def sample(
 
 @TASK.register("listops")
 class ListOpsTask(Task):
-    """10-way classification of ListOps expressions (padded to ``trainer.seq_len`` tokens)."""
+    """ListOps regenerated with the LRA generator's grammar and limits (500 < length < 2000, depth 10,
+    10 args): 10-way classification of its expressions, padded to trainer.seq_len tokens; needs
+    trainer.seq_len >= 1999 (see experiment=lra_listops) or a smaller data.max_length."""
 
     kind = "classifier"
     metric = "accuracy"

@@ -103,8 +103,8 @@ class _SyntheticTask(Task):
 
 @TASK.register("duplication")
 class DuplicationTask(_SyntheticTask):
-    """The Reformer duplication task ``0 w 0 w`` with exactly ``trainer.seq_len`` tokens per row
-    (the last target, which would lie past the sequence, is not scored)."""
+    """The Reformer duplication task (0 w 0 w; loss and accuracy on the second copy), exactly
+    trainer.seq_len tokens per row (the last target, past the sequence, is not scored). Built in."""
 
     @dataclass
     class Options:
@@ -134,7 +134,8 @@ class DuplicationTask(_SyntheticTask):
 
 @TASK.register("associative_recall")
 class AssociativeRecallTask(_SyntheticTask):
-    """Multi-query associative recall (see :func:`associative_recall_batch`)."""
+    """Multi-query associative recall: key-value pairs up front, queries after; accuracy on recalled
+    values (see :func:`associative_recall_batch`). Built in, no download."""
 
     @dataclass
     class Options:

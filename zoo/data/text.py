@@ -58,8 +58,15 @@ def split_bounds(total: int, split: list[float], what: str) -> dict[str, tuple[i
 
 @TASK.register("char_lm")
 class TextLMTask(Task):
-    """Next-character prediction over a text file (``vocab=bytes``: 256 byte ids; ``vocab=chars``:
-    the file's own characters, sorted)."""
+    """Character/byte-level LM from any text file: data=char_lm data.path=/path/to/file.txt
+    (``vocab=bytes``: 256 byte ids; ``vocab=chars``: the file's own characters, sorted)."""
+
+    setups = {
+        "shakespeare": (
+            "Tiny Shakespeare (1.1 MB), character-level, read by path from the shared data directory.",
+            {"path": "tinyshakespeare/input.txt", "vocab": "chars"},
+        )
+    }
 
     metric = "bpc"
     contiguous = True
@@ -128,8 +135,8 @@ class TextLMTask(Task):
     def num_batches(self, split: str, world_size: int = 1) -> int:
         return self._layout(split, world_size)[2]
 
-    def starts_stream(self, index: int) -> bool:
-        return index % self._layout("train", 1)[2] == 0
+    def starts_stream(self, index: int, split: str = "train") -> bool:
+        return index % self._layout(split, 1)[2] == 0
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split, index=index, rank=rank, world_size=world_size)
@@ -159,7 +166,10 @@ STANDARD_SPLIT = [90_000_000, 5_000_000, 5_000_000]
 
 @TASK.register("enwik8")
 class Enwik8Task(TextLMTask):
-    """enwik8, byte-level, the standard 90M/5M/5M split (file: the first 10^8 bytes of enwiki-20060303)."""
+    """enwik8 (first 10^8 bytes of enwiki-20060303), byte-level, standard 90M/5M/5M split. Bring the
+    file: data=enwik8 data.path=/path/to/enwik8"""
+
+    data_dir_path = "enwik8"
 
     @dataclass
     class Options(TextLMTask.Options):
@@ -172,7 +182,10 @@ class Enwik8Task(TextLMTask):
 
 @TASK.register("text8")
 class Text8Task(TextLMTask):
-    """text8 (a-z and space), the standard 90M/5M/5M split, character-level."""
+    """text8 (10^8 chars of a-z and space), standard 90M/5M/5M split. Bring the file:
+    data.path=/path/to/text8"""
+
+    data_dir_path = "text8"
 
     @dataclass
     class Options(TextLMTask.Options):

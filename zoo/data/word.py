@@ -160,7 +160,11 @@ class WordLMTask(TextLMTask):
 
 @TASK.register("wikitext103")
 class WikiText103(WordLMTask):
-    """WikiText-103 (Merity et al. 2017): ``wiki.{train,valid,test}.tokens``, ~103M training words."""
+    """WikiText-103 (Merity et al. 2017), word level, read in its published layout: data.path = the
+    directory with wiki.{train,valid,test}.tokens. Vocabulary from the training file (267,735 words
+    with <eos>), <eos> at every line end, perplexity."""
+
+    data_dir_path = "wikitext-103"
 
     FILES = {"train": "wiki.train.tokens", "val": "wiki.valid.tokens", "test": "wiki.test.tokens"}
     STANDARD_VOCAB = 267_735
@@ -168,7 +172,10 @@ class WikiText103(WordLMTask):
 
 @TASK.register("wikitext2")
 class WikiText2(WordLMTask):
-    """WikiText-2 (Merity et al. 2017): ``wiki.{train,valid,test}.tokens``, ~2M training words."""
+    """WikiText-2 (Merity et al. 2017), word level, ~2M training words: data.path = the directory with
+    wiki.{train,valid,test}.tokens; vocabulary from the training file, perplexity."""
+
+    data_dir_path = "wikitext-2"
 
     FILES = {"train": "wiki.train.tokens", "val": "wiki.valid.tokens", "test": "wiki.test.tokens"}
     STANDARD_VOCAB = 33_278
@@ -176,7 +183,10 @@ class WikiText2(WordLMTask):
 
 @TASK.register("ptb_word")
 class PennTreebankWords(WordLMTask):
-    """Penn Treebank, Mikolov's word-level preprocessing: ``ptb.{train,valid,test}.txt``, 10K words."""
+    """Penn Treebank, word level (Mikolov's preprocessing, 10K words): data.path = the directory with
+    ptb.{train,valid,test}.txt; vocabulary from the training file, perplexity."""
+
+    data_dir_path = "ptb"
 
     FILES = {"train": "ptb.train.txt", "val": "ptb.valid.txt", "test": "ptb.test.txt"}
     STANDARD_VOCAB = 10_000

@@ -67,7 +67,7 @@ def evaluate_model(
     state: Any = None
     for index, batch in enumerate(task.eval_batches(split, max_batches, rank=rank, world_size=world_size)):
         batch = {k: v.to(device) for k, v in batch.items()}
-        if task.contiguous and index == 0:
+        if task.contiguous and task.starts_stream(index, split):
             state = initial_state(model, next(iter(batch.values())).shape[0])
         with autocast():
             out = model(**batch, state=state) if state is not None else model(**batch)

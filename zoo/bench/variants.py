@@ -1,0 +1,190 @@
+"""What the benchmark measures: variants (a zoo preset with overrides, or a peer library's model),
+built into a module and a ``loss(tokens)`` closure for one training step, and the tokens they step on.
+
+Variants come from the command line: ``--attention a,b`` (mechanisms in a skeleton preset),
+``--model p,q`` (presets), ``--variant key=value ...`` (one variant per flag, as dotted config
+overrides, the app's syntax, merged by :func:`zoo.config.merge_config`), ``--peers`` (other
+libraries, :data:`zoo.bench.peers.PEER`); ``--compile`` adds each one under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import zoo
+from zoo.bench.peers import PEER
+from zoo.config import merge_config
+from zoo.train.steps import total_loss
+
+
+@dataclass
+class Variant:
+    """One thing to measure: ``kind`` ``zoo`` (preset ``name`` with ``overrides`` merged over it by
+    :func:`zoo.config.merge_config`, e.g. ``{"attention": {"name": "lsh", "n_hashes": 8}}``) or
+    ``peer`` (another library's model, ``name`` registered in :data:`PEER`)."""
+
+    label: str
+    kind: str
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    compile: bool = False  # the step runs the module under torch.compile (label "<label>+compile")
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        lowered = text.lower()
+        return {"true": True, "false": False, "none": None, "null": None}.get(lowered, text)
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """Dotted ``key=value`` items (the app's syntax) -> the nested dict :func:`merge_config` takes.
+
+    ``["attention=lsh", "attention.n_hashes=4", "residual=pre_norm"]`` ->
+    ``{"attention": {"name": "lsh", "n_hashes": 4}, "residual": "pre_norm"}``: a part named and
+    then given options (in either order) becomes one ``{"name": ..., **options}``."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected key=value (dotted keys for options: attention.n_hashes=4), got {item!r}")
+        *parents, leaf = key.strip().split(".")
+        target = overrides
+        for parent in parents:
+            node = target.get(parent)
+            target[parent] = {"name": node} if isinstance(node, str) else node if isinstance(node, dict) else {}
+            target = target[parent]
+        parsed = _literal(value.strip())
+        if isinstance(target.get(leaf), dict) and isinstance(parsed, str):
+            target[leaf] = {**target[leaf], "name": parsed}
+        else:
+            target[leaf] = parsed
+    return overrides
+
+
+def names(text: str | None, flag: str) -> list[str]:
+    """A comma-separated list of names; options go in ``--variant``, never in parentheses."""
+    out = [n.strip() for n in (text or "").split(",") if n.strip()]
+    for name in out:
+        if not name.replace("-", "_").isidentifier():
+            raise ValueError(
+                f"{flag}: {name!r} is not a name; give options as one variant of dotted key=value items, "
+                "e.g. --variant attention=lsh attention.n_hashes=4 (model=<preset> picks the preset)"
+            )
+    return out
+
+
+def peer_variant(name: str) -> Variant:
+    """``x-transformers`` or ``x_transformers`` (the pip name or the registry's); labelled as given."""
+    key = name.replace("-", "_")
+    PEER.get(key)  # an unknown peer: the valid ones, and the closest
+    return Variant(f"peer:{name}", "peer", key)
+
+
+def named_variant(label: str) -> Variant:
+    """``peer:<name>`` -> that peer; anything else -> that preset as registered."""
+    return peer_variant(label[len("peer:") :]) if label.startswith("peer:") else Variant(label, "zoo", label)
+
+
+def split_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """[batch, length + 1] -> inputs and targets [batch, length], each its own tensor as in a training
+    batch: a slice would keep the whole [batch, length + 1] storage alive, and the activation meter
+    (which counts storages) would report more than the trainer does for the same step."""
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def build(
+    variant: Variant, length: int, shape: dict[str, int], overrides: dict[str, Any], device: torch.device | str = "cpu"
+) -> tuple[nn.Module, Callable[[Tensor], Tensor]]:
+    """The module (on ``device``) and a ``loss(tokens)`` closure for one training step.
+
+    A zoo variant's config: its preset, then the bench's sizes, then the variant's overrides, then
+    ``overrides`` (``--set``, for every variant), each merged by :func:`zoo.config.merge_config`.
+    ``variant.compile``: the closure calls ``torch.compile(module)`` (compiled on its first call)."""
+    torch.manual_seed(0)
+    if variant.kind == "peer":
+        module = PEER.get(variant.name)(length, shape).to(device)
+        forward = torch.compile(module) if variant.compile else module
+
+        def peer_loss(tokens: Tensor) -> Tensor:
+            inputs, targets = split_batch(tokens)
+            logits = forward(inputs)
+            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+        return module, peer_loss
+
+    sizing = dict(
+        vocab_size=shape["vocab"],
+        d_model=shape["d_model"],
+        n_heads=shape["heads"],
+        n_layers=shape["layers"],
+        d_ff=shape["d_ff"],
+        dropout=0.0,
+        max_len=max(length, 16),
+    )
+    config = zoo.preset_config(variant.name).to_dict()
+    for layer in (sizing, variant.overrides, overrides):
+        config = merge_config(config, layer)
+    module = zoo.create_model(**config).to(device)
+    forward = torch.compile(module) if variant.compile else module
+
+    def zoo_loss(tokens: Tensor) -> Tensor:
+        return total_loss(forward(*split_batch(tokens)))
+
+    return module, zoo_loss
+
+
+def bench_tokens(vocab: int, batch: int, length: int, device: torch.device | str = "cpu") -> Tensor:
+    """The token batch every variant at ``length`` steps on: [batch, length + 1] (inputs and targets)."""
+    return torch.randint(0, vocab, (batch, length + 1), generator=torch.Generator().manual_seed(length)).to(device)
+
+
+def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
+    """--attention, --model, --variant, --peers, --compile: what to measure."""
+    parser.add_argument("--attention", help="comma-separated mechanisms, each in the --model skeleton (vanilla_lm)")
+    parser.add_argument("--model", help="comma-separated presets; with --attention, a single preset is the skeleton")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one variant as dotted config overrides, e.g. "
+        "--variant attention=lsh attention.n_hashes=8; "
+        "model=<preset> picks the preset (default: the skeleton); repeat for more variants",
+    )
+    parser.add_argument("--peers", default="", help=f"comma-separated peer libraries: {', '.join(PEER.list())}")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also measure every variant under torch.compile, labelled <label>+compile",
+    )
+
+
+def variants_from_args(args: argparse.Namespace) -> list[Variant]:
+    models = names(args.model, "--model")
+    skeleton = "vanilla_lm"
+    if args.attention and len(models) == 1:
+        skeleton = models.pop()
+    variants = [Variant(name, "zoo", skeleton, {"attention": name}) for name in names(args.attention, "--attention")]
+    variants += [Variant(name, "zoo", name) for name in models]
+    for items in args.variant:
+        overrides = parse_set(items)
+        variants.append(Variant(" ".join(items), "zoo", str(overrides.pop("model", skeleton)), overrides))
+    variants += [peer_variant(name) for name in names(args.peers, "--peers")]
+    if not variants:
+        raise SystemExit("nothing to measure: give --attention, --model and/or --variant (and optionally --peers)")
+    labels = [v.label for v in variants]
+    if len(set(labels)) < len(labels):
+        raise SystemExit(f"two variants share a label: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+    if getattr(args, "compile", False):  # each one beside its compiled self
+        variants = [w for v in variants for w in (v, replace(v, label=f"{v.label}+compile", compile=True))]
+    return variants

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -30,8 +29,8 @@ import torch
 from torch import Tensor, nn
 
 import zoo
-from zoo.attention import ATTENTION
 from zoo.models.base import ModelOutput
+from zoo.stacks.build import attention_class
 from zoo.train.steps import carries_memory, train_step
 
 PRESETS = ("gtrxl", "transformer_xl", "vanilla_lm")
@@ -48,11 +47,11 @@ class Regressor(nn.Module):
         overrides = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_ff=2 * args.d_model)
         overrides["dropout"] = 0.0
         overrides["head"] = "none"  # a backbone: hidden states out, our own read-out
-        attention = ATTENTION.get(zoo.preset_config(preset).attention["name"])
-        options = {f.name for f in dataclasses.fields(attention.Options)}
-        if "mem_len" in options:  # a mechanism with segment memory: enough of it for the largest delay
-            memory = {"mem_len": args.mem_len, "block_size": args.segment}
-            overrides["attention"] = {key: value for key, value in memory.items() if key in options}
+        with torch.device("meta"):  # shapes only: ask the parts whether they carry segment memory
+            memory = carries_memory(zoo.create_model(preset, **overrides))
+        option = attention_class(zoo.preset_config(preset).attention).memory_option  # xl_rel: mem_len
+        if memory and option:  # enough of it for the largest delay
+            overrides["attention"] = {option: args.mem_len}
         self.backbone = zoo.create_model(preset, **overrides)
         self.carries_state = carries_memory(self.backbone)  # the vanilla LM's KV cache is not memory
         self.read_in = nn.Linear(features, args.d_model)

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from zoo.registry import import_plugins
+
 # deterministic, CPU-sized tests on one thread: small ops gain little from a second thread,
 # and on a loaded machine OpenMP barrier spinning makes 2 threads many times slower
 torch.set_num_threads(int(os.environ.get("ZOO_TEST_THREADS", "1")))
@@ -22,3 +24,18 @@ def text_file(tmp_path_factory):
     rng = np.random.default_rng(0)
     path.write_bytes(bytes(rng.integers(97, 123, 20_000).astype(np.uint8)))
     return path
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--zoo-imports",
+        default="",
+        help="comma-separated modules holding your own parts (my_research.attention,...): imported before "
+        "collection, so the parametrised contract suites (tests/contracts) run over them too",
+    )
+
+
+def pytest_configure(config):
+    modules = [m.strip() for m in config.getoption("--zoo-imports").split(",") if m.strip()]
+    if modules:
+        import_plugins(modules)

@@ -51,6 +51,10 @@ class FeedForward(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.chunk_size = chunk_size
 
+    def forward_flops(self, t: int) -> float:
+        """Matmul FLOPs of one forward call over t tokens: W1 and W2, 2 x 2 t d d_ff."""
+        return 2.0 * t * (self.w1.weight.numel() + self.w2.weight.numel())
+
     def position_wise(self, x: Tensor) -> Tensor:
         return self.w2(self.drop(self.activation(self.w1(x))))
 

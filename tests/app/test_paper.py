@@ -188,5 +188,5 @@ def test_evaluate_cli_takes_the_paper_protocol_from_the_checkpoint(tmp_path):
         )
     assert result["protocol"] == "memory"
     assert result["settings"]["seq_len"] == 8 and result["settings"]["mem_len"] == 24
-    assert result["settings"]["clamp_len"] == 820 and result["settings"]["xl_attentions_set"] == 2  # the paper's clamp
+    assert result["settings"]["clamp_len"] == 820 and result["settings"]["attentions_set"] == 2  # the paper's clamp
     assert result["val/scored"] == 3 * 2 * 8

@@ -76,7 +76,7 @@ def test_memory_protocol_sets_and_restores_the_evaluation_memory(tmp_path):
     same = evaluate_protocol(model, task, "val", ProtocolSettings(protocol="memory"))
     assert same["val/loss"] == pytest.approx(plain["val/loss"], rel=1e-6)  # the trainer's evaluation carries memory too
     longer = evaluate_protocol(model, task, "val", ProtocolSettings(protocol="memory", mem_len=32, clamp_len=6))
-    assert longer["settings"]["xl_attentions_set"] == 2
+    assert longer["settings"]["attentions_set"] == 2
     assert longer["val/loss"] != pytest.approx(plain["val/loss"], rel=1e-6)
     options = [m.options for m in model.modules() if hasattr(m, "options") and hasattr(m.options, "eval_mem_len")]
     assert all(o.eval_mem_len == 0 and o.clamp_len == 0 for o in options)  # restored

@@ -5,8 +5,8 @@ Tay et al. 2020 ("Long Range Arena", arXiv:2011.04006):
 - Table 1: test accuracy (%) per task (ListOps, Text, Retrieval, Image, Pathfinder, Path-X) and
   their average over the first five (every model fails Path-X, so the paper averages without it).
   Ours come from the sweep's ``result.json`` files; each mechanism that has a counterpart in the
-  paper (vanilla -> Transformer, local_1d -> Local Attention, sparse_* -> Sparse Trans.,
-  lsh -> Reformer) gets the paper's row beside it.
+  paper gets the paper's row beside it: the mechanism names it (``Attention.lra_row``: vanilla ->
+  Transformer, local_1d -> Local Attention, sparse_* -> Sparse Trans., lsh -> Reformer).
 - Table 2: training steps per second and peak memory on byte-level Text at 1K, 2K, 3K and 4K
   tokens, each relative to vanilla. Measured here after the sweep: the model each mechanism trained
   on Text (its stored config) is rebuilt at each length and timed for a few optimiser steps on
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from zoo.attention.base import ATTENTION
 from zoo.bench.timing import ActivationMeter, clocked, paired_ratios, paired_rounds
 from zoo.presets.factory import create_model
 from zoo.train.options import pick_device
@@ -49,13 +50,13 @@ TASKS = {
     "lra_pathx": "Path-X",
 }
 AVERAGED = ("ListOps", "Text", "Retrieval", "Image", "Pathfinder")  # the paper's average leaves Path-X out
-PAPER_ROW = {
-    "vanilla": "Transformer",
-    "local_1d": "Local Attention",
-    "sparse_fixed": "Sparse Trans.",
-    "sparse_strided": "Sparse Trans.",
-    "lsh": "Reformer",
-}
+
+
+def paper_row(mechanism: str) -> str | None:
+    """The LRA paper's row for ``mechanism``, as the mechanism names it; None for one without a
+    counterpart, or one not registered in this process (a plugin whose module was not imported)."""
+    return ATTENTION.get(mechanism).lra_row if mechanism in ATTENTION else None
+
 
 # LRA Table 1 (test accuracy, %); None = FAIL (chance)
 PAPER_TABLE1 = {
@@ -145,8 +146,8 @@ def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
         scored = [values[c] for c in AVERAGED if c in values]
         average = sum(scored) / len(scored) if len(scored) == len(AVERAGED) else None
         out.append([f"{mech} (ours)", *(_cell(values.get(c), c in failed) for c in TASKS.values()), _cell(average)])
-        paper = PAPER_ROW.get(mech)
-        if paper:
+        paper = paper_row(mech)
+        if paper in PAPER_TABLE1:
             figures = PAPER_TABLE1[paper]
             out.append([f"{paper} (LRA paper)", *("FAIL" if v is None else f"{v:.2f}" for v in figures)])
     return header, out
@@ -269,7 +270,7 @@ def table2(measured: list[dict[str, Any]], lengths: list[int]) -> tuple[list[str
             mb = f"{m['memory_mb']:.3g} MiB"
             memory.append(f"{mb} ({m['memory_mb'] / base['memory_mb']:.2f}x)" if base.get("memory_mb") else mb)
         rows.append([f"{mech} (ours)", *speed, *memory])
-        paper = PAPER_ROW.get(mech)
+        paper = paper_row(mech)
         if paper in PAPER_TABLE2 and tuple(lengths) == PAPER_LENGTHS:
             steps, gigabytes = PAPER_TABLE2[paper]
             base_steps, base_gb = PAPER_TABLE2["Transformer"]
@@ -294,7 +295,7 @@ def plot_table1(rows: list[dict[str, Any]], path: Path) -> Path:
 
     tasks = list(TASKS.values())
     mechanisms = sorted({r["attention"] for r in rows if r["attention"]}, key=lambda m: (m != "vanilla", m))
-    papers = sorted({PAPER_ROW[m] for m in mechanisms if m in PAPER_ROW}, key=list(PAPER_TABLE1).index)
+    papers = sorted({paper_row(m) for m in mechanisms} & set(PAPER_TABLE1), key=list(PAPER_TABLE1).index)
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), sharey=True)
     for ax, names, title in ((axes[0], mechanisms, "ours (this sweep)"), (axes[1], papers, "LRA paper, Table 1")):
         width = 0.8 / max(1, len(names))
@@ -343,7 +344,7 @@ def plot_table2(measured: list[dict[str, Any]], lengths: list[int], path: Path) 
             ]
             if points:
                 line = ax.plot(*zip(*points), marker="o", label=f"{mech} (ours)")[0]
-                paper = PAPER_ROW.get(mech)
+                paper = paper_row(mech)
                 if paper in PAPER_TABLE2:
                     base = PAPER_TABLE2["Transformer"][paper_index]
                     ax.plot(

@@ -3,19 +3,22 @@
 ``describe(overrides)`` composes the app's config (``experiment=paper/xl_enwik8_24l ...``), builds
 the model on the ``meta`` device (shapes only, no memory: a 277M-parameter model describes in a
 second) and returns the preset, each axis with its options, the exact parameter count, and
-estimates of the training cost per token at the configured length:
+estimates of the training cost per token at the configured length, asked of the built model's
+parts (:mod:`zoo.models.costs`):
 
-- FLOPs per training token = 3 x the forward FLOPs (backward costs about twice the forward):
-  2 x (every weight matrix a token passes through) + the attention term
-  2 x n_terms x d_model x (keys each query sees, averaged over a causal segment) per layer, where
-  n_terms is 2 (QK^T, AV) or 3 for Transformer-XL's relative scores (the Q R^T term). Keys per
-  query follow each mechanism's pattern (:func:`keys_per_query`); adaptive-span counts the
-  largest span (an upper bound: learned spans start at 0).
-- Activation memory per token: Korthikanti et al. 2022 ("Reducing Activation Recomputation in
-  Large Transformer Models", arXiv:2205.05198), bf16 with a fused attention kernel:
-  (18 d_model + 4 d_ff) bytes per token per layer; a reversible stack keeps one layer's worth;
-  memory models add their cached keys and values (4 d_model bytes per memory slot per layer).
-  These are estimates: ``python -m zoo.bench`` measures saved tensors exactly.
+- FLOPs per training token: forward + backward (about twice the forward) + what the stack
+  recomputes (reversible: one more forward). Per layer, the attention answers its own forward
+  FLOPs (``Attention.forward_flops``: by default its projections, 2 x every weight matrix a token
+  passes through, plus 2 x score_terms x d_model x the keys each query sees, ``keys_per_query``:
+  score_terms is 2, QK^T and AV, or 3 for Transformer-XL's Q R^T; adaptive span counts its
+  largest span, an upper bound; LSH counts what it computes, its chunks and its hashing).
+- Activation memory per token: Korthikanti et al. 2022 (arXiv:2205.05198), bf16 with a fused
+  attention kernel: (18 d_model + 4 d_ff) bytes per token per layer the stack keeps
+  (``Stack.kept_layers``: reversible keeps one), plus each layer's memory keys and values
+  (``Attention.memory_keys``, 4 d_model bytes each). These are estimates: ``python -m zoo.bench``
+  measures saved tensors exactly.
+
+A part that does not answer is reported as unknown, never estimated as dense.
 
 ``paper:`` blocks (conf/experiment/paper/*.yaml) carry the published figures; ``check_paper_data``
 refuses a paper configuration asked of another dataset unless ``paper.allow_other_data=true``.
@@ -23,7 +26,6 @@ refuses a paper configuration asked of another dataset unless ``paper.allow_othe
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -33,10 +35,8 @@ from zoo.app.resolve import as_dict, model_overrides
 from zoo.config import require
 from zoo.data import TASK
 from zoo.models.base import HEAD
+from zoo.models.costs import describe_costs
 from zoo.presets import preset_config
-
-# vocabularies of word-level data sets when their files are not at hand (describe needs no data)
-WORD_VOCABS = {"wikitext103": 267_735, "wikitext2": 33_278, "ptb_word": 10_000}
 
 
 def paper_block(resolved: dict[str, Any]) -> dict[str, Any] | None:
@@ -59,15 +59,9 @@ def check_paper_data(resolved: dict[str, Any]) -> None:
 
 
 def nominal_vocab_size(data: dict[str, Any]) -> tuple[int, str]:
-    """(vocabulary size, where it comes from) for a data node, without reading any file."""
-    name = data["name"]
-    if name in WORD_VOCABS:
-        return WORD_VOCABS[name], f"the standard {name} vocabulary (the training file sets the real one)"
-    if data.get("vocab", "bytes") == "bytes" and name in ("enwik8", "text8", "char_lm"):
-        return 256, "bytes"
-
-    task_cls = TASK.get(name)
-    return int(getattr(task_cls, "vocab_size", 256)), f"{name}'s default vocabulary"
+    """(vocabulary size, where it comes from) for a data node, without reading any file: the task says."""
+    options = dict(data)
+    return TASK.get(options.pop("name")).nominal_vocab_size(options)
 
 
 def resolved_config(overrides: list[str]) -> dict[str, Any]:
@@ -105,69 +99,6 @@ def count_parameters(model) -> dict[str, int]:
     return {"params": total, "params_embedding_and_head": io, "params_blocks": total - io}
 
 
-def keys_per_query(attention: dict[str, Any], t: int) -> tuple[float, str]:
-    """Average keys a query attends to in a causal segment of ``t`` tokens, and the rule used."""
-    name = attention["name"]
-    if name == "xl_rel":
-        mem = attention.get("mem_len", 0)
-        return mem + (t + 1) / 2, f"memory {mem} + causal segment"
-    if name == "adaptive_span":
-        span = attention.get("max_span", 1024) + attention.get("ramp", 32)
-        return float(min(span, attention.get("cache_size", 0) or span)), "max span + ramp (upper bound)"
-    if name == "sparse_fixed":
-        stride, c = attention.get("stride", 128) or math.ceil(math.sqrt(t)), attention.get("c", 8)
-        own, summary = (stride + 1) / 2, c * (t / stride) / 2
-        combine = attention.get("combine", "interleaved")
-        if combine == "union":
-            return own + summary, "own block + summary columns (union)"
-        return (own + summary) / 2, f"mean of the two patterns ({combine})"
-    if name == "sparse_strided":
-        stride = attention.get("stride", 128) or math.ceil(math.sqrt(t))
-        band, column = stride + 1, (t / stride) / 2
-        combine = attention.get("combine", "interleaved")
-        return (band + column) if combine == "union" else (band + column) / 2, f"band + column ({combine})"
-    if name == "local_1d":
-        return attention.get("block", 128) / 2 + attention.get("memory", 128), "query block + memory block"
-    if name == "lsh":
-        return attention.get("n_hashes", 4) * attention.get(
-            "chunk_size", 64
-        ), "hashes x chunk (causal window within buckets)"
-    return (t + 1) / 2, "dense causal"
-
-
-def estimate_costs(config, seq_len: int) -> dict[str, Any]:
-    """FLOPs and activation bytes per training token (see the module docstring for the rules)."""
-    d, f, layers, vocab = config.d_model, config.d_ff, config.n_layers, config.vocab_size
-    attention = dict(config.attention)
-    keys, rule = keys_per_query(attention, seq_len)
-    terms = 3 if attention["name"] == "xl_rel" else 2
-    projections = 4 * d * d + (d * d if attention["name"] == "xl_rel" else 0)  # q, k, v, out (+ W_R for XL)
-    per_layer = 2 * (projections + 2 * d * f) + 2 * terms * d * keys
-    if config.adaptive:
-        cutoffs = list(config.adaptive["cutoffs"])
-        head = 2 * d * (cutoffs[0] + len(cutoffs))  # the head cluster; tails add in proportion to their tokens
-        head_rule = "adaptive softmax: head cluster only (tail clusters add per their token share)"
-    else:
-        head, head_rule = 2 * d * vocab, "full softmax"
-    forward = layers * per_layer + head
-    stack = config.stack["name"]
-    kept_layers = 1 if stack == "reversible" else layers
-    mem = attention.get("mem_len", 0) if attention["name"] == "xl_rel" else 0
-    act_per_token = kept_layers * (18 * d + 4 * f) + layers * 4 * d * mem / max(seq_len, 1)
-    return {
-        "train_flops_per_token": 3 * forward,
-        "forward_flops_per_token": forward,
-        "keys_per_query": keys,
-        "keys_rule": rule,
-        "head_rule": head_rule,
-        "activation_bytes_per_token": act_per_token,
-        "activation_mib_per_sequence": act_per_token * seq_len / 2**20,
-        "activation_rule": "Korthikanti et al. 2022, bf16, fused attention: (18 d + 4 d_ff) B/token/layer"
-        + ("; reversible: one layer kept" if kept_layers == 1 else "")
-        + ("; + memory K/V" if mem else ""),
-    }
-
-
 def describe(overrides: list[str]) -> dict[str, Any]:
     """Everything describe.py prints, as one JSON-able dict (``params`` an int)."""
     resolved = resolved_config(overrides)
@@ -176,7 +107,7 @@ def describe(overrides: list[str]) -> dict[str, Any]:
     model = meta_model(config)
     counts = count_parameters(model)
     seq_len = resolved["trainer"]["seq_len"]
-    costs = estimate_costs(config, seq_len)
+    costs = describe_costs(model, seq_len)
     out: dict[str, Any] = {
         "experiment": resolved.get("experiment"),
         "preset": preset,
@@ -251,13 +182,16 @@ def format_report(info: dict[str, Any]) -> str:
         f"   params: {info['params']:,} (blocks {info['params_blocks']:,}; embeddings/head/positions "
         f"{info['params_embedding_and_head']:,})"
     )
+    flops, keys = info["train_flops_per_token"], info["keys_per_query"]
     lines.append(
-        f"    FLOPs: {info['train_flops_per_token'] / 1e9:.3f} GFLOP per training token (estimate; keys/query "
-        f"{info['keys_per_query']:.0f}: {info['keys_rule']}; {info['head_rule']})"
+        f"    FLOPs: {'unknown' if flops is None else f'{flops / 1e9:.3f} GFLOP'} per training token (estimate; "
+        f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['head_rule']})"
     )
+    per_token, per_sequence = info["activation_bytes_per_token"], info["activation_mib_per_sequence"]
     lines.append(
-        f"   memory: {info['activation_bytes_per_token'] / 1024:.1f} KiB activations per token, "
-        f"{info['activation_mib_per_sequence']:.0f} MiB per sequence (estimate: {info['activation_rule']})"
+        f"   memory: {'unknown' if per_token is None else f'{per_token / 1024:.1f} KiB'} activations per token, "
+        f"{'unknown' if per_sequence is None else f'{per_sequence:.0f} MiB'} per sequence "
+        f"(estimate: {info['activation_rule']})"
     )
     paper = info.get("paper")
     if paper:

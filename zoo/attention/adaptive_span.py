@@ -76,6 +76,7 @@ from zoo.attention.base import (
     ATTENTION,
     Attention,
     AttnOutput,
+    KeysPerQuery,
     LayerInput,
     StateContract,
     join_key_padding,
@@ -233,6 +234,7 @@ class AdaptiveSpanAttention(Attention):
     supports_cross = False
     causal_only = True
     remembers_inputs = True  # the cache holds past layer inputs, normalised by the block on every call
+    memory_option = "cache_size"
 
     @dataclass
     class Options:
@@ -317,6 +319,20 @@ class AdaptiveSpanAttention(Attention):
 
     def init_state(self, batch_size: int) -> SpanCache:
         return SpanCache()
+
+    # -- what it sees and costs ----------------------------------------------------------------------
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        """At most the S keys before the query (the window; learned spans start at 0 and stay shorter)."""
+        return KeysPerQuery(float(self.options.max_span), "max span (upper bound)", upper_bound=True)
+
+    def memory_keys(self) -> int:
+        """The cache keeps ``cache_size`` inputs, but only the last S can be seen: at most S keys of the
+        cache are projected and kept for backward."""
+        return self.options.max_span
+
+    @property
+    def score_terms(self) -> int:
+        return 3 if self.options.relative_keys else 2  # q . p over the same band as q . k
 
     # -- forward -------------------------------------------------------------------------------
     def forward(

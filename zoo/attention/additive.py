@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from zoo.attention.base import ATTENTION, Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttnOutput,
+    KeysPerQuery,
+    causal_allowed,
+    dense_keys,
+    guard_empty_rows,
+)
 from zoo.config import require
 
 SCORES = ("dot", "general", "concat")
@@ -46,6 +54,15 @@ class AdditiveAttention(Attention):
             self.w_s = nn.Parameter(torch.randn(h, k, k) * k**-0.5)
             self.w_h = nn.Parameter(torch.randn(h, k, k) * k**-0.5)
             self.v_a = nn.Parameter(torch.randn(h, k) * k**-0.5)
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        return dense_keys(t, self.causal)
+
+    def projection_flops(self) -> float:
+        """q, k, v, output, plus the per-head score weights: W_a on each query (general); W_s on each
+        query and W_h on each key (concat). concat's tanh over [t, s, k] is element-wise: not counted."""
+        per_head = {"dot": 0, "general": 1, "concat": 2}[self.options.score] * self.head_dim * self.head_dim
+        return super().projection_flops() + 2.0 * self.n_heads * per_head
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """q: [b, h, t, k], k: [b, h, s, k] -> [b, h, t, s]"""

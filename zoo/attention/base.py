@@ -20,11 +20,18 @@ A mechanism is called as ``attn(x, *, context=None, pad_mask=None, state=None) -
 
 Capability flags are class attributes: the builder refuses impossible combinations with a clear
 error and the tests skip by flag, never by a list of names.
+
+What is true of one mechanism is answered by the mechanism, from its own resolved options, and every
+consumer (``describe``, the benchmark's FLOP model, the LRA tables, the data checks, the evaluation
+protocols) asks instead of switching on its registry name: ``keys_per_query``, ``forward_flops``,
+``memory_keys``, ``evaluation_memory``, ``check_layout``, ``lra_row``, ``memory_option``. A question
+a mechanism does not answer returns None, and consumers print "unknown", never "dense".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -79,6 +86,29 @@ class StateContract:
     exact_for: int  # threading the state through segments of a stream this long == one call over it
 
 
+@dataclass(frozen=True)
+class KeysPerQuery:
+    """How many keys a query attends to, averaged over a segment, and the rule that says so."""
+
+    keys: float
+    rule: str  # e.g. "memory 512 + causal segment"
+    upper_bound: bool = False  # at most this many (learned spans may be shorter, buckets may be smaller)
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Matmul FLOPs (a multiply-add counts 2; element-wise work is not counted) of one forward call over
+    one sequence, by component. ``forward`` is differentiable work (its backward costs about twice it);
+    ``no_backward`` is work done without a gradient (LSH's hashing), which backward does not repeat."""
+
+    forward: dict[str, float]
+    no_backward: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.forward.values()) + sum(self.no_backward.values())
+
+
 class Attention(nn.Module):
     """Base class: validates the arguments every mechanism shares and its own ``Options``.
 
@@ -96,6 +126,10 @@ class Attention(nn.Module):
     # changing any token may reshuffle others' key sets, so causality/padding are checked by gradients
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
+    # what consumers read instead of the registry name
+    score_terms: ClassVar[int] = 2  # products of each query with every key it sees: Q K^T and A V (XL adds Q R^T)
+    memory_option: ClassVar[str | None] = None  # the option that sizes the memory kept across calls (XL: mem_len)
+    lra_row: ClassVar[str | None] = None  # the row of Long Range Arena's tables (Tay et al. 2020) it corresponds to
 
     def __init__(
         self,
@@ -150,6 +184,53 @@ class Attention(nn.Module):
         evaluation carry from segment to segment (XL memory, span cache); an unbounded decoding
         cache answers False."""
         return self.supports_memory
+
+    # -- what the mechanism sees and costs (None = it does not say: consumers print "unknown") -------------
+    def keys_per_query(self, t: int) -> KeysPerQuery | None:
+        """Keys a query attends to, averaged over a segment of ``t`` tokens under this layer's
+        causality, counting the memory it carries from earlier segments in training (``memory_keys``)."""
+        return None
+
+    def memory_keys(self) -> int | None:
+        """Keys from earlier segments that a training segment attends to (their keys and values are
+        computed again and kept for backward, like the segment's own): Transformer-XL's ``mem_len``.
+        0 for a mechanism that carries no segment memory; None when it carries one and does not say."""
+        return 0 if not self.carries_segment_memory() else None
+
+    def projection_flops(self) -> float:
+        """Matmul FLOPs per token of the weight matrices a token passes through: 2 x the entries of
+        every ``nn.Linear`` the mechanism holds (q, k, v, output; XL's W_R). Mechanisms with other
+        per-token weights add theirs."""
+        return 2.0 * sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+    def forward_flops(self, t: int) -> FlopCount | None:
+        """Matmul FLOPs of one forward call over a segment of ``t`` tokens (batch 1): the projections,
+        and ``score_terms`` products of d_model per key each query attends to. None when
+        ``keys_per_query`` is unknown; a mechanism that computes more than it attends to says so."""
+        keys = self.keys_per_query(t)
+        if keys is None:
+            return None
+        attention = 2.0 * t * self.score_terms * self.d_model * keys.keys
+        return FlopCount({"projections": t * self.projection_flops(), "attention": attention})
+
+    @contextlib.contextmanager
+    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0) -> Iterator[bool]:
+        """For the duration of the ``with`` block, keep ``mem_len`` positions of memory in eval mode and
+        clamp relative distances at ``clamp_len`` (the papers' evaluation settings; 0 leaves a setting
+        alone); yields whether anything was set, and restores the old values afterwards. A mechanism
+        without such settings refuses any non-zero one, naming itself."""
+        if mem_len or clamp_len:
+            name = self.registry_name or type(self).__name__
+            raise ValueError(
+                f"attention {name!r} has no evaluation memory or distance clamp to set (asked mem_len={mem_len}, "
+                f"clamp_len={clamp_len}); leave them 0 for it, or use a mechanism with segment memory (xl_rel)"
+            )
+        yield False
+
+    @classmethod
+    def check_layout(cls, options: dict[str, Any], *, rows: int, width: int, data: str) -> None:
+        """Refuse, naming both, ``options`` that cannot read ``data`` laid out as a raster of ``rows``
+        x ``width`` positions (an image). Default: the mechanism reads any sequence in 1-D order."""
 
     # -- shared input checks -----------------------------------------------------------------
     def check_inputs(self, x: Tensor, context: Tensor | None, pad_mask: Tensor | None, state: Any) -> None:
@@ -234,6 +315,20 @@ def _describe(value: Any) -> str:
     if isinstance(value, Tensor):
         return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     return type(value).__name__
+
+
+def dense_keys(t: int, causal: bool, memory: int = 0) -> KeysPerQuery:
+    """Every key: (t + 1) / 2 on average over a causal segment (query i sees i + 1), t otherwise,
+    plus ``memory`` keys carried from earlier segments."""
+    keys = (t + 1) / 2 if causal else float(t)
+    rule = "dense causal" if causal else "dense"
+    return KeysPerQuery(memory + keys, f"memory {memory} + {rule}" if memory else rule)
+
+
+def at_most_segment(keys: float, t: int, causal: bool) -> float:
+    """A pattern's keys per query, capped at what a segment of t holds: (t + 1) / 2 on average when
+    causal, t otherwise (a window wider than the segment sees every earlier key)."""
+    return min(keys, (t + 1) / 2 if causal else float(t))
 
 
 def guard_empty_rows(allowed: Tensor) -> Tensor:

@@ -33,16 +33,18 @@ refused.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import ATTENTION
+from zoo.attention.base import ATTENTION, KeysPerQuery, at_most_segment
 from zoo.attention.blocked import (
     PatternAttention,
     attend_groups,
@@ -51,13 +53,15 @@ from zoo.attention.blocked import (
     pad_time,
     padded_length,
 )
-from zoo.config import require
+from zoo.config import build_options, require
 
 log = logging.getLogger(__name__)
 
 
 @ATTENTION.register("local_1d")
 class Local1DAttention(PatternAttention):
+    lra_row = "Local Attention"
+
     @dataclass
     class Options:
         block: int = 128  # l_q, query block length
@@ -73,6 +77,11 @@ class Local1DAttention(PatternAttention):
     @classmethod
     def contract_options(cls) -> dict:
         return {"block": 4, "memory": 6}
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        block, memory = self.options.block, self.options.memory
+        keys = block / 2 + memory if self.causal else float(block + memory)
+        return KeysPerQuery(at_most_segment(keys, t, self.causal), "query block + memory block")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """q, k, v [b, h, t, k] -> [b, h, t, k]."""
@@ -98,6 +107,26 @@ class Local1DAttention(PatternAttention):
             dropout=self.attn_dropout,
         )
         return out[:, :, :t]
+
+
+@functools.lru_cache(maxsize=64)
+def window_keys(t: int, width: int, qh: int, qw: int, fh: int, fw: int, causal: bool) -> float:
+    """The keys local_2d lets each of t raster positions see, averaged over them (see ``attend``):
+    rows [R q_h - f_h, (R + 1) q_h) and columns [C q_w - f_w, (C + 1) q_w + f_w) of its block (R, C),
+    inside the image and the segment; causal: the keys before it in raster order, and itself."""
+    i = torch.arange(t)
+    r, c = i // width, i % width
+    top = (r // qh) * qh - fh
+    left = ((c // qw) * qw - fw).clamp(min=0)
+    right = ((c // qw) * qw + qw + fw).clamp(max=width)  # exclusive
+    total = torch.zeros(t, dtype=torch.long)
+    for dr in range(fh + qh):
+        row = top + dr
+        end = torch.minimum(right, t - row * width)  # the segment ends inside its last row
+        if causal:
+            end = torch.where(row < r, end, torch.where(row == r, torch.minimum(end, c + 1), left))
+        total += ((end - left).clamp(min=0)) * (row >= 0)
+    return float(total.double().mean())
 
 
 _noted_shapes: set[tuple[int, int]] = set()
@@ -147,6 +176,29 @@ class Local2DAttention(PatternAttention):
     @classmethod
     def contract_options(cls) -> dict:
         return {"width": 5, "query_height": 2, "query_width": 2, "flange_height": 1, "flange_width": 1}
+
+    @classmethod
+    def check_layout(cls, options: dict[str, Any], *, rows: int, width: int, data: str) -> None:
+        """The raster this layer reads must be the data's: ``width`` columns, and ``height`` rows when set."""
+        o = build_options(cls.Options, options, "attention 'local_2d'")
+        require(
+            o.width == width,
+            f"attention local_2d has width={o.width} but data {data!r} is a raster {width} wide ({rows} rows); "
+            f"set attention.width={width}",
+        )
+        require(
+            o.height in (0, rows),
+            f"attention local_2d has height={o.height} but data {data!r} has {rows} raster rows; set "
+            f"attention.height={rows} (or 0)",
+        )
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        """Counted exactly over the raster: each query's window (f_h rows above its block and the block's
+        rows, q_w + 2 f_w columns) cut at the image's edges and at the segment's end, and when causal
+        to the keys before the query in raster order."""
+        o = self.options
+        keys = window_keys(t, o.width, o.query_height, o.query_width, o.flange_height, o.flange_width, self.causal)
+        return KeysPerQuery(keys, "2D memory window, counted over the raster")
 
     def rows_for(self, t: int) -> int:
         """Raster rows of a length-t sequence; refuses lengths the configured image cannot hold.

@@ -68,7 +68,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import ATTENTION, Attention, AttnOutput, causal_allowed, guard_empty_rows
+from zoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttnOutput,
+    FlopCount,
+    KeysPerQuery,
+    at_most_segment,
+    causal_allowed,
+    dense_keys,
+    guard_empty_rows,
+)
 from zoo.config import require
 
 SELF_SCORE = -1e5  # the paper's score for attending to oneself: used only when nothing else is allowed
@@ -101,6 +111,7 @@ class SharedQKProjections(Attention):
 @ATTENTION.register("lsh")
 class LSHAttention(SharedQKProjections):
     content_routed = True  # the buckets (hence each query's key set) depend on the content
+    lra_row = "Reformer"
 
     @dataclass
     class Options:
@@ -149,6 +160,29 @@ class LSHAttention(SharedQKProjections):
 
     def after_optimizer_step(self) -> None:
         self.hash_step += 1
+
+    # -- what it sees and costs ------------------------------------------------------------------
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        """Each round, at most ``chunk_size`` keys of the query's own bucket (the causal window; own +
+        previous chunk otherwise): R x c at most over the rounds."""
+        keys = at_most_segment(float(self.options.n_hashes * min(self.options.chunk_size, t)), t, self.causal)
+        return KeysPerQuery(keys, "hashes x chunk (within buckets)", upper_bound=True)
+
+    def forward_flops(self, t: int) -> FlopCount:
+        """What is computed, not only what is attended: per head and round, each query chunk against its
+        key block of 2c (scores and weighted values: 2 x 2 t h R 2c d_k), the projections to_qk, to_v,
+        to_out (3 x 2 t d^2), and the hashing, done without gradient (2 t h d_k R n_buckets / 2)."""
+        h, R, k = self.n_heads, self.options.n_hashes, self.head_dim
+        c = min(self.options.chunk_size, t)
+        padded = -(-t // c) * c
+        n_buckets = self.n_buckets_for(padded)
+        return FlopCount(
+            forward={
+                "projections": t * self.projection_flops(),
+                "lsh_attention": 2.0 * 2 * padded * h * R * (2 * c) * k,
+            },
+            no_backward={"hashing": 2.0 * padded * h * k * R * (n_buckets // 2)},
+        )
 
     # -- hashing -----------------------------------------------------------------------------
     def n_buckets_for(self, padded_length: int) -> int:
@@ -475,6 +509,9 @@ class SharedQKAttention(SharedQKProjections):
     @dataclass
     class Options:
         bias: bool = True
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        return dense_keys(t, self.causal)
 
     def forward(
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None

@@ -44,12 +44,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import ATTENTION
+from zoo.attention.base import ATTENTION, KeysPerQuery, at_most_segment
 from zoo.attention.blocked import (
     PatternAttention,
     attend_groups,
@@ -72,6 +73,9 @@ class FactorisedSparseAttention(PatternAttention):
     Subclasses implement ``first`` (A1), ``second`` (A2) and ``merged`` (A1 ∪ A2) on padded
     q, k, v [b, h, T, k] with key validity [b or 1, T]."""
 
+    set_names: ClassVar[tuple[str, str]] = ("A1", "A2")  # what the two sets are called in keys_per_query's rule
+    lra_row = "Sparse Trans."
+
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         name = self.registry_name
@@ -88,6 +92,21 @@ class FactorisedSparseAttention(PatternAttention):
     def stride_for(self, t: int) -> int:
         """l for a sequence of length t: the configured stride, or ceil(sqrt(t)) when stride=0."""
         return self.options.stride or max(1, math.ceil(math.sqrt(t)))
+
+    def set_keys(self, t: int, stride: int) -> tuple[float, float]:
+        """Average keys a query sees in A1 and in A2 over a segment of t (each pattern's own rule)."""
+        raise NotImplementedError
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        """Per the heads' sets (``head_patterns``): union = A1 + A2 (their overlap is a key or two),
+        interleaved = this layer's set, per_head = the mean over the heads."""
+        a1, a2 = self.set_keys(t, self.stride_for(t))
+        keys = {"A1": a1, "A2": a2, "A1|A2": a1 + a2}
+        patterns = self.head_patterns()
+        names = {"A1": self.set_names[0], "A2": self.set_names[1], "A1|A2": " + ".join(self.set_names)}
+        rule = " / ".join(dict.fromkeys(names[p] for p in patterns)) + f" ({self.options.combine})"
+        mean = sum(at_most_segment(keys[p], t, self.causal) for p in patterns) / len(patterns)
+        return KeysPerQuery(mean, rule)
 
     def head_patterns(self) -> list[str]:
         """Which set each head attends to: "A1", "A2" or "A1|A2" (union). For tests and logging."""
@@ -144,6 +163,15 @@ class StridedSparseAttention(FactorisedSparseAttention):
                 f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}",
             )
             require(self.combine in COMBINE, f"combine must be one of {', '.join(COMBINE)}; got {self.combine!r}")
+
+    set_names = ("band", "column")
+
+    def set_keys(self, t: int, stride: int) -> tuple[float, float]:
+        """A1: the l previous positions and the query (2l + 1 when bidirectional); A2: every l-th
+        position, t / l of them in a bidirectional row, half that on average when causal."""
+        if self.causal:
+            return stride + 1.0, (t / stride) / 2
+        return 2.0 * stride + 1.0, t / stride
 
     def first(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
         """A1: the band max(0, i - l) <= j <= i (causal) or |i - j| <= l: blocks of l queries
@@ -237,6 +265,16 @@ class FixedSparseAttention(FactorisedSparseAttention):
     @classmethod
     def contract_options(cls) -> dict:
         return {"stride": 4, "c": 2, "combine": "union"}
+
+    set_names = ("own block", "summary columns")
+
+    def set_keys(self, t: int, stride: int) -> tuple[float, float]:
+        """A1: the query's block (up to itself when causal: (l + 1) / 2 on average); A2: c summary
+        positions of each of the t / l blocks (of the blocks before it when causal: half on average)."""
+        blocks = t / stride
+        if self.causal:
+            return (stride + 1) / 2, self.options.c * blocks / 2
+        return float(stride), self.options.c * blocks
 
     def check_stride(self, stride: int) -> None:
         require(

@@ -24,8 +24,10 @@ from zoo.attention.base import (
     ATTENTION,
     Attention,
     AttnOutput,
+    KeysPerQuery,
     StateContract,
     causal_allowed,
+    dense_keys,
     guard_empty_rows,
     join_key_padding,
 )
@@ -52,6 +54,8 @@ class KVCache:
 class VanillaAttention(Attention):
     supports_memory = True  # KV cache for incremental decoding
     supports_cross = True
+    memory_option = "max_cache"
+    lra_row = "Transformer"
 
     @dataclass
     class Options:
@@ -78,6 +82,12 @@ class VanillaAttention(Attention):
 
     def carries_segment_memory(self) -> bool:
         return self.options.max_cache > 0  # an unbounded KV cache is for decoding, not carried in training
+
+    def memory_keys(self) -> int:
+        return self.options.max_cache if self.carries_segment_memory() else 0
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        return dense_keys(t, self.causal, self.memory_keys())
 
     def forward(
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None

@@ -49,6 +49,8 @@ Shapes: x [b, t, d]; memory [b, m, d]; pad_mask [b, t] (True = real); heads h of
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +62,7 @@ from zoo.attention.base import (
     ATTENTION,
     Attention,
     AttnOutput,
+    KeysPerQuery,
     LayerInput,
     StateContract,
     causal_allowed,
@@ -115,6 +118,8 @@ class XLRelativeAttention(Attention):
     supports_memory = True  # segment-level recurrence
     supports_cross = False  # keys come from [memory ; x]; relative positions need one timeline
     remembers_inputs = True  # memory = past layer inputs, normalised by the block on every call
+    score_terms = 3  # (a) + (c) against the keys, (b) + (d) against W_R r, and the weighted values
+    memory_option = "mem_len"
 
     @dataclass
     class Options:
@@ -162,6 +167,32 @@ class XLRelativeAttention(Attention):
     # -- memory ------------------------------------------------------------------------------
     def init_state(self, batch_size: int) -> XLMemory:
         return XLMemory()
+
+    def memory_keys(self) -> int:
+        return self.options.mem_len  # training keeps mem_len states; eval_mem_len is evaluation's
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        mem = self.memory_keys()
+        own = (t + 1) / 2 if self.causal else float(t)
+        return KeysPerQuery(mem + own, f"memory {mem} + {'causal ' if self.causal else ''}segment")
+
+    @contextlib.contextmanager
+    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0) -> Iterator[bool]:
+        """The paper's evaluation settings for a ``with`` block: ``eval_mem_len`` and ``clamp_len``
+        (0 leaves one alone), restored afterwards; the positional-key table is rebuilt for the clamp."""
+        for key, value in (("mem_len", mem_len), ("clamp_len", clamp_len)):
+            require(isinstance(value, int) and value >= 0, f"xl_rel: evaluation {key} must be an int >= 0, got {value}")
+        saved = (self.options.eval_mem_len, self.options.clamp_len)
+        try:
+            if mem_len:
+                self.options.eval_mem_len = mem_len
+            if clamp_len:
+                self.options.clamp_len = clamp_len
+            self._r_cache = None  # relative embeddings depend on clamp_len
+            yield bool(mem_len or clamp_len)
+        finally:
+            self.options.eval_mem_len, self.options.clamp_len = saved
+            self._r_cache = None
 
     @property
     def memory_length(self) -> int:

@@ -27,7 +27,6 @@ from zoo.config import NoOptions, build_options, check_type, require
 from zoo.registry import Registry
 
 SPLITS = ("train", "val", "test")
-TASK: Registry[Any] = Registry("task")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -145,6 +144,12 @@ class Task:
         """Refuse a model config this task cannot feed (e.g. a 2D block shape that is not the
         image's); called when the model is built for the task. Default: anything goes."""
 
+    @classmethod
+    def nominal_vocab_size(cls, options: dict[str, Any]) -> tuple[int, str]:
+        """(vocabulary size, where it comes from) for a task configured with ``options``, without
+        reading any file: what ``experiments/describe.py`` builds a model for when the data is absent."""
+        return int(cls.vocab_size), f"{cls.registry_name}'s default vocabulary"
+
     def decode(self, tokens: list[int]) -> str:
         """Token ids -> readable text (for sample.py)."""
         return " ".join(str(t) for t in tokens)
@@ -162,6 +167,9 @@ class Task:
             "seq_len": self.seq_len,
             "batch_size": self.batch_size,
         }
+
+
+TASK: Registry[type[Task]] = Registry("task", Task)  # a registered task must subclass Task
 
 
 def check_split(split: str, *, index: int | None = None, rank: int = 0, world_size: int = 1) -> None:

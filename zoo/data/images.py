@@ -40,6 +40,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from zoo.attention.base import ATTENTION
 from zoo.config import require
 from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory, seeded_generator
 
@@ -136,21 +137,10 @@ def split_holdout(n: int, val_size: int, seed: int, name: str) -> tuple[Tensor, 
 
 
 def check_raster(config: Any, data: str, rows: int, width: int) -> None:
-    """Refuse a 2D attention whose block shape does not match the image raster (rows x width)."""
-    attention = dict(config.attention)
-    if attention.get("name") != "local_2d":
-        return
-    got_width, got_height = attention.get("width"), attention.get("height", 0)
-    require(
-        got_width == width,
-        f"attention local_2d has width={got_width} but data {data!r} is a raster {width} wide ({rows} rows); "
-        f"set attention.width={width}",
-    )
-    require(
-        got_height in (0, rows),
-        f"attention local_2d has height={got_height} but data {data!r} has {rows} raster rows; set "
-        f"attention.height={rows} (or 0)",
-    )
+    """Refuse an attention whose layout does not read the image raster (rows x width) as it is: the
+    mechanism says (``Attention.check_layout``; local_2d checks its width and height)."""
+    options = dict(config.attention)
+    ATTENTION.get(options.pop("name")).check_layout(options, rows=rows, width=width, data=data)
 
 
 class ImageTask(Task):

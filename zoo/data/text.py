@@ -14,6 +14,7 @@ not shipped: the user gives ``data.path``. The metric is bits per character (byt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,6 +111,12 @@ class TextLMTask(Task):
             self.vocab_size = len(self.itos)
         require(len(self.data) > 1, f"data file {path} is empty (data.path)")
         self.bounds = split_bounds(len(self.data), list(self.options.split), f"data file {path}")
+
+    @classmethod
+    def nominal_vocab_size(cls, options: dict[str, Any]) -> tuple[int, str]:
+        if options.get("vocab", "bytes") == "bytes":
+            return 256, "bytes"
+        return super().nominal_vocab_size(options)  # chars: the file decides
 
     def _layout(self, split: str, world_size: int) -> tuple[int, int, int]:
         """(start of the split, lane length, segments per lane)."""

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -74,10 +74,16 @@ class WordLMTask(TextLMTask):
     metric = "ppl"
     contiguous = True
     FILES: ClassVar[dict[str, str]] = {}
+    STANDARD_VOCAB: ClassVar[int] = 0  # the vocabulary of the standard training file (describe without data)
 
     @dataclass
     class Options:
         path: str = ""  # the directory holding the three split files
+
+    @classmethod
+    def nominal_vocab_size(cls, options: dict[str, Any]) -> tuple[int, str]:
+        name = cls.registry_name
+        return cls.STANDARD_VOCAB, f"the standard {name} vocabulary (the training file sets the real one)"
 
     def __init__(self, **kwargs):
         super(TextLMTask, self).__init__(**kwargs)  # Task's checks; the file reading is ours
@@ -161,6 +167,7 @@ class WikiText103(WordLMTask):
     data_dir_path = "wikitext-103"
 
     FILES = {"train": "wiki.train.tokens", "val": "wiki.valid.tokens", "test": "wiki.test.tokens"}
+    STANDARD_VOCAB = 267_735
 
 
 @TASK.register("wikitext2")
@@ -171,6 +178,7 @@ class WikiText2(WordLMTask):
     data_dir_path = "wikitext-2"
 
     FILES = {"train": "wiki.train.tokens", "val": "wiki.valid.tokens", "test": "wiki.test.tokens"}
+    STANDARD_VOCAB = 33_278
 
 
 @TASK.register("ptb_word")
@@ -181,3 +189,4 @@ class PennTreebankWords(WordLMTask):
     data_dir_path = "ptb"
 
     FILES = {"train": "ptb.train.txt", "val": "ptb.valid.txt", "test": "ptb.test.txt"}
+    STANDARD_VOCAB = 10_000

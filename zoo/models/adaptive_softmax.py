@@ -130,6 +130,8 @@ class AdaptiveSoftmax(nn.Module):
     ``tied``: the :class:`AdaptiveInput` whose tables (and tail projections, with
     ``tie_projections``) this head shares; None = own weights."""
 
+    flops_rule = "adaptive softmax: head cluster only (tail clusters add per their token share)"
+
     def __init__(self, vocab_size: int, d_model: int, options: AdaptiveOptions, tied: AdaptiveInput | None = None):
         super().__init__()
         options.check(vocab_size, d_model)
@@ -155,6 +157,10 @@ class AdaptiveSoftmax(nn.Module):
                     tied.projections[i] if share else nn.Parameter(torch.randn(d_model, w) * d_model**-0.5)
                 )
         self.projections = nn.ParameterList(projections)
+
+    def forward_flops(self, t: int) -> float:
+        """Matmul FLOPs over t tokens of the head cluster: the shortlist and one logit per tail cluster."""
+        return 2.0 * t * self.d_model * (self.shortlist + len(self.bounds) - 1)
 
     def cluster_logits(self, hidden: Tensor, i: int) -> Tensor:
         """[n, d] -> [n, size of cluster i] (the head cluster without its tail logits)."""

@@ -44,7 +44,8 @@ stays at progress 0: every intermediate loss on. The losses are training devices
 training mode with targets, so evaluation reports the plain LM loss.
 
 Intermediate outputs are read with forward hooks on the stack's blocks, so the block skeleton is
-untouched; a stack without one block per layer (universal, reversible) is refused by name.
+untouched; a stack without one block per layer (``Stack.layer_blocks()`` is None: universal,
+reversible) is refused.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class AlRfouLosses(nn.Module):
     the model's final norm and output projection, shared by the intermediate predictions."""
 
     def __init__(
-        self, options: dict, *, blocks: nn.ModuleList, norm: nn.Module, head: nn.Module, d_model: int, vocab_size: int
+        self, options: dict, *, blocks: list[nn.Module], norm: nn.Module, head: nn.Module, d_model: int, vocab_size: int
     ):
         super().__init__()
         self.options = build_options(AuxLossOptions, options, "aux_losses")

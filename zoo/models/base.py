@@ -35,7 +35,6 @@ from zoo.models.inputs import (
     check_embeds,
     check_tokens,
 )
-from zoo.position.absolute import LearnedPosition
 from zoo.registry import Registry
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
@@ -155,6 +154,11 @@ class ZooModel(nn.Module):
         if targets is not None:
             self.require_head("targets were given")
 
+    def output_flops(self, t: int) -> tuple[float, str] | None:
+        """(matmul FLOPs of the output layer over a sequence of t tokens, the rule), asked by the cost
+        model (zoo/models/costs.py); None when the head does not say."""
+        return None
+
     def attentions_keep_state(self) -> bool:
         """True when every attention can continue from a state (KV cache / memory) and the stack
         threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
@@ -165,11 +169,13 @@ class ZooModel(nn.Module):
         )
 
     def check_decode_length(self, length: int, what: str) -> None:
-        """Refuse up front a decode that would run past a learned position table half way through."""
-        if isinstance(self.position, LearnedPosition) and length > self.config.max_len:
+        """Refuse up front a decode that would run past the position signal's limit (a learned table)
+        half way through."""
+        limit = self.position.length_limit()
+        if limit is not None and length > limit:
             raise ValueError(
-                f"{what} = {length} positions, past the learned position table (max_len={self.config.max_len}); "
-                "ask for fewer or raise max_len"
+                f"{what} = {length} positions, past what position {self.position.registry_name!r} holds ({limit}, "
+                f"max_len={self.config.max_len}); ask for fewer or raise max_len"
             )
 
     def check_state(self, state: Any, batch_size: int, cls: type = None, *, stack: nn.Module | None = None) -> None:

@@ -30,6 +30,11 @@ class SequenceClassifier(ZooModel):
         self.norm = self.final_norm()
         self.head = nn.Linear(config.d_model, config.n_classes) if config.head == "linear" else None
 
+    def output_flops(self, t: int) -> tuple[float, str]:
+        if self.head is None:
+            return 0.0, "no output head"
+        return 2.0 * self.head.weight.numel(), "classifier on the pooled vector"
+
     def forward(
         self,
         tokens: Tensor | None = None,

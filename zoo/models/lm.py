@@ -45,12 +45,12 @@ class CausalLM(ZooModel):
 
     def al_rfou_losses(self) -> AlRfouLosses:
         """Al-Rfou et al. 2018's intermediate-layer / multiple-target losses (zoo/models/al_rfou_losses.py)."""
-        name = self.config.stack["name"]
-        if name != "sequential":  # the others have no per-layer outputs (universal) or skip block() (reversible)
+        blocks = self.stack.layer_blocks()
+        if blocks is None:  # no per-layer outputs (universal re-applies one block; reversible skips block())
             raise ValueError(
-                f"aux_losses needs one block per layer, each called in turn (stack 'sequential'); stack {name!r} is not"
+                f"aux_losses needs one block per layer, each called in turn (stack 'sequential'); stack "
+                f"{self.stack.registry_name!r} has no per-layer outputs (Stack.layer_blocks() is None)"
             )
-        blocks = self.stack.blocks
         return AlRfouLosses(
             self.config.aux_losses,
             blocks=blocks,
@@ -59,6 +59,14 @@ class CausalLM(ZooModel):
             d_model=self.config.d_model,
             vocab_size=self.config.vocab_size,
         )
+
+    def output_flops(self, t: int) -> tuple[float, str] | None:
+        if self.head is None:
+            return 0.0, "no output head"
+        if isinstance(self.head, nn.Linear):
+            return 2.0 * t * self.head.weight.numel(), "full softmax"
+        ask = getattr(self.head, "forward_flops", None)  # the adaptive softmax counts its own clusters
+        return (ask(t), self.head.flops_rule) if callable(ask) else None
 
     def init_state(self, batch_size: int) -> ModelState:
         """An empty state that turns on caching (KV cache) for incremental decoding."""

@@ -62,6 +62,9 @@ class LearnedPosition(Position):
         # steps to find a key by position (results/reformer_table2: duplication stayed at chance).
         nn.init.normal_(self.table.weight, std=1.0)
 
+    def length_limit(self) -> int:
+        return self.max_len  # the table holds positions 0 .. max_len - 1
+
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         shift_max = self.options.random_offset_max if self.training else 0
         end = offset + x.shape[1] + shift_max

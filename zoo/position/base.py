@@ -53,6 +53,11 @@ class Position(nn.Module):
         """Options under which tests/contracts/test_position_contract.py exercises this signal (d_model 16)."""
         return {}
 
+    def length_limit(self) -> int | None:
+        """The most positions a sequence may reach in evaluation (a learned table's ``max_len``); None
+        when the signal has no limit (sinusoids, no signal). Decoding asks before it starts."""
+        return None
+
     def positions(self, x: Tensor, offset: int) -> Tensor:
         """Absolute positions of ``x`` [b, t, d]: offset + index, [1, t] (broadcast over the batch); in
         training with random_offset_max > 0, [b, t] with a random start u_b in 0..R per sequence."""

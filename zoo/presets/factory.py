@@ -53,7 +53,9 @@ def preset_config(name: str, **overrides: Any) -> ModelConfig:
     base = merge_config(base, preset.build_config())
     base["name"] = name
     overrides.pop("name", None)
-    return ModelConfig(**merge_config(base, overrides))
+    config = ModelConfig(**merge_config(base, overrides))
+    HEAD.get(config.kind)  # kind names a registered head (a plugin's too): an unknown one fails here, listing them
+    return config
 
 
 def create_model(name: str, **overrides: Any) -> ZooModel:

@@ -10,6 +10,11 @@ layer's stats come back under ``layer<i>/<block stat>`` (``layer3/attn/span_mean
 ``layer3/cross/...``; a stack re-applying one block numbers its steps as layers); stack-level
 stats get the stack's own prefix (``act/steps_mean``).
 
+What a stack knows about itself it answers (None = it does not say; consumers print "unknown"):
+``block_applications`` (the blocks one forward runs, for FLOP counts), ``layer_blocks`` (blocks
+called in turn whose outputs are the layers' outputs, for per-layer losses), ``kept_layers`` and
+``recompute_passes`` (activation memory and the extra work of recomputing them).
+
 The stacks, one file each: ``sequential``, ``reversible``, ``universal``.
 """
 
@@ -60,6 +65,26 @@ class Stack(nn.Module):
         """True when a stack built with ``options`` adds an absolute position signal itself, so the
         model must add none (one owner of the position signal; the builder checks it)."""
         return False
+
+    # -- what the stack answers (None = it does not say) ---------------------------------------------
+    def block_applications(self) -> list[Block] | None:
+        """The blocks one forward pass applies, in order; a block applied again is listed again (the
+        FLOPs of a forward are the sum over this list)."""
+        return None
+
+    def layer_blocks(self) -> list[Block] | None:
+        """One block per layer, called in turn through ``Block.forward`` on the previous one's output, so
+        each layer's output exists and a forward hook sees it (Al-Rfou et al.'s intermediate losses read
+        them). None when the stack has no such per-layer outputs."""
+        return None
+
+    def kept_layers(self) -> int | None:
+        """How many layers' activations one training step keeps for backward (reversible: one)."""
+        return None
+
+    def recompute_passes(self) -> float | None:
+        """Extra forward passes backward makes to rebuild what was not kept (reversible: one)."""
+        return None
 
     def init_state(self, batch_size: int) -> list[Any] | None:
         return None

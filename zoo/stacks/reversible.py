@@ -116,6 +116,18 @@ class ReversibleStack(Stack):
         for i, block in enumerate(self.blocks):
             check_reversible_block(block, i)
 
+    def block_applications(self) -> list[Block]:
+        return list(self.blocks)
+
+    def layer_blocks(self) -> None:
+        return None  # the layers run as their two branches (attention_branch, feed_forward_branch), never forward
+
+    def kept_layers(self) -> int:
+        return 1 if self.options.recompute else self.n_layers  # the last layer's (y1, y2) only
+
+    def recompute_passes(self) -> float:
+        return 1.0 if self.options.recompute else 0.0  # backward runs every layer's branches again
+
     def forward(
         self,
         x: Tensor,

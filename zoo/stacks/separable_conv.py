@@ -114,5 +114,10 @@ class SeparableConvTransition(nn.Module):
             dropout=feed_forward.drop.p,
         )
 
+    def forward_flops(self, t: int) -> float:
+        """Matmul FLOPs over t tokens: each convolution's k taps per input channel and its pointwise map."""
+        per_token = sum(conv.depthwise.numel() + conv.pointwise.weight.numel() for conv in (self.conv1, self.conv2))
+        return 2.0 * t * per_token
+
     def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         return self.conv2(self.drop(self.activation(self.conv1(x, pad_mask))), pad_mask)

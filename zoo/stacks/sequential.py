@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from zoo.blocks import merge_into, prefixed
+from zoo.blocks import Block, merge_into, prefixed
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 
 
@@ -17,6 +17,18 @@ class SequentialStack(Stack):
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__(make_block, n_layers, d_model, **options)
         self.blocks = nn.ModuleList(make_block(i) for i in range(n_layers))
+
+    def block_applications(self) -> list[Block]:
+        return list(self.blocks)
+
+    def layer_blocks(self) -> list[Block]:
+        return list(self.blocks)
+
+    def kept_layers(self) -> int:
+        return self.n_layers
+
+    def recompute_passes(self) -> float:
+        return 0.0
 
     def init_state(self, batch_size: int) -> list[Any] | None:
         states = [block.init_state(batch_size) for block in self.blocks]

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.blocks import merge_into, prefixed
+from zoo.blocks import Block, merge_into, prefixed
 from zoo.config import require
 from zoo.position.base import check_random_offset_max, sinusoid_table
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
@@ -135,6 +135,18 @@ class UniversalStack(Stack):
     @classmethod
     def contract_variants(cls) -> list[dict[str, Any]]:
         return [{}, {"act": True, "halting_bias": -1.0}, {"transition": "sepconv"}]
+
+    def block_applications(self) -> list[Block]:
+        return [self.block] * self.steps  # under ACT an upper bound: halted rows leave the batch
+
+    def layer_blocks(self) -> None:
+        return None  # one block re-applied: its outputs are steps of one layer, not layers
+
+    def kept_layers(self) -> int:
+        return self.steps
+
+    def recompute_passes(self) -> float:
+        return 0.0
 
     @classmethod
     def adds_position_signal(cls, options: dict[str, Any]) -> bool:

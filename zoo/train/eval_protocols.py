@@ -6,7 +6,8 @@
 - ``memory``: the same segments with the model's state carried across the whole split, and the
   evaluation-time memory of the papers: Transformer-XL's longer memory (``mem_len``, e.g. 2,100 at
   segments of 80 for the 12-layer enwik8 model) and ``clamp_len`` (distances beyond it share one
-  relative embedding) are set on every ``xl_rel`` attention for the duration and then restored;
+  relative embedding) are set on every attention for the duration and then restored, each through
+  its own ``Attention.evaluation_memory`` (a mechanism without them refuses a non-zero setting);
   adaptive-span models carry their span cache. Dai et al. 2019, Section 3.2 and the released eval
   scripts. Deviation: no ``same_length`` (each query sees its whole memory).
 - ``sliding``: a window of ``seq_len`` tokens moved by ``stride``; each window scores only the
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from zoo.attention.xl_rel import XLRelativeAttention
+from zoo.attention.base import Attention
 from zoo.config import IGNORE_INDEX, require
 from zoo.data.base import Task, metric_value
 
@@ -42,8 +43,8 @@ class ProtocolSettings:
     protocol: str = "segment"
     seq_len: int = 0  # 0 = the task's (training) length
     batch_size: int = 0  # 0 = the task's
-    mem_len: int = 0  # memory protocol: xl_rel eval_mem_len (0 = the model's)
-    clamp_len: int = 0  # memory protocol: xl_rel clamp_len (0 = the model's)
+    mem_len: int = 0  # memory protocol: evaluation memory of each attention (xl_rel's eval_mem_len; 0 = the model's)
+    clamp_len: int = 0  # memory protocol: relative-distance clamp (xl_rel's clamp_len; 0 = the model's)
     stride: int = 0  # sliding protocol: tokens the window moves (0 = seq_len // 2)
 
     def __post_init__(self) -> None:
@@ -64,23 +65,12 @@ class ProtocolSettings:
 
 @contextlib.contextmanager
 def evaluation_memory(model: nn.Module, mem_len: int, clamp_len: int) -> Iterator[int]:
-    """Set eval_mem_len / clamp_len of every xl_rel attention (0 leaves a value alone); yields how
-    many attentions were changed, and restores the old values afterwards."""
-
-    changed = [m for m in model.modules() if isinstance(m, XLRelativeAttention)]
-    saved = [(m.options.eval_mem_len, m.options.clamp_len) for m in changed]
-    try:
-        for m in changed:
-            if mem_len:
-                m.options.eval_mem_len = mem_len
-            if clamp_len:
-                m.options.clamp_len = clamp_len
-            m._r_cache = None  # relative embeddings depend on clamp_len
-        yield len(changed)
-    finally:
-        for m, (old_mem, old_clamp) in zip(changed, saved):
-            m.options.eval_mem_len, m.options.clamp_len = old_mem, old_clamp
-            m._r_cache = None
+    """Ask every attention of ``model`` for ``mem_len`` / ``clamp_len`` (0 leaves a value alone) through
+    its ``evaluation_memory``; yields how many attentions set something, and restores them afterwards.
+    A mechanism that has no such setting refuses a non-zero one (ValueError naming it)."""
+    with contextlib.ExitStack() as stack:
+        attentions = [m for m in model.modules() if isinstance(m, Attention)]
+        yield sum(bool(stack.enter_context(a.evaluation_memory(mem_len, clamp_len))) for a in attentions)
 
 
 def split_stream(task: Task, split: str) -> np.ndarray:
@@ -187,7 +177,7 @@ def evaluate_protocol(
             "mem_len": settings.mem_len,
             "clamp_len": settings.clamp_len,
             "stride": stride,
-            "xl_attentions_set": changed,
+            "attentions_set": changed,
         },
         "batches": n_batches,
     }

@@ -1,0 +1,25 @@
+"""A researcher's own residual policy: x + sigmoid(g) * Sublayer(LayerNorm(x)), one learned gate g per
+channel (a "gated pre-norm"). Registered as ``plugin_residual`` when imported."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from zoo.residual.base import RESIDUAL, AdditiveResidual
+
+
+@RESIDUAL.register("plugin_residual")
+class GatedPreNorm(AdditiveResidual):
+    final_norm = True
+
+    def __init__(self, d_model: int, dropout: float = 0.0, **options):
+        super().__init__(d_model, dropout, **options)
+        self.norm = nn.LayerNorm(d_model)
+        self.gate = nn.Parameter(torch.zeros(d_model))  # sigmoid(0) = 1/2: half of each update at first
+
+    def sublayer_input(self, x: Tensor) -> Tensor:
+        return self.norm(x)
+
+    def update(self, y: Tensor) -> Tensor:
+        return torch.sigmoid(self.gate) * self.drop(y)

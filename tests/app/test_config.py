@@ -18,8 +18,8 @@ from hydra.errors import ConfigCompositionException  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.app import sync  # noqa: E402
-from zoo.app.compose import CONF_DIR, compose, hydra_context, precheck  # noqa: E402
-from zoo.app.resolve import model_overrides  # noqa: E402
+from zoo.app.compose import CONF_DIR, compose, explain_overrides, hydra_context  # noqa: E402
+from zoo.app.resolve import model_layers  # noqa: E402
 from zoo.app.run import build  # noqa: E402
 from zoo.app.schema import named_schema, options_defaults, schema_type  # noqa: E402
 from zoo.config import merge_config  # noqa: E402
@@ -123,14 +123,14 @@ def test_sync_is_idempotent_and_repairs(tmp_path):
 )
 def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
     argv = ["attention=vanilla", override] if override.startswith("attention") else [override]
-    message = precheck(argv)
+    message = explain_overrides(argv)
     assert message and "valid:" in message and valid in message and f"Did you mean '{valid}'" in message
     with pytest.raises(ConfigCompositionException):
         compose(argv)
 
 
 def test_option_of_unchosen_attention_says_pick_one_first():
-    message = precheck(["attention.score=dot"])
+    message = explain_overrides(["attention.score=dot"])
     assert "attention=" in message and "additive" in message and "vanilla" in message
 
 
@@ -186,7 +186,8 @@ def test_attention_group_swaps_and_tweaks_the_mechanism():
     assert type(model.stack.blocks[0].attention).registry_name == "additive"
     # picking the preset's own mechanism keeps its options except what is set
     cfg = zoo.app.resolve.as_dict(compose(base + ["attention=vanilla", "attention.max_cache=5"]))
-    _, overrides = model_overrides(cfg)
+    _, layers = model_layers(cfg)
+    overrides = layers[-1]  # the attention group's layer, the last to apply
     assert overrides["attention"] == {"name": "vanilla", "max_cache": 5}  # only what was set
     preset_values = {"attention": {"name": "vanilla", "bias": False}}  # a preset with tuned options
     assert merge_config(preset_values, {"attention": overrides["attention"]})["attention"] == {
@@ -242,7 +243,9 @@ def test_model_tiny_starts_from_the_presets_tiny_variant():
             ["model=vanilla_lm", "model.tiny=true", "model.n_layers=3", "attention=vanilla", "attention.max_cache=4"]
         )
     )
-    preset, overrides = model_overrides(cfg)
+    preset, (tiny_layer, user, group) = model_layers(cfg)
     tiny = zoo.presets.get_preset("vanilla_lm").tiny
-    assert overrides["d_model"] == tiny["d_model"] and overrides["n_layers"] == 3 and "vocab_size" not in overrides
-    assert overrides["attention"] == {"name": "vanilla", "max_cache": 4}
+    assert tiny_layer["d_model"] == tiny["d_model"] and "vocab_size" not in tiny_layer and user["n_layers"] == 3
+    assert group["attention"] == {"name": "vanilla", "max_cache": 4}
+    config = zoo.app.resolve.model_config(cfg)
+    assert (config.d_model, config.n_layers, config.attention) == (tiny["d_model"], 3, {"name": "vanilla", "max_cache": 4})

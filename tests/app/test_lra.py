@@ -152,7 +152,7 @@ def test_imagenet_npz_layout_and_missing_key(tmp_path):
 
 
 def test_2d_block_shape_the_image_cannot_take_is_refused(cifar_dir):
-    from zoo.train.trainer import build_model_for_task
+    from zoo.presets import build_model_for_task
 
     task = create_task("cifar10", batch_size=2, seq_len=3072, path=str(cifar_dir), val_size=4)
     with pytest.raises(ValueError, match="local_2d has width=32 .* raster 96 wide .* attention.width=96"):

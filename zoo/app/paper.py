@@ -28,12 +28,11 @@ from typing import Any
 
 import torch
 
-from zoo.app.compose import compose
-from zoo.app.resolve import as_dict, model_overrides
+from zoo.app.compose import compose, explain
+from zoo.app.resolve import as_dict, model_config
 from zoo.config import require
 from zoo.data import TASK
 from zoo.models.base import HEAD
-from zoo.presets import preset_config
 
 # vocabularies of word-level data sets when their files are not at hand (describe needs no data)
 WORD_VOCABS = {"wikitext103": 267_735, "wikitext2": 33_278, "ptb_word": 10_000}
@@ -71,21 +70,22 @@ def nominal_vocab_size(data: dict[str, Any]) -> tuple[int, str]:
 
 
 def resolved_config(overrides: list[str]) -> dict[str, Any]:
-
-    return as_dict(compose(list(overrides)))
+    """The composed config (``imports=`` honoured); an unknown key is a ValueError saying which."""
+    try:
+        return as_dict(compose(list(overrides)))
+    except Exception as exc:
+        message = explain(exc)
+        if message:
+            raise ValueError(message) from None
+        raise
 
 
 def model_config_for(resolved: dict[str, Any]):
     """The ModelConfig the app would build for ``resolved`` (vocabulary from the data's name)."""
 
-    preset, overrides = model_overrides(resolved)
     vocab, vocab_source = nominal_vocab_size(resolved["data"])
-    overrides.setdefault("vocab_size", vocab)
-    seq_len = resolved["trainer"]["seq_len"]
-    config = preset_config(preset, **overrides)
-    if "max_len" not in overrides and config.max_len < seq_len:
-        config = preset_config(preset, **{**overrides, "max_len": seq_len})
-    return preset, config, vocab_source
+    config = model_config(resolved, {"vocab_size": vocab}, min_len=resolved["trainer"]["seq_len"])
+    return config.name, config, vocab_source
 
 
 def meta_model(config):

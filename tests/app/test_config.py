@@ -64,14 +64,30 @@ def test_every_yaml_composes():
 
 
 def test_launcher_yamls_compose_when_plugin_installed():
+    """Each conf/hydra/launcher/*.yaml composes onto its plugin's schema (a key the plugin lacks would
+    fail), every value it sets is the launcher's, and its target is a Hydra launcher class. The plugin
+    is in the dev extra, so this runs under `make test`."""
+    import yaml
+    from hydra.plugins.launcher import Launcher
+    from hydra.utils import get_class
+
     try:
         found = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
     except ModuleNotFoundError:
         found = False
     if not found:
-        pytest.skip("hydra-submitit-launcher not installed (pip install transformer-zoo[cluster])")
-    for name in options("hydra/launcher"):
-        compose([f"hydra/launcher={name}"], return_hydra_config=True)
+        pytest.skip("hydra-submitit-launcher not installed (pip install transformer-zoo[dev])")
+    names = options("hydra/launcher")
+    assert names == ["local_jobs", "slurm"]
+    for name in names:
+        launcher = compose([f"hydra/launcher={name}"], return_hydra_config=True).hydra.launcher
+        written = yaml.safe_load((CONF_DIR / "hydra" / "launcher" / f"{name}.yaml").read_text())
+        for key, value in written.items():
+            if key != "defaults":
+                assert launcher[key] == value, (name, key)
+        cls = get_class(launcher._target_)
+        assert issubclass(cls, Launcher), (name, launcher._target_)
+        assert cls.__name__ == {"local_jobs": "LocalLauncher", "slurm": "SlurmLauncher"}[name]
 
 
 def test_registry_names_and_conf_stems_agree_both_ways():
@@ -248,4 +264,8 @@ def test_model_tiny_starts_from_the_presets_tiny_variant():
     assert tiny_layer["d_model"] == tiny["d_model"] and "vocab_size" not in tiny_layer and user["n_layers"] == 3
     assert group["attention"] == {"name": "vanilla", "max_cache": 4}
     config = zoo.app.resolve.model_config(cfg)
-    assert (config.d_model, config.n_layers, config.attention) == (tiny["d_model"], 3, {"name": "vanilla", "max_cache": 4})
+    assert (config.d_model, config.n_layers, config.attention) == (
+        tiny["d_model"],
+        3,
+        {"name": "vanilla", "max_cache": 4},
+    )

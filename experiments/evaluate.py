@@ -20,14 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from zoo.app.run import load_run  # noqa: E402
-from zoo.train.eval_protocols import add_protocol_arguments, evaluate_protocol, protocol_settings  # noqa: E402
-from zoo.train.metrics import evaluate_model  # noqa: E402
-from zoo.train.options import pick_device  # noqa: E402
+from zoo.app.run import load_run
+from zoo.train.eval_protocols import add_protocol_arguments, evaluate_protocol, protocol_settings
+from zoo.train.metrics import evaluate_model
+from zoo.train.options import pick_device
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -68,4 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
-    main()
+    try:
+        main()
+    except ImportError as exc:  # the run's imports= module is gone: the message says what to do
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -11,12 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from zoo.app.run import load_run  # noqa: E402
-from zoo.train.options import pick_device  # noqa: E402
+from zoo.app.run import load_run
+from zoo.train.options import pick_device
 
 
 def sample_images(args: argparse.Namespace, task, model, device: torch.device) -> Path:
@@ -76,4 +74,8 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ImportError as exc:  # the run's imports= module is gone: the message says what to do
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

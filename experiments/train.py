@@ -15,13 +15,11 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import hydra
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from zoo.app.compose import launch  # noqa: E402
-from zoo.app.run import run  # noqa: E402
+from zoo.app.compose import launch
+from zoo.app.run import run
 
 
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config")

@@ -4,7 +4,7 @@ run continues, whether it may, and what of today's options applies.
 - :func:`open_run` claims the run directory, once per run (one holding another run is refused
   unless resuming), sweeps the temp files of killed saves and names the checkpoint to continue:
   ``trainer.resume=auto`` is ``checkpoints/last.pt`` when there is one, a path is that file;
-- :func:`payload` is what a checkpoint holds of a run (everything resume needs, as data);
+- :func:`run_payload` is what a checkpoint holds of a run (everything resume needs, as data);
 - :func:`checked` reads a checkpoint and refuses one that does not continue this run: another
   model, other data (the data position would be meaningless), another number of processes (the
   rows would not line up), or optimiser state made with settings it would not fit (``optim.name``,
@@ -68,7 +68,7 @@ def task_info(task: Task) -> dict[str, Any]:
     }
 
 
-def payload(
+def run_payload(
     *,
     step: int,
     model: nn.Module,

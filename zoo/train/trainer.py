@@ -1,24 +1,17 @@
-"""The training loop of the Hydra application (usable on its own from Python).
+"""The training loop of the Hydra application (usable on its own from Python): a built model, a task.
 
-What it does around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then
-``optimizer_step``: aux losses, clipping, schedules, post-step hooks):
-
-- options and what they build (:mod:`zoo.train.options`): device, optimiser; bf16 autocast on
-  CUDA, gradient accumulation;
-- state carried from step to step on contiguous tasks for every model that keeps segment memory
-  (XL memory, the adaptive-span cache), started with ``init_state`` where the streams start over;
-- evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged to :mod:`zoo.train.loggers`;
-- a tqdm bar with loss and tokens/s; tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
-- checkpoints as data (:mod:`zoo.train.checkpoint`): ``last.pt`` and ``best.pt`` with checksums,
-  written atomically, never with non-finite weights nor after a non-finite evaluation; resuming
-  (:mod:`zoo.train.resume`: which checkpoint, whether it fits, what changed) restores model,
-  optimiser, schedule, RNG states, data position (the step: batches are a pure function of their
-  index), carried memory and step-dependent buffers, so 2 + 2 steps equal 4 straight, bit for bit;
-- a NaN/inf loss stops the run naming the step and the newest sound checkpoint; Ctrl-C and
-  SIGTERM save first and print how to resume;
-- a run directory of its own (:mod:`zoo.train.rundir`, claimed once by :func:`zoo.train.resume.open_run`):
-  one holding another run is refused unless resuming, and nothing is written through a link planted in it;
-- ``torchrun`` data parallelism: DDP, each rank reads its own rows, only rank 0 logs and saves.
+Around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then ``optimizer_step``:
+aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast on
+CUDA and gradient accumulation (:mod:`zoo.train.options`); state carried from step to step on
+contiguous tasks for every model that keeps segment memory, started with ``init_state`` where the
+streams start over; evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged
+(:mod:`zoo.train.loggers`); tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
+checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite weights nor after a
+non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory claimed once, which
+checkpoint, whether it fits, what changed) so 2 + 2 steps equal 4 straight, bit for bit; a NaN/inf
+loss stops the run naming the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first
+(:mod:`zoo.train.stop`); ``torchrun`` data parallelism: DDP, each rank reads its own rows, only rank
+0 logs and saves.
 """
 
 from __future__ import annotations
@@ -38,11 +31,12 @@ import torch
 from torch import nn
 
 from zoo.data.base import SPLITS, Task
-from zoo.train import distributed, resume
+from zoo.train import distributed
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
 from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, pick_device
+from zoo.train.resume import checked, open_run, restore, run_payload
 from zoo.train.rundir import write_text
 from zoo.train.steps import (
     TrainingDiverged,
@@ -107,7 +101,7 @@ class Trainer:
         if trainer.precision == "bf16" and self.device.type != "cuda":
             raise ValueError("trainer.precision=bf16 autocast needs CUDA here; use fp32 on CPU")
         check_splits(task, self.dist.world_size)
-        self.resume_from = resume.open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
+        self.resume_from = open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dist = distributed.setup(self.device)
@@ -134,8 +128,8 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def payload(self) -> dict[str, Any]:
-        """Everything resume needs, as tensors and plain types (:func:`zoo.train.resume.payload`)."""
-        return resume.payload(
+        """Everything resume needs, as tensors and plain types (:func:`zoo.train.resume.run_payload`)."""
+        return run_payload(
             step=self.step,
             model=self.model,
             task=self.task,
@@ -167,10 +161,8 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         """Continue the run saved at ``path`` (refused unless it continues this one: :mod:`zoo.train.resume`)."""
-        ckpt = resume.checked(
-            path, model=self.model, task=self.task, world_size=self.dist.world_size, optim=self.optim_opts
-        )
-        self.step, self.best, self.state = resume.restore(
+        ckpt = checked(path, model=self.model, task=self.task, world_size=self.dist.world_size, optim=self.optim_opts)
+        self.step, self.best, self.state = restore(
             ckpt,
             path,
             model=self.model,

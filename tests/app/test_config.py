@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -143,6 +145,29 @@ def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
     assert message and "valid:" in message and valid in message and f"Did you mean '{valid}'" in message
     with pytest.raises(ConfigCompositionException):
         compose(argv)
+
+
+def test_the_command_line_explains_a_typo_from_hydras_own_failure(monkeypatch, capsys):
+    """experiments/train.py composes once (no pre-check): Hydra's failure is explained, exit 2."""
+    import importlib.util
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    spec = importlib.util.spec_from_file_location("zoo_train_script", CONF_DIR.parent / "experiments" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for argv, expected in (
+        (["trainer.max_step=3"], "valid: accumulate"),
+        (["-m", "model=vanilla_lm,gtrxl", "residual.gate_bias=0"], "residual=gru_gate residual.gate_bias="),
+    ):
+        monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+        GlobalHydra.instance().clear()
+        with pytest.raises(SystemExit) as info:
+            module.main()
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.startswith("error: ") and expected in err, err
+    assert "HYDRA_FULL_ERROR" not in os.environ  # set for the launch only
 
 
 def test_option_of_unchosen_attention_says_pick_one_first():

@@ -142,6 +142,7 @@ def test_describe_shows_your_part(plugin_dir, capsys):
     assert info["axes"]["attention"] == {"name": "my_attention", "temperature": 2.0}
     assert info["params"] == ours["params"]  # the same projections as vanilla attention
     capsys.readouterr()
+    assert "imports takes a list of modules" in explain_overrides([f"imports={MODULE}"])
 
 
 def test_the_command_line_imports_before_hydra_composes(tmp_path, plugin_dir):

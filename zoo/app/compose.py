@@ -95,9 +95,13 @@ def explain(exc: BaseException, conf_dir: str | Path = CONF_DIR) -> str | None:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     cause = root_cause(exc)
-    if not isinstance(exc, ConfigCompositionException) or not isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+    if not isinstance(exc, ConfigCompositionException):
         return None
     full_key, node = getattr(cause, "full_key", None) or "", getattr(cause, "parent_node", None)
+    if full_key == "imports":
+        return f"imports takes a list of modules, e.g. imports=[my_research.attention]: {cause}".split("\n")[0]
+    if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        return None
     if not full_key or not isinstance(node, DictConfig):
         return None
     parent, _, key = full_key.rpartition(".")

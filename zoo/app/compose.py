@@ -166,7 +166,7 @@ def hydra_overrides(argv: list[str]) -> list[str]:
 
 def launch(hydra_main: Callable[[], Any], argv: list[str]) -> Any:
     """Run a ``@hydra.main`` function for the command line ``argv``: ``imports=`` first, then
-    Hydra composes (once per run; a sweep's jobs each once) and runs. An unknown key ends the
+    Hydra composes and runs (nothing composes ahead of it). An unknown key ends the
     launch with ``error: <what to write instead>`` (exit status 2); any other failure is reported
     as Hydra reports it (the trace from the job on, exit status 1)."""
     try:

@@ -79,12 +79,18 @@ def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
     assert any("train/loss" in r for r in rows) and any(f"val/{res['metric']}" in r for r in rows)
     assert (tmp_path / "metrics.csv").read_text().startswith("step,")
     # the checkpoints hold the weights that scored what the run reported: reloaded as evaluate.py
-    # does (a task rebuilt from the checkpoint), they score it again on the same validation batch
-    for name, reported in (("last.pt", res["final_metric"]), ("best.pt", res["best_metric"])):
+    # does (a task rebuilt from the checkpoint), they score it again on the same validation batch,
+    # loss included (continuous: an untrained model would not match it by chance)
+    evaluations = {r["step"]: r for r in rows if f"val/{res['metric']}" in r}
+    assert sorted(evaluations) == [2, 4]
+    for name in ("last.pt", "best.pt"):
         _, task, model, ckpt = load_run(tmp_path / "checkpoints" / name)
-        assert evaluate_model(model, task, "val", 1)[f"val/{res['metric']}"] == reported, name
-    logged = {r["step"]: r[f"val/{res['metric']}"] for r in rows if f"val/{res['metric']}" in r}
-    assert sorted(logged) == [2, 4] and logged[ckpt["step"]] == res["best_metric"]  # best.pt: the best step's
+        again = evaluate_model(model, task, "val", 1)
+        assert again == {k: evaluations[ckpt["step"]][k] for k in again}, name
+    assert (
+        evaluations[4][f"val/{res['metric']}"] == res["final_metric"] and res["val/loss"] == evaluations[4]["val/loss"]
+    )
+    assert evaluations[ckpt["step"]][f"val/{res['metric']}"] == res["best_metric"]  # best.pt: the best step's
 
 
 def _interrupt_at(step):

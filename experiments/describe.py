@@ -3,6 +3,7 @@
     python experiments/describe.py experiment=paper/xl_enwik8_24l
     python experiments/describe.py model=reformer trainer.seq_len=8192 --json
     python experiments/describe.py --list            # the paper configurations
+    python experiments/describe.py imports=[my_research.attention] attention=my_attention   # your own part
 
 Prints the preset, each axis and its options, the exact parameter count (the model is built on
 the meta device: no memory, no data), estimated FLOPs and activation memory per training token at
@@ -40,6 +41,6 @@ def main(argv: list[str] | None = None) -> dict | None:
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as exc:  # a bad configuration: the message names the key
+    except (ValueError, ImportError) as exc:  # a bad configuration (the message names the key), imports= gone
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

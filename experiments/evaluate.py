@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -65,4 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
-    main()
+    try:
+        main()
+    except ImportError as exc:  # the run's imports= module is gone: the message says what to do
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -8,6 +8,7 @@ imagenet64) write a PNG grid of samples and of completions of the top half of te
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -73,4 +74,8 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ImportError as exc:  # the run's imports= module is gone: the message says what to do
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -3,6 +3,7 @@
     python experiments/train.py experiment=tiny model=vanilla_lm data=associative_recall
     python experiments/train.py -m experiment=tiny model=vanilla_lm attention=vanilla,additive
     python experiments/train.py sweep=all_lm experiment=tiny
+    python experiments/train.py imports=[my_research.attention] attention=my_attention   # your own part
     torchrun --nproc_per_node=2 experiments/train.py experiment=tiny      # data parallel
 
 Model code lives in zoo/; the app's glue in zoo/app/.
@@ -17,15 +18,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.app.compose import precheck
+from zoo.app.compose import launch
 from zoo.app.run import run
-from zoo.app.schema import register_schemas
-
-register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config")
-def main(cfg: DictConfig) -> float:
+def train(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -63,9 +61,10 @@ def main(cfg: DictConfig) -> float:
         return float("nan")
 
 
+def main() -> None:
+    """The command line (``sys.argv``): ``imports=`` first, then Hydra composes and runs ``train``."""
+    launch(train, sys.argv[1:])
+
+
 if __name__ == "__main__":
-    message = precheck(sys.argv[1:])
-    if message:
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
     main()

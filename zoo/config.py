@@ -1,11 +1,12 @@
-"""Config dataclasses (plain types only) and the rules for merging overrides into them.
+"""Config dataclasses (plain types only) and the one place a preset + overrides is resolved.
 
-A model config is the preset's values with the user's overrides merged on top. Each swappable part
-(attention, residual, stack, position) is a plain dict ``{"name": <registry name>, **options}``;
-the part's own ``Options`` dataclass validates the options when the part is built, so an unknown
-key fails with the valid keys listed and a did-you-mean, and a bad value fails with the allowed
-range. Everything here is plain Python (no Hydra), so a checkpoint's stored config rebuilds the
-model with ``zoo.create_model(**config)``.
+A model config is the preset's values with the user's overrides merged on top, layer after layer
+(:func:`resolve_model_config`: every caller, the app and ``zoo.create_model`` alike, goes through it
+once). Each swappable part (attention, residual, stack, position) is a plain dict
+``{"name": <registry name>, **options}``; the part's own ``Options`` dataclass validates the options
+when the part is built, so an unknown key fails with the valid keys listed and a did-you-mean, and a
+bad value fails with the allowed range. Everything here is plain Python (no Hydra), so a
+checkpoint's stored config rebuilds the model with ``zoo.create_model(**config)``.
 """
 
 from __future__ import annotations
@@ -280,6 +281,33 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
     return merged
 
 
+def model_defaults() -> dict[str, Any]:
+    """:class:`ModelConfig`'s field defaults as a plain dict (nothing validated, nothing built)."""
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        for f in dataclasses.fields(ModelConfig)
+    }
+
+
+def resolve_model_config(
+    name: str, preset: Mapping[str, Any], layers: Sequence[Mapping[str, Any]] = (), *, min_len: int = 0
+) -> ModelConfig:
+    """The one place a preset + overrides becomes a model config.
+
+    ``ModelConfig``'s defaults, then ``preset`` (the values a preset sets), then each of ``layers``
+    in order, each merged by :func:`merge_config` (nested dicts merge; naming a different part swaps
+    it; a later layer wins). ``name`` is the preset's name whatever a layer says. ``min_len``: the
+    longest sequence the model will be fed; ``max_len`` (the position table) is raised to it unless
+    a layer sets ``max_len`` (then the model refuses longer sequences, as asked)."""
+    merged = merge_config(model_defaults(), preset)
+    for layer in layers:
+        merged = merge_config(merged, {k: v for k, v in layer.items() if k != "name"})
+    merged["name"] = name
+    if min_len and merged["max_len"] < min_len and not any("max_len" in layer for layer in layers):
+        merged["max_len"] = min_len
+    return ModelConfig(**merged)
+
+
 __all__ = [
     "ModelConfig",
     "ArgumentTypeError",
@@ -288,6 +316,9 @@ __all__ = [
     "check_field_types",
     "check_type",
     "did_you_mean",
+    "field_types",
     "merge_config",
+    "model_defaults",
     "require",
+    "resolve_model_config",
 ]

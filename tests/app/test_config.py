@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,8 +20,8 @@ from hydra.errors import ConfigCompositionException  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.app import sync  # noqa: E402
-from zoo.app.compose import CONF_DIR, compose, hydra_context, precheck  # noqa: E402
-from zoo.app.resolve import model_overrides  # noqa: E402
+from zoo.app.compose import CONF_DIR, compose, explain_overrides, hydra_context  # noqa: E402
+from zoo.app.resolve import model_layers  # noqa: E402
 from zoo.app.run import build  # noqa: E402
 from zoo.app.schema import named_schema, options_defaults, schema_type  # noqa: E402
 from zoo.config import merge_config  # noqa: E402
@@ -64,14 +66,30 @@ def test_every_yaml_composes():
 
 
 def test_launcher_yamls_compose_when_plugin_installed():
+    """Each conf/hydra/launcher/*.yaml composes onto its plugin's schema (a key the plugin lacks would
+    fail), every value it sets is the launcher's, and its target is a Hydra launcher class. The plugin
+    is in the dev extra, so this runs under `make test`."""
+    import yaml
+    from hydra.plugins.launcher import Launcher
+    from hydra.utils import get_class
+
     try:
         found = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
     except ModuleNotFoundError:
         found = False
     if not found:
-        pytest.skip("hydra-submitit-launcher not installed (pip install transformer-zoo[cluster])")
-    for name in options("hydra/launcher"):
-        compose([f"hydra/launcher={name}"], return_hydra_config=True)
+        pytest.skip("hydra-submitit-launcher not installed (pip install transformer-zoo[dev])")
+    names = options("hydra/launcher")
+    assert names == ["local_jobs", "slurm"]
+    for name in names:
+        launcher = compose([f"hydra/launcher={name}"], return_hydra_config=True).hydra.launcher
+        written = yaml.safe_load((CONF_DIR / "hydra" / "launcher" / f"{name}.yaml").read_text())
+        for key, value in written.items():
+            if key != "defaults":
+                assert launcher[key] == value, (name, key)
+        cls = get_class(launcher._target_)
+        assert issubclass(cls, Launcher), (name, launcher._target_)
+        assert cls.__name__ == {"local_jobs": "LocalLauncher", "slurm": "SlurmLauncher"}[name]
 
 
 def test_registry_names_and_conf_stems_agree_both_ways():
@@ -167,14 +185,37 @@ def test_data_configs_say_what_the_task_class_says():
 )
 def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
     argv = ["attention=vanilla", override] if override.startswith("attention") else [override]
-    message = precheck(argv)
+    message = explain_overrides(argv)
     assert message and "valid:" in message and valid in message and f"Did you mean '{valid}'" in message
     with pytest.raises(ConfigCompositionException):
         compose(argv)
 
 
+def test_the_command_line_explains_a_typo_from_hydras_own_failure(monkeypatch, capsys):
+    """experiments/train.py composes once (no pre-check): Hydra's failure is explained, exit 2."""
+    import importlib.util
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    spec = importlib.util.spec_from_file_location("zoo_train_script", CONF_DIR.parent / "experiments" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for argv, expected in (
+        (["trainer.max_step=3"], "valid: accumulate"),
+        (["-m", "model=vanilla_lm,gtrxl", "residual.gate_bias=0"], "residual=gru_gate residual.gate_bias="),
+    ):
+        monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+        GlobalHydra.instance().clear()
+        with pytest.raises(SystemExit) as info:
+            module.main()
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.startswith("error: ") and expected in err, err
+    assert "HYDRA_FULL_ERROR" not in os.environ  # set for the launch only
+
+
 def test_option_of_unchosen_attention_says_pick_one_first():
-    message = precheck(["attention.score=dot"])
+    message = explain_overrides(["attention.score=dot"])
     assert "attention=" in message and "additive" in message and "vanilla" in message
 
 
@@ -230,7 +271,8 @@ def test_attention_group_swaps_and_tweaks_the_mechanism():
     assert type(model.stack.blocks[0].attention).registry_name == "additive"
     # picking the preset's own mechanism keeps its options except what is set
     cfg = zoo.app.resolve.as_dict(compose(base + ["attention=vanilla", "attention.max_cache=5"]))
-    _, overrides = model_overrides(cfg)
+    _, layers = model_layers(cfg)
+    overrides = layers[-1]  # the attention group's layer, the last to apply
     assert overrides["attention"] == {"name": "vanilla", "max_cache": 5}  # only what was set
     preset_values = {"attention": {"name": "vanilla", "bias": False}}  # a preset with tuned options
     assert merge_config(preset_values, {"attention": overrides["attention"]})["attention"] == {
@@ -286,7 +328,13 @@ def test_model_tiny_starts_from_the_presets_tiny_variant():
             ["model=vanilla_lm", "model.tiny=true", "model.n_layers=3", "attention=vanilla", "attention.max_cache=4"]
         )
     )
-    preset, overrides = model_overrides(cfg)
+    preset, (tiny_layer, user, group) = model_layers(cfg)
     tiny = zoo.presets.get_preset("vanilla_lm").tiny
-    assert overrides["d_model"] == tiny["d_model"] and overrides["n_layers"] == 3 and "vocab_size" not in overrides
-    assert overrides["attention"] == {"name": "vanilla", "max_cache": 4}
+    assert tiny_layer["d_model"] == tiny["d_model"] and "vocab_size" not in tiny_layer and user["n_layers"] == 3
+    assert group["attention"] == {"name": "vanilla", "max_cache": 4}
+    config = zoo.app.resolve.model_config(cfg)
+    assert (config.d_model, config.n_layers, config.attention) == (
+        tiny["d_model"],
+        3,
+        {"name": "vanilla", "max_cache": 4},
+    )

@@ -152,7 +152,7 @@ def test_imagenet_npz_layout_and_missing_key(tmp_path):
 
 
 def test_2d_block_shape_the_image_cannot_take_is_refused(cifar_dir):
-    from zoo.train.trainer import build_model_for_task
+    from zoo.presets import build_model_for_task
 
     task = create_task("cifar10", batch_size=2, seq_len=3072, path=str(cifar_dir), val_size=4)
     with pytest.raises(ValueError, match="local_2d has width=32 .* raster 96 wide .* attention.width=96"):
@@ -273,7 +273,8 @@ APP = [
 def test_each_format_trains_two_steps_through_the_app(tmp_path, case, cifar_dir):
     pytest.importorskip("hydra")
     from zoo.app.compose import compose
-    from zoo.app.run import run
+    from zoo.app.run import load_run, run
+    from zoo.train.metrics import evaluate_model
 
     overrides = {
         "retrieval": ["experiment=lra_retrieval", f"data.path={write_aan(tmp_path / 'aan')}", "trainer.seq_len=64"],
@@ -293,6 +294,10 @@ def test_each_format_trains_two_steps_through_the_app(tmp_path, case, cifar_dir)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["status"] == "finished" and result["steps"] == 2 and math.isfinite(value)
     assert result["metric"] == ("bpd" if case in ("cifar10", "imagenet64") else "accuracy")
+    # the checkpoint, read back in its format's task as evaluate.py does, scores what the run reported
+    _, task, model, _ = load_run(tmp_path / "run" / "checkpoints" / "last.pt")
+    again = evaluate_model(model, task, "val", 1)
+    assert again[f"val/{result['metric']}"] == value and again["val/loss"] == result["val/loss"]
 
 
 def test_sample_writes_image_grid_whose_completions_keep_the_top_half(tmp_path):

@@ -15,8 +15,8 @@ pytest.importorskip("hydra")
 from hydra.errors import ConfigCompositionException  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.app.compose import compose, hydra_context, precheck  # noqa: E402
-from zoo.app.resolve import as_dict, model_overrides  # noqa: E402
+from zoo.app.compose import compose, explain_overrides, hydra_context  # noqa: E402
+from zoo.app.resolve import as_dict, model_config  # noqa: E402
 from zoo.app.run import build  # noqa: E402
 from zoo.app.schema import PART_GROUPS, options_fields  # noqa: E402
 from zoo.config import ModelConfig  # noqa: E402
@@ -52,9 +52,8 @@ def composer():
 
 
 def final_config(cfg: dict) -> ModelConfig:
-    """The config the model is built from (create_model(preset, **overrides) resolves it so)."""
-    preset, merged = model_overrides(cfg)
-    return preset_config(preset, **merged)
+    """The config the model is built from (the run binds the same layers to its task)."""
+    return model_config(cfg)
 
 
 def only(cfg: dict, axis: str, keep: set[str]) -> dict:
@@ -264,14 +263,14 @@ def test_part_groups_set_their_options_and_refuse_typos():
     assert (model.config.residual, model.config.position) == ({"name": "rezero"}, {"name": "learned"})
     assert model.config.stack == {"name": "universal", "act": True, "max_steps": 3, "position_signal": False}
     assert model.stack.steps == 3
-    message = precheck(["residual=gru_gate", "residual.gate_bais=0"])
+    message = explain_overrides(["residual=gru_gate", "residual.gate_bais=0"])
     assert "valid: gate_bias, name" in message and "Did you mean 'gate_bias'" in message
     with pytest.raises(ConfigCompositionException):
         compose(["residual=gru_gate", "residual.gate_bais=0"])
     for argv in (["model.residual.gate_bias=0"], ["residual.gate_bias=0"]):  # no part picked yet: say how
-        message = precheck(argv)
+        message = explain_overrides(argv)
         assert "residual=gru_gate residual.gate_bias=" in message and "pre_norm" in message, message
-    assert "Did you mean 'act'" in precheck(["stack=universal", "stack.actt=true"])
+    assert "Did you mean 'act'" in explain_overrides(["stack=universal", "stack.actt=true"])
     with pytest.raises(ConfigCompositionException, match="max_steps"):
         compose(["stack=universal", "stack.max_steps=many"])
 

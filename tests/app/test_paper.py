@@ -137,14 +137,22 @@ def test_paper_config_runs_end_to_end_at_toy_size(name, tmp_path):
     steps and an evaluation with the paper's protocol (settings scaled to the toy length)."""
     from zoo.app.run import build, run
     from zoo.train.eval_protocols import ProtocolSettings, evaluate_protocol
+    from zoo.train.metrics import evaluate_model
 
     paper = as_dict(compose([f"experiment=paper/{name}"]))["paper"]
     overrides = [f"experiment=paper/{name}", *paper["toy"], *toy_data(paper["dataset"], tmp_path), *CPU_SMOKE]
-    value = run(compose(overrides), run_dir=tmp_path / "run")
+    trained = {}
+    value = run(compose(overrides), run_dir=tmp_path / "run", callbacks=[lambda t, step: trained.update(model=t.model)])
     assert math.isfinite(value)
+    # the two steps moved the weights from where build() (the run's seed) starts them, and the value
+    # the run returned is the trained weights' metric on its evaluation batches
+    _, task, start = build(compose(overrides))
+    model, start = trained["model"], dict(start.named_parameters())
+    assert start.keys() == dict(model.named_parameters()).keys()
+    assert any(not torch.equal(p, start[n]) for n, p in model.named_parameters())
+    assert evaluate_model(model, task, "val", 2)[f"val/{task.metric}"] == value
     if not paper.get("eval"):  # images: no text protocol; evaluate.py scores whole images
         return
-    _, task, model = build(compose(overrides))
     settings = dict(paper["eval"])
     toy_len = task.seq_len
     for key, limit in (("seq_len", toy_len), ("stride", toy_len), ("mem_len", 2 * toy_len), ("clamp_len", 2 * toy_len)):

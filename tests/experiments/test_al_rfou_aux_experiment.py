@@ -33,9 +33,7 @@ def test_each_arm_sets_what_reaches_the_model(tmp_path):
     from omegaconf import OmegaConf
 
     from zoo.app.compose import compose
-    from zoo.app.resolve import model_overrides
-    from zoo.config import merge_config
-    from zoo.presets.factory import preset_config
+    from zoo.app.resolve import model_config
 
     exp = script()
     args = exp.parse_args(["--smoke"])
@@ -49,8 +47,7 @@ def test_each_arm_sets_what_reaches_the_model(tmp_path):
         cfg = compose(overrides)
         assert dict(cfg.model.aux_losses) == aux_losses, arm
         # and what the built model gets after the preset's own dict is merged under it
-        preset, model_options = model_overrides(OmegaConf.to_container(cfg, resolve=True))
-        assert merge_config(preset_config(preset).to_dict(), model_options)["aux_losses"] == aux_losses, arm
+        assert model_config(OmegaConf.to_container(cfg, resolve=True)).aux_losses == aux_losses, arm
         assert (cfg.model.n_layers, cfg.trainer.max_steps, cfg.optim.warmup) == (args.layers, args.steps, args.warmup)
 
 

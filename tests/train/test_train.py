@@ -22,13 +22,14 @@ pytest.importorskip("hydra")
 from app_overrides import TINY  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
-from zoo.app.run import run  # noqa: E402
+from zoo.app.run import load_run, run  # noqa: E402
 from zoo.data import DataFileNotFound  # noqa: E402
 from zoo.train.checkpoint import (  # noqa: E402
     CheckpointError,
     load_checkpoint,
     write_checksum,  # noqa: E402
 )
+from zoo.train.metrics import evaluate_model  # noqa: E402
 from zoo.train.steps import TrainingDiverged  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,10 +75,22 @@ def test_tiny_run_per_task(tmp_path, task, text_file, imdb_file):
     assert res["status"] == "finished" and res["steps"] == 4 and res["final_metric"] == value and math.isfinite(value)
     assert res["metric"] == {"char_lm": "bpc", "enwik8": "bpc"}.get(task, "accuracy")
     assert res["tokens_per_s"] > 0 and res["params"] > 0 and res["act_mib"] > 0
-    assert (tmp_path / "checkpoints" / "last.pt").is_file() and (tmp_path / "checkpoints" / "best.pt").is_file()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("train/loss" in r for r in rows) and any(f"val/{res['metric']}" in r for r in rows)
     assert (tmp_path / "metrics.csv").read_text().startswith("step,")
+    # the checkpoints hold the weights that scored what the run reported: reloaded as evaluate.py
+    # does (a task rebuilt from the checkpoint), they score it again on the same validation batch,
+    # loss included (continuous: an untrained model would not match it by chance)
+    evaluations = {r["step"]: r for r in rows if f"val/{res['metric']}" in r}
+    assert sorted(evaluations) == [2, 4]
+    for name in ("last.pt", "best.pt"):
+        _, task, model, ckpt = load_run(tmp_path / "checkpoints" / name)
+        again = evaluate_model(model, task, "val", 1)
+        assert again == {k: evaluations[ckpt["step"]][k] for k in again}, name
+    assert (
+        evaluations[4][f"val/{res['metric']}"] == res["final_metric"] and res["val/loss"] == evaluations[4]["val/loss"]
+    )
+    assert evaluations[ckpt["step"]][f"val/{res['metric']}"] == res["best_metric"]  # best.pt: the best step's
 
 
 def _interrupt_at(step):
@@ -206,7 +219,16 @@ def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
     with open(sweep / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["attention"] for r in rows} == {"vanilla", "additive"} and all(r["status"] == "finished" for r in rows)
-    assert all(math.isfinite(float(r["final_metric"])) and float(r["tokens_per_s"]) > 0 for r in rows)
+    for row in rows:  # each row is its job's result.json, and the job ran the attention its row names
+        job = sweep / row["run"].split(":")[0]
+        result = json.loads((job / "result.json").read_text())
+        for key in ("final_metric", "best_metric", "tokens_per_s", "act_mib", "wall_s"):
+            assert float(row[key]) == result[key], key
+        assert (int(row["steps"]), int(row["params"]), row["model"]) == (2, result["params"], result["model"])
+        config = json.loads((job / "config.json").read_text())
+        assert config["model_config"]["attention"]["name"] == row["attention"] == result["attention"]
+        assert row["run"].endswith(f"attention={row['attention']}")
+    assert rows[0]["params"] != rows[1]["params"]  # additive attention has its own score weights
     assert (sweep / "summary.png").stat().st_size > 1000
     md = (sweep / "summary.md").read_text()
     assert "val/accuracy" in md and "additive" in md and "summary.png" in capsys.readouterr().out

@@ -5,6 +5,11 @@ Only this package imports Hydra/OmegaConf and wandb; ``import zoo`` never does.
 - :mod:`zoo.app.schema`: structured-config schemas, generated from the registries (each attention's
   and task's ``Options`` dataclass, ``ModelConfig``), registered in Hydra's ConfigStore so a typo
   fails at compose time; part options default to null = unset (the preset's value);
+- :mod:`zoo.app.compose`: the command line's launch (``imports=`` first, then Hydra composes, with
+  no composition of ours ahead of it; an unknown key explained from Hydra's own failure) and
+  composing outside ``@hydra.main``;
+- :mod:`zoo.app.resolve`: the composed config -> the preset and the layers of overrides the user
+  set (null = unset, read there only), resolved by :func:`zoo.config.resolve_model_config`;
 - :mod:`zoo.app.run`: config -> task, model, loggers, :class:`zoo.train.trainer.Trainer`;
 - :mod:`zoo.app.summary`: the multirun callback writing ``summary.csv`` / ``summary.md`` / a plot;
 - :mod:`zoo.app.sync`: (re)writes ``conf/{attention,residual,stack,position}/*.yaml`` and

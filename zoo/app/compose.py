@@ -1,27 +1,64 @@
-"""Composing the app's config outside ``@hydra.main`` (tests, evaluate/sample, the CLI pre-check),
-and turning a composition error about an unknown key into one that lists the valid keys."""
+"""Composing the app's config: the command line's launch (:func:`launch`), outside ``@hydra.main``
+(tests, describe), and the errors a reader can act on.
+
+A launch composes through Hydra alone: nothing composes ahead of it. Two things are done before:
+
+- the modules named by ``imports=[my_research.attention]`` are imported (their parts register
+  themselves) and the schemas are registered, a part of your own becoming a group option
+  (``attention=my_attention``) through :func:`zoo.app.schema.register_schemas`;
+- Hydra is asked to let its failure through (``HYDRA_FULL_ERROR``) instead of printing it and
+  exiting, so an unknown key is explained from Hydra's own exception (:func:`explain`): the node
+  that refused the key is in it, with its valid keys and the composed root (the preset).
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import dataclasses
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from zoo.app.schema import PART_GROUPS, register_schemas
-from zoo.presets.factory import preset_config
-from zoo.registry import did_you_mean
+from zoo.presets import preset_config
+from zoo.registry import did_you_mean, import_plugins
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra re-raises instead of printing and exiting when it is set
+
+
+def imports_of(overrides: list[str]) -> list[str]:
+    """The modules ``imports=[a.b,c]`` names on a command line (every value of a sweep over it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    asked = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "imports"]
+    names: list[str] = []
+    for parsed in OverridesParser.create().parse_overrides(asked):
+        value = parsed.value()
+        for item in value.list if isinstance(value, ChoiceSweep) else [value]:
+            names += [str(m) for m in (item if isinstance(item, list) else [item]) if m]
+    return list(dict.fromkeys(names))
+
+
+def prepare(overrides: list[str] = ()) -> list[str]:
+    """Import the modules ``imports=`` names, then register the schemas (their parts included)."""
+    names = import_plugins(imports_of(list(overrides)))
+    register_schemas()
+    return names
 
 
 @contextlib.contextmanager
-def hydra_context(conf_dir: str | Path = CONF_DIR) -> Iterator[None]:
+def hydra_context(conf_dir: str | Path = CONF_DIR, overrides: list[str] = ()) -> Iterator[None]:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    register_schemas()
+    prepare(overrides)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base="1.3"):
         yield
@@ -38,7 +75,7 @@ def compose(
     """The composed config for ``overrides`` (``["model=vanilla_lm", "trainer.max_steps=5"]``)."""
     from hydra import compose as hydra_compose
 
-    with hydra_context(conf_dir):
+    with hydra_context(conf_dir, overrides):
         return hydra_compose(
             config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config
         )
@@ -50,35 +87,31 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _node_keys(cfg: DictConfig, path: str) -> list[str] | None:
-    node = OmegaConf.select(cfg, path) if path else cfg
-    return sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else None
-
-
-def explain_unknown_key(exc: BaseException, overrides: list[str], conf_dir: str | Path = CONF_DIR) -> str | None:
-    """For an unknown-key error, a message naming the key and listing the valid ones (or None)."""
+def explain(exc: BaseException, conf_dir: str | Path = CONF_DIR) -> str | None:
+    """For a composition that failed on an unknown key, a message naming the key and listing the
+    valid ones (or None: another failure, which Hydra reports itself). Read from the exception
+    alone: OmegaConf's error carries the node that refused the key (its keys, its root)."""
+    from hydra.errors import ConfigCompositionException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     cause = root_cause(exc)
+    if not isinstance(exc, ConfigCompositionException):
+        return None
+    full_key, node = getattr(cause, "full_key", None) or "", getattr(cause, "parent_node", None)
+    if full_key == "imports":
+        return f"imports takes a list of modules, e.g. imports=[my_research.attention]: {cause}".split("\n")[0]
     if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         return None
-    full_key = getattr(cause, "full_key", None) or ""
-    if not full_key:
+    if not full_key or not isinstance(node, DictConfig):
         return None
     parent, _, key = full_key.rpartition(".")
-    bad_prefix = full_key.split("=")[0]
-    keep = [o for o in overrides if not o.lstrip("+~").split("=")[0].startswith(bad_prefix)]
-    try:
-        cfg = compose(keep, conf_dir=conf_dir)
-    except Exception:
-        return None
+    keys = sorted(str(k) for k in node.keys() if parent or k != "hydra")
     axis = parent.removeprefix("model.")
-    if axis in PART_GROUPS and OmegaConf.select(cfg, parent) is None:
-        return unset_part_message(full_key, axis, key, cfg)
-    keys = _node_keys(cfg, parent)
-    if keys is None:
+    if axis in PART_GROUPS and "name" not in keys:  # the part is null: the preset's own
+        return unset_part_message(full_key, axis, key, node._get_root())
+    if not keys:  # a null node
         group_dir = Path(conf_dir) / parent
-        if parent and "." not in parent and group_dir.is_dir() and OmegaConf.select(cfg, parent) is None:
+        if parent and "." not in parent and group_dir.is_dir():
             choices = sorted(p.stem for p in group_dir.glob("*.yaml"))
             example = choices[0] if choices else "<name>"
             return (
@@ -93,16 +126,14 @@ def explain_unknown_key(exc: BaseException, overrides: list[str], conf_dir: str 
     )
 
 
-def unset_part_message(full_key: str, axis: str, key: str, cfg: DictConfig) -> str:
+def unset_part_message(full_key: str, axis: str, key: str, cfg: Any) -> str:
     """An option of a part axis set before its group was picked (``residual.gate_bias=0`` or
     ``model.residual.gate_bias=0``): name the group choice to make, preferring the preset's own
     part, and the parts that have that option."""
-    import dataclasses
-
     registry = PART_GROUPS[axis]
     having = [n for n in registry.list() if key in {f.name for f in dataclasses.fields(registry.get(n).Options)}]
     own = None
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # an error message: the preset's own part if it can be told
         own = getattr(preset_config(cfg.model.preset), axis)["name"]
     choices = ", ".join(registry.list())
     if not having:
@@ -120,31 +151,60 @@ def unset_part_message(full_key: str, axis: str, key: str, cfg: DictConfig) -> s
     )
 
 
-def first_choice_overrides(overrides: list[str]) -> list[str]:
-    """Overrides with each sweep replaced by its first value (globs dropped), for a pre-check."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep
-
-    out = []
-    for text, parsed in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
-        if not parsed.is_sweep_override():
-            out.append(text)
-            continue
-        value = parsed.value()
-        if isinstance(value, ChoiceSweep) and value.list:
-            first = value.list[0]
-            prefix = {"ADD": "+", "FORCE_ADD": "++"}.get(parsed.type.name, "")
-            shown = first if isinstance(first, str) else OmegaConf.to_yaml(first).strip()
-            out.append(f"{prefix}{parsed.get_key_element()}={shown}")
-    return out
-
-
-def precheck(argv: list[str], conf_dir: str | Path = CONF_DIR) -> str | None:
-    """Compose the command line's config once before Hydra runs; a message for an unknown key."""
-    overrides = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra")]
+def explain_overrides(overrides: list[str], conf_dir: str | Path = CONF_DIR) -> str | None:
+    """Compose ``overrides`` once: None when they compose, else what :func:`explain` says (tests)."""
     try:
-        overrides = first_choice_overrides(overrides)
         compose(overrides, conf_dir=conf_dir)
-    except Exception as exc:  # noqa: BLE001 - any composition problem: explain what we can, let Hydra report the rest
-        return explain_unknown_key(exc, overrides, conf_dir)
+    except Exception as exc:  # noqa: BLE001 - any composition problem: explain what we can
+        return explain(exc, conf_dir) or f"{type(exc).__name__}: {exc}"
     return None
+
+
+def hydra_overrides(argv: list[str]) -> list[str]:
+    return [a for a in argv if not a.startswith("-") and "=" in a]
+
+
+def launch(hydra_main: Callable[[], Any], argv: list[str]) -> Any:
+    """Run a ``@hydra.main`` function for the command line ``argv``: ``imports=`` first, then
+    Hydra composes and runs (nothing composes ahead of it). An unknown key ends the
+    launch with ``error: <what to write instead>`` (exit status 2); any other failure is reported
+    as Hydra reports it (the trace from the job on, exit status 1)."""
+    try:
+        prepare(hydra_overrides(argv))
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    user_wants_trace = FULL_ERROR in os.environ
+    os.environ[FULL_ERROR] = "1"
+    try:
+        return hydra_main()
+    except Exception as exc:
+        message = explain(exc)
+        if message:
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(2)
+        if user_wants_trace:
+            raise
+        report(exc)
+    finally:
+        if not user_wants_trace:
+            os.environ.pop(FULL_ERROR, None)
+
+
+def report(exc: BaseException) -> None:
+    """Hydra's report of a failure, exit 1: its message alone for a composition error, else the
+    trace from the job's own frames on."""
+    from hydra.errors import CompactHydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, CompactHydraException):
+        sys.stderr.write(str(exc) + os.linesep)
+        if isinstance(exc.__cause__, OmegaConfBaseException):
+            sys.stderr.write(str(exc.__cause__) + os.linesep)
+    else:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb.tb_next if tb is not None else exc.__traceback__)
+    sys.stderr.write(f"\nSet the environment variable {FULL_ERROR}=1 for a complete stack trace.\n")
+    sys.exit(1)

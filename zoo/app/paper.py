@@ -30,13 +30,12 @@ from typing import Any
 
 import torch
 
-from zoo.app.compose import compose
-from zoo.app.resolve import as_dict, model_overrides
+from zoo.app.compose import compose, explain
+from zoo.app.resolve import as_dict, model_config
 from zoo.config import require
 from zoo.data import TASK
 from zoo.models.base import HEAD
 from zoo.models.costs import describe_costs
-from zoo.presets import preset_config
 
 
 def paper_block(resolved: dict[str, Any]) -> dict[str, Any] | None:
@@ -65,26 +64,25 @@ def nominal_vocab_size(data: dict[str, Any]) -> tuple[int, str]:
 
 
 def resolved_config(overrides: list[str]) -> dict[str, Any]:
-
-    return as_dict(compose(list(overrides)))
+    """The composed config (``imports=`` honoured); an unknown key is a ValueError saying which."""
+    try:
+        return as_dict(compose(list(overrides)))
+    except Exception as exc:
+        message = explain(exc)
+        if message:
+            raise ValueError(message) from None
+        raise
 
 
 def model_config_for(resolved: dict[str, Any]):
     """The ModelConfig the app would build for ``resolved`` (vocabulary from the data's name)."""
-
-    preset, overrides = model_overrides(resolved)
     vocab, vocab_source = nominal_vocab_size(resolved["data"])
-    overrides.setdefault("vocab_size", vocab)
-    seq_len = resolved["trainer"]["seq_len"]
-    config = preset_config(preset, **overrides)
-    if "max_len" not in overrides and config.max_len < seq_len:
-        config = preset_config(preset, **{**overrides, "max_len": seq_len})
-    return preset, config, vocab_source
+    config = model_config(resolved, {"vocab_size": vocab}, min_len=resolved["trainer"]["seq_len"])
+    return config.name, config, vocab_source
 
 
 def meta_model(config):
     """The model built on the meta device: real shapes, no storage, no initialisation cost."""
-
     with torch.device("meta"):
         return HEAD.get(config.kind)(config)
 

@@ -1,5 +1,9 @@
-"""From a composed app config to the model it asks for: the preset and the overrides the user set
-(``model.*`` keys and the part groups), null meaning unset.
+"""From a composed app config to the model it asks for: the preset and the layers of overrides the
+user set (``model.*`` keys and the part groups), resolved by :func:`zoo.config.resolve_model_config`.
+
+Null means unset here and only here (:func:`set_keys`): the generated ``conf/`` files leave every
+model key and part option null until someone sets it, so a null keeps the preset's value and
+anything else reaches the model, even a value equal to a default.
 """
 
 from __future__ import annotations
@@ -9,49 +13,51 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.app.schema import PART_GROUPS, to_options
-from zoo.config import merge_config
-from zoo.presets import get_preset, preset_config
+from zoo.config import ModelConfig
+from zoo.presets import get_preset, resolve_preset
 
 
 def as_dict(cfg: DictConfig | dict) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
-def part_override(axis: str, node: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A part group's node -> a model override: its ``name`` and the options that were set.
+def set_keys(node: dict[str, Any] | None) -> dict[str, Any]:
+    """The keys of a config node that were set: null = unset (the preset's value)."""
+    return {k: v for k, v in (node or {}).items() if v is not None}
 
-    Options are null unless set (the generated ``conf/<axis>/*.yaml`` leave them null), so every
-    option that is not null was asked for and is passed on, even one equal to the ``Options``
+
+def part_layer(axis: str, node: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A part group's node -> ``{axis: {"name": ..., **options that were set}}``.
+
+    Every option that is not null was asked for and is passed on, even one equal to the ``Options``
     default; a null one keeps the preset's value when the preset uses that part (``attention=lsh
     attention.n_hashes=8`` on ``reformer`` changes n_hashes only) and the part's default otherwise."""
     if not node:
         return None
-    options = dict(node)
+    options = set_keys(node)
     name = options.pop("name")
-    cls = PART_GROUPS[axis].get(name)
-    return {"name": name, **to_options(cls.Options, {k: v for k, v in options.items() if v is not None})}
+    return {axis: {"name": name, **to_options(PART_GROUPS[axis].get(name).Options, options)}}
 
 
-def model_overrides(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(preset, overrides) from the ``model`` node and the part groups; null = the preset's value.
+def model_layers(cfg: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """(preset, layers) from the ``model`` node and the part groups, in the order they apply.
 
     ``model.tiny=true`` starts from the preset's registered tiny variant (its vocabulary excepted:
     the task sets it); the user's ``model.*`` keys and then the part groups (``attention``,
-    ``residual``, ``stack``, ``position``) go on top, so a key the user set always wins."""
-
-    model = dict(cfg["model"])
+    ``residual``, ``stack``, ``position``) go on top, so a key the user set always wins. A part
+    group naming the preset's own part tweaks it; naming another swaps it (``merge_config``)."""
+    model = set_keys(cfg["model"])
     preset = model.pop("preset")
-    tiny = model.pop("tiny", False)
-    overrides = {k: v for k, v in model.items() if v is not None}
-    if tiny:
-        base = {k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"}
-        overrides = merge_config(base, overrides)
-    for axis in PART_GROUPS:
-        part = part_override(axis, cfg.get(axis))
-        if part is None:
-            continue
-        current = overrides.get(axis)
-        if isinstance(current, dict) and "name" not in current:  # tweaks of the preset's own part
-            overrides[axis] = {"name": getattr(preset_config(preset), axis)["name"], **current}
-        overrides = merge_config(overrides, {axis: part})
-    return preset, overrides
+    layers = []
+    if model.pop("tiny", False):
+        layers.append({k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"})
+    layers.append(model)
+    layers += [layer for axis in PART_GROUPS if (layer := part_layer(axis, cfg.get(axis))) is not None]
+    return preset, layers
+
+
+def model_config(cfg: dict[str, Any], *below: dict[str, Any], min_len: int = 0) -> ModelConfig:
+    """The model config ``cfg`` asks for, without a task (``below``: layers under the user's, e.g. a
+    nominal vocabulary); the app's runs bind it to their task (``zoo.presets.model_config_for_task``)."""
+    preset, layers = model_layers(cfg)
+    return resolve_preset(preset, *below, *layers, min_len=min_len)

@@ -2,11 +2,12 @@
 
 ``run(cfg)`` is what ``experiments/train.py`` calls; it returns the validation metric so a Hydra
 sweeper can optimise it. ``build(cfg)`` gives the pieces without training (evaluate/sample, tests).
+The modules a run names in ``imports`` are imported first (a sweep's job may be a fresh process)
+and recorded in its config, so ``load_run`` (evaluate/sample) imports them again.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,16 +15,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.app.paper import check_paper_data
-from zoo.app.resolve import as_dict, model_overrides
+from zoo.app.resolve import as_dict, model_layers
 from zoo.app.schema import LoggerOptions, to_options
 from zoo.data import TASK, Task, create_task
-from zoo.presets.factory import create_model
+from zoo.presets.factory import build_model, create_model, model_config_for_task
+from zoo.registry import import_plugins
 from zoo.train.checkpoint import load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
 from zoo.train.options import OptimOptions, TrainerOptions
-from zoo.train.rundir import claim, run_id, write_text
-from zoo.train.trainer import Trainer, build_model_for_task
+from zoo.train.rundir import run_id, write_text
+from zoo.train.trainer import Trainer
 
 # conf/config.yaml ends hydra.run.dir and hydra.sweep.dir with ${zoo_run_id:}: two runs started in the
 # same second get two directories (one token per process, shared with its torchrun ranks and jobs)
@@ -54,11 +56,12 @@ def optim_options(cfg: dict[str, Any]) -> OptimOptions:
 def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     """(resolved config dict, task, model) for a composed config."""
     resolved = as_dict(cfg)
+    import_plugins(resolved.get("imports") or [])  # a job in a fresh process (a launcher's) needs them too
     check_paper_data(resolved)  # a paper's configuration on another dataset is refused (zoo/app/paper.py)
     seed_everything(int(resolved.get("seed", 0)))
     task = make_task(resolved)
-    preset, overrides = model_overrides(resolved)
-    model = build_model_for_task(preset, task, **overrides)
+    preset, layers = model_layers(resolved)
+    model = build_model(model_config_for_task(preset, task, *layers))
     return resolved, task, model
 
 
@@ -95,16 +98,11 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
     hydra_dir, name, group = hydra_context()
     run_dir = Path(run_dir) if run_dir is not None else hydra_dir
     name = resolved.get("name") or name
-    trainer_opts = trainer_options(resolved)
-    if trainer_opts.resume and trainer_opts.resume != "auto":
-        trainer_opts = dataclasses.replace(trainer_opts, resume=str(Path(trainer_opts.resume).expanduser()))
-    if from_env().is_main:  # before any logger touches the directory (the trainer checks again)
-        claim(run_dir, resuming=bool(trainer_opts.resume))
-    loggers = make_loggers(resolved, run_dir, name, group)
+    loggers = make_loggers(resolved, run_dir, name, group)  # they write nothing before the trainer claims run_dir
     trainer = Trainer(
         model,
         task,
-        trainer=trainer_opts,
+        trainer=trainer_options(resolved),
         optim=optim_options(resolved),
         run_dir=run_dir,
         seed=int(resolved.get("seed", 0)),
@@ -133,6 +131,7 @@ def load_run(
 
     ckpt = load_checkpoint(checkpoint)
     cfg = ckpt.get("config") or {}
+    import_recorded(cfg, checkpoint)
     task_info = ckpt["task"]
     options = {**task_info["options"], **(data or {})}
     task = create_task(
@@ -145,3 +144,16 @@ def load_run(
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt
+
+
+def import_recorded(cfg: dict[str, Any], checkpoint: str | Path) -> list[str]:
+    """Import the modules the run named in ``imports`` (its own parts); a module that is gone is
+    refused naming the checkpoint and what to do."""
+    modules = list(cfg.get("imports") or [])
+    try:
+        return import_plugins(modules)
+    except ImportError as exc:
+        raise ImportError(
+            f"checkpoint {checkpoint} was trained with parts of your own (imports={modules}): {exc}; "
+            "its model can be rebuilt only with that code back"
+        ) from exc

@@ -30,9 +30,10 @@ from typing import Any, Optional, Union
 from omegaconf import MISSING as REQUIRED  # '???': a value the config must supply
 
 from zoo.attention.base import ATTENTION
-from zoo.config import ModelConfig, require
+from zoo.config import ModelConfig, field_types, require
 from zoo.data import TASK
 from zoo.position.base import POSITION
+from zoo.presets import MODEL
 from zoo.registry import Registry
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
@@ -71,24 +72,6 @@ def schema_type(tp: Any) -> Any:
     if origin is dict or tp is dict:
         return dict[str, Any]
     return Any
-
-
-def field_types(cls: type) -> dict[str, Any]:
-    """Resolved annotations of a dataclass (string annotations under ``from __future__``)."""
-    try:
-        return typing.get_type_hints(cls)
-    except Exception:  # an annotation naming something not importable here: resolve field by field
-        out = {}
-        module = __import__(cls.__module__, fromlist=["_"])
-        for f in dataclasses.fields(cls):
-            tp = f.type
-            if isinstance(tp, str):
-                try:
-                    tp = eval(tp, vars(module), {})  # noqa: S307 - annotations of our own dataclasses
-                except Exception:
-                    tp = Any
-            out[f.name] = tp
-        return out
 
 
 def field_default(f: dataclasses.Field) -> Any:
@@ -207,19 +190,34 @@ class RootSchema:
     trainer: Any = REQUIRED
     logger: Any = REQUIRED
     seed: int = 0
+    # your own modules, imported before the config is composed so their parts are group options
+    # (imports=[my_research.attention] attention=my_attention); recorded so evaluate/sample re-import them
+    imports: list[str] = field(default_factory=list)
     name: str = ""  # run name (default: made from the command-line overrides)
     data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
     experiment: str | None = None  # set by experiment/* configs, for the record
     paper: Any = None  # experiment/paper/* configs: the paper's figures and protocol (zoo/app/paper.py)
 
 
+def is_zoo_part(obj: Any) -> bool:
+    """Whether a registered part (or preset) is one of the zoo's own, whose group option is a
+    generated YAML file in ``conf/``; a part of your own package has none."""
+    module = getattr(obj, "build_config", obj).__module__  # a preset: where its function lives
+    return module == "zoo" or module.startswith("zoo.")
+
+
 def register_schemas() -> None:
-    """Store every schema in Hydra's ConfigStore (idempotent: re-storing replaces)."""
+    """Store every schema in Hydra's ConfigStore (idempotent: re-storing replaces).
+
+    A part, task or preset registered outside the zoo (a module named in ``imports=``, an installed
+    entry point) also becomes a group option of its own (``attention=my_attention``): the same
+    generated node a YAML file in ``conf/`` would hold, so it needs no file."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
     cs.store(name="root_schema", node=RootSchema)
-    cs.store(group="schema", name="model", node=model_schema())
+    model = model_schema()
+    cs.store(group="schema", name="model", node=model)
     cs.store(group="schema", name="trainer", node=simple_schema(TrainerOptions, "TrainerSchema"))
     cs.store(group="schema", name="optim", node=simple_schema(OptimOptions, "OptimSchema"))
     cs.store(group="schema", name="logger", node=simple_schema(LoggerOptions, "LoggerSchema"))
@@ -227,8 +225,17 @@ def register_schemas() -> None:
         for name in registry.list():
             schema = named_schema(axis, name, registry.get(name).Options, unset=True)
             cs.store(group=f"schema/{axis}", name=name, node=schema)
+            if not is_zoo_part(registry.get(name)):
+                cs.store(group=axis, name=name, node=schema)
     for name in TASK.list():
-        cs.store(group="schema/data", name=name, node=named_schema("data", name, TASK.get(name).Options))
+        schema = named_schema("data", name, TASK.get(name).Options)
+        cs.store(group="schema/data", name=name, node=schema)
+        if not is_zoo_part(TASK.get(name)):
+            cs.store(group="data", name=name, node=schema)
+    for name in MODEL.list():
+        if not is_zoo_part(MODEL.get(name)):
+            node = make_dataclass(f"ModelSchema_{name}", [("preset", str, field(default=name))], bases=(model,))
+            cs.store(group="model", name=name, node=node)
 
 
 def to_options(options_cls: type, values: dict[str, Any]) -> dict[str, Any]:

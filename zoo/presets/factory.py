@@ -1,6 +1,8 @@
 """The preset registry and the factory: a preset is a named function returning the config values
 that differ from :class:`~zoo.config.ModelConfig`'s defaults; ``create_model(name, **overrides)``
-resolves preset + overrides (:func:`preset_config`) and builds the head its ``kind`` names.
+resolves preset + overrides (:func:`zoo.config.resolve_model_config`, once) and builds the head its
+``kind`` names. ``model_config_for_task`` binds a preset to the task it will train on (vocabulary
+and classes from the task, a position table as long as its sequences, a head the task can train).
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zoo.config import ModelConfig, merge_config
+from zoo.config import ModelConfig, resolve_model_config
+from zoo.data.base import Task
 from zoo.models.base import HEAD, ZooModel
 from zoo.registry import Registry
 
@@ -46,16 +49,22 @@ def get_preset(name: str) -> Preset:
     return MODEL.get(name)
 
 
-def preset_config(name: str, **overrides: Any) -> ModelConfig:
-    """The resolved config of preset ``name`` with ``overrides`` merged in (nothing built)."""
-    preset: Preset = MODEL.get(name)
-    base = ModelConfig(name=name).to_dict()
-    base = merge_config(base, preset.build_config())
-    base["name"] = name
-    overrides.pop("name", None)
-    config = ModelConfig(**merge_config(base, overrides))
+def resolve_preset(name: str, *layers: dict[str, Any], min_len: int = 0) -> ModelConfig:
+    """Preset ``name``'s values with ``layers`` merged on top in order (see
+    :func:`zoo.config.resolve_model_config`); nothing built."""
+    config = resolve_model_config(name, MODEL.get(name).build_config(), layers, min_len=min_len)
     HEAD.get(config.kind)  # kind names a registered head (a plugin's too): an unknown one fails here, listing them
     return config
+
+
+def preset_config(name: str, **overrides: Any) -> ModelConfig:
+    """The resolved config of preset ``name`` with ``overrides`` merged in (nothing built)."""
+    return resolve_preset(name, overrides)
+
+
+def build_model(config: ModelConfig) -> ZooModel:
+    """The model a resolved config describes (the head its ``kind`` names)."""
+    return HEAD.get(config.kind)(config)
 
 
 def create_model(name: str, **overrides: Any) -> ZooModel:
@@ -64,8 +73,32 @@ def create_model(name: str, **overrides: Any) -> ZooModel:
     ``zoo.create_model("vanilla_lm", vocab_size=256, d_model=64, n_layers=2, n_heads=4)``;
     ``attention="lsh"`` swaps the mechanism, ``attention={"n_hashes": 8}`` tweaks it;
     ``zoo.create_model(**model.config.to_dict())`` rebuilds the exact model."""
-    config = preset_config(name, **overrides)
-    return HEAD.get(config.kind)(config)
+    return build_model(preset_config(name, **overrides))
+
+
+def model_config_for_task(preset: str, task: Task, *layers: dict[str, Any]) -> ModelConfig:
+    """Preset ``preset`` bound to ``task``: the task's vocabulary and classes under ``layers`` (a
+    key a layer sets wins), a position table at least ``task.seq_len`` long unless a layer sets
+    ``max_len``; a head the task cannot train, or a config the task cannot feed
+    (``task.check_model``), is refused with the reason."""
+    config = resolve_preset(preset, task.model_overrides(), *layers, min_len=task.seq_len)
+    if config.kind != task.kind:
+        if task.kind != "lm":
+            raise ValueError(
+                f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} trains a "
+                f"{task.kind}; pick a *_{task.kind} preset"
+            )
+        raise ValueError(
+            f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} is a "
+            "language-modelling task; pick an LM preset"
+        )
+    task.check_model(config)
+    return config
+
+
+def build_model_for_task(preset: str, task: Task, **overrides: Any) -> ZooModel:
+    """``zoo.create_model(preset, **overrides)`` bound to ``task`` (:func:`model_config_for_task`)."""
+    return build_model(model_config_for_task(preset, task, overrides))
 
 
 def list_models(pattern: str = "*") -> list[str]:

@@ -290,15 +290,3 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
     return payload
-
-
-def config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    """Readable differences between two nested config dicts."""
-    out = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += config_diff(va, vb, f"{prefix}{key}.")
-        elif va != vb:
-            out.append(f"{prefix}{key}: checkpoint {va!r} vs now {vb!r}")
-    return out

@@ -67,11 +67,7 @@ class WandbLogger:
     ``options``: the app's ``logger.*`` node (:class:`zoo.app.schema.LoggerOptions`)."""
 
     def __init__(self, options: Any, *, run_dir: Path, name: str, group: str, config: dict[str, Any]):
-        os.environ.setdefault("WANDB_SILENT", "true")
-        import wandb
-
-        self.wandb = wandb
-        self.run = wandb.init(
+        self.init_args = dict(
             project=options.project,
             entity=options.entity or None,
             mode=options.mode,
@@ -80,9 +76,18 @@ class WandbLogger:
             group=options.group or group or None,
             tags=list(options.tags) or None,
             config=config,
-            reinit="finish_previous",
-            settings=wandb.Settings(silent=True, console="off"),
         )
+        self._run: Any = None  # started at the first line, after the trainer has claimed the directory
+
+    @property
+    def run(self) -> Any:
+        if self._run is None:
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            settings = wandb.Settings(silent=True, console="off")
+            self._run = wandb.init(**self.init_args, reinit="finish_previous", settings=settings)
+        return self._run
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self.run.log(metrics, step=step)

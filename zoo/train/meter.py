@@ -16,6 +16,7 @@ seconds (:func:`synchronize` around it on CUDA), the median over steps after the
 
 from __future__ import annotations
 
+import resource
 from typing import Any
 
 import torch
@@ -61,3 +62,14 @@ def synchronize(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def peak_memory_mib(device: torch.device, act_mib: float | None = None) -> dict[str, float]:
+    """MiB (2**20 bytes), named as in ``zoo.bench``: ``act_mib`` (the activation meter, first step),
+    ``gpu_peak_mib`` (CUDA max allocated), ``rss_peak_mib`` (the process's peak resident set)."""
+    out = {"rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["gpu_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    if act_mib is not None:
+        out["act_mib"] = act_mib
+    return out

@@ -1,40 +1,28 @@
-"""The training loop of the Hydra application (usable on its own from Python).
+"""The training loop of the Hydra application (usable on its own from Python): a built model, a task.
 
-What it does around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then
-``optimizer_step``: aux losses, clipping, schedules, post-step hooks):
-
-- options and what they build (:mod:`zoo.train.options`): device, optimiser; bf16 autocast on
-  CUDA, gradient accumulation;
-- state carried from step to step on contiguous tasks for every model that keeps segment memory
-  (XL memory, the adaptive-span cache), started with ``init_state`` where the streams start over;
-- evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged to :mod:`zoo.train.loggers`;
-- a tqdm bar with loss and tokens/s; tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
-- checkpoints as data (:mod:`zoo.train.checkpoint`): ``last.pt`` and ``best.pt`` with checksums,
-  written atomically, never with non-finite weights nor after a non-finite evaluation; resume
-  restores model, optimiser, schedule, RNG states, data position (the step: batches are a pure
-  function of their index), carried memory and step-dependent buffers, so 2 + 2 steps equal 4
-  straight, bit for bit; changed learning rate, schedule and weight decay are applied on resume;
-- a NaN/inf loss stops the run naming the step and the newest sound checkpoint; Ctrl-C and
-  SIGTERM save first and print how to resume;
-- a run directory of its own (:mod:`zoo.train.rundir`): one holding another run is refused unless
-  resuming, and nothing is written through a link planted in it;
-- ``torchrun`` data parallelism: DDP, each rank reads its own rows, only rank 0 logs and saves.
+Around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then ``optimizer_step``:
+aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast on
+CUDA and gradient accumulation (:mod:`zoo.train.options`); state carried from step to step on
+contiguous tasks for every model that keeps segment memory, started with ``init_state`` where the
+streams start over; evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged
+(:mod:`zoo.train.loggers`); tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
+checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite weights nor after a
+non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory claimed once, which
+checkpoint, whether it fits, what changed) so 2 + 2 steps equal 4 straight, bit for bit; a NaN/inf
+loss stops the run naming the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first
+(:mod:`zoo.train.stop`); ``torchrun`` data parallelism: DDP, each rank reads its own rows, only rank
+0 logs and saves.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import json
 import logging
 import math
-import resource
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,31 +31,13 @@ import torch
 from torch import nn
 
 from zoo.data.base import SPLITS, Task
-from zoo.presets.factory import create_model, preset_config
 from zoo.train import distributed
-from zoo.train.checkpoint import (
-    CHECKPOINT_FORMAT,
-    CheckpointError,
-    config_diff,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    state_from_data,
-    state_to_data,
-    sweep_temp_files,
-)
-from zoo.train.meter import ActivationMeter, synchronize
+from zoo.train.checkpoint import save_checkpoint
+from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
-from zoo.train.options import (
-    OPTIM_APPLIED_KEYS,
-    OPTIM_STATE_KEYS,
-    OptimOptions,
-    TrainerOptions,
-    make_optimizer,
-    pick_device,
-)
-from zoo.train.rundir import claim, write_text
+from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, pick_device
+from zoo.train.resume import checked, open_run, restore, run_payload
+from zoo.train.rundir import write_text
 from zoo.train.steps import (
     TrainingDiverged,
     forward_backward,
@@ -76,12 +46,9 @@ from zoo.train.steps import (
     schedule,
     set_training_progress,
 )
+from zoo.train.stop import ImmediateInterrupt, StopSignals
 
 log = logging.getLogger(__name__)
-
-
-class ImmediateInterrupt(KeyboardInterrupt):
-    """A second Ctrl-C / SIGTERM: stop now, possibly mid-step, so no checkpoint is written."""
 
 
 def check_splits(task: Task, world_size: int = 1) -> None:
@@ -134,8 +101,7 @@ class Trainer:
         if trainer.precision == "bf16" and self.device.type != "cuda":
             raise ValueError("trainer.precision=bf16 autocast needs CUDA here; use fp32 on CPU")
         check_splits(task, self.dist.world_size)
-        if self.dist.is_main:
-            claim(self.run_dir, resuming=bool(trainer.resume))
+        self.resume_from = open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dist = distributed.setup(self.device)
@@ -159,36 +125,22 @@ class Trainer:
         self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
         self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
         self.act_mib: float | None = None
-        self._stop_signal: str | None = None
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def task_info(self) -> dict[str, Any]:
-        task = self.task
-        return {
-            "name": task.registry_name,
-            "options": asdict(task.options),
-            "batch_size": task.batch_size,
-            "seq_len": task.seq_len,
-            "seed": task.seed,
-        }
-
     def payload(self) -> dict[str, Any]:
-        """Everything resume needs, as tensors and plain types (see :mod:`zoo.train.checkpoint`)."""
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "step": self.step,
-            "model_config": self.model.config.to_dict(),
-            "task": self.task_info(),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "optim": asdict(self.optim_opts),
-            "rng": rng_state(),
-            "state": state_to_data(self.state),
-            "best": self.best,
-            "world_size": self.dist.world_size,
-            "config": json.loads(json.dumps(self.config, default=str)),
-        }
+        """Everything resume needs, as tensors and plain types (:func:`zoo.train.resume.run_payload`)."""
+        return run_payload(
+            step=self.step,
+            model=self.model,
+            task=self.task,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            optim=self.optim_opts,
+            state=self.state,
+            best=self.best,
+            world_size=self.dist.world_size,
+            config=self.config,
+        )
 
     def sound_checkpoint_note(self) -> str:
         if self.last_checkpoint is not None:
@@ -208,65 +160,21 @@ class Trainer:
         return path
 
     def resume(self, path: str | Path) -> None:
-        ckpt = load_checkpoint(path)
-        diff = config_diff(ckpt["model_config"], self.model.config.to_dict())
-        if diff:
-            raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
-        diff = config_diff(ckpt.get("task", {}), self.task_info())
-        if diff:
-            raise CheckpointError(
-                f"checkpoint {path} was trained on different data (the data position would be "
-                "meaningless): " + "; ".join(diff[:8])
-            )
-        if ckpt.get("world_size", 1) != self.dist.world_size:
-            raise CheckpointError(
-                f"checkpoint {path} was written with {ckpt.get('world_size')} processes, resuming "
-                f"with {self.dist.world_size}: data rows would not line up"
-            )
-        saved_optim = ckpt.get("optim") or {}
-        now_optim = asdict(self.optim_opts)
-        refused = [
-            f"optim.{k}: checkpoint {saved_optim[k]!r} vs now {now_optim[k]!r}"
-            for k in OPTIM_STATE_KEYS
-            if k in saved_optim and list(np.atleast_1d(saved_optim[k])) != list(np.atleast_1d(now_optim[k]))
-        ]
-        if refused:
-            raise CheckpointError(
-                f"checkpoint {path} holds optimiser state made with other settings, which it would "
-                f"not fit: {'; '.join(refused)}; resume with the checkpoint's values, or start a "
-                "new run from the weights"
-            )
-        try:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            self.scheduler.load_state_dict(ckpt["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser: {exc}") from None
-        self.apply_optim_options(saved_optim)
-        self.step, self.best = int(ckpt["step"]), ckpt.get("best")
-        self.state = state_from_data(ckpt.get("state"), self.device)
-        set_rng_state(ckpt["rng"])
+        """Continue the run saved at ``path`` (refused unless it continues this one: :mod:`zoo.train.resume`)."""
+        ckpt = checked(path, model=self.model, task=self.task, world_size=self.dist.world_size, optim=self.optim_opts)
+        self.step, self.best, self.state = restore(
+            ckpt,
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            optim=self.optim_opts,
+            device=self.device,
+        )
         self.last_checkpoint = Path(path)
         for logger in self.loggers:
             if hasattr(logger, "cut"):
                 logger.cut(self.step)
-
-    def apply_optim_options(self, saved: dict[str, Any]) -> None:
-        """``load_state_dict`` brought back the checkpoint's rate, decay and eps: put the current
-        options in their place (the schedule is already today's) and say what changed."""
-        o = self.optim_opts
-        for group in self.optimizer.param_groups:
-            group.update(initial_lr=o.lr, weight_decay=o.weight_decay, eps=o.eps)
-        sched = self.scheduler
-        sched.base_lrs = [o.lr for _ in self.optimizer.param_groups]
-        for group, base, rate in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
-            group["lr"] = base * rate(sched.last_epoch)
-        sched._last_lr = [group["lr"] for group in self.optimizer.param_groups]
-        for key in OPTIM_APPLIED_KEYS:
-            if key in saved and saved[key] != getattr(o, key):
-                log.warning(
-                    "resume: optim.%s=%r applied (the checkpoint was trained with %r)", key, getattr(o, key), saved[key]
-                )
 
     # -- one optimiser step --------------------------------------------------------------------
     def autocast(self):
@@ -359,14 +267,7 @@ class Trainer:
         return value > self.best if self.task.higher_is_better else value < self.best
 
     def peak_memory_mb(self) -> dict[str, float]:
-        """MiB (2**20 bytes), named as in ``zoo.bench``: ``act_mib`` (the activation meter, first step),
-        ``gpu_peak_mib`` (CUDA max allocated), ``rss_peak_mib`` (the process's peak resident set)."""
-        out = {"mem/rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        if self.device.type == "cuda":
-            out["mem/gpu_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        if self.act_mib is not None:
-            out["mem/act_mib"] = self.act_mib
-        return out
+        return {f"mem/{k}": v for k, v in peak_memory_mib(self.device, self.act_mib).items()}
 
     def log(self, metrics: dict[str, float]) -> None:
         for logger in self.loggers:
@@ -377,14 +278,8 @@ class Trainer:
         """Train to ``max_steps`` (or the time budget); returns the run summary (also written to
         ``result.json``)."""
         opts = self.opts
-        if self.dist.is_main:
-            for directory in (self.run_dir, self.ckpt_dir):
-                sweep_temp_files(directory)
-        resume = opts.resume
-        if resume == "auto":
-            resume = str(self.ckpt_dir / "last.pt") if (self.ckpt_dir / "last.pt").is_file() else ""
-        if resume:
-            self.resume(resume)
+        if self.resume_from is not None:
+            self.resume(self.resume_from)
         o = self.optim_opts
         log.info("optimiser: %s, lr %s, schedule %s", o.describe(), o.lr, o.schedule)
         if self.device.type == "cuda":
@@ -401,57 +296,31 @@ class Trainer:
             mininterval=0.5,
             desc=self.model.config.name,
         )
-        start, last_eval, stopped_early, status = time.perf_counter(), None, False, "finished"
-        previous_handlers = self._defer_stop_signals()
-        try:
-            while self.step < opts.max_steps:
-                metrics = self.train_step()
-                self.tokens_per_s.append(metrics["train/tokens_per_s"])
-                self.fwd_bwd_tokens_per_s.append(metrics["train/fwd_bwd_tokens_per_s"])
-                bar.update(1)
-                loss_text = f"{metrics['train/loss']:.3f}"
-                bar.set_postfix(loss=loss_text, tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
-                if self.step % opts.log_every == 0 or self.step == 1:
-                    self.log({**metrics, **self.peak_memory_mb()})
-                for callback in self.callbacks:
-                    callback(self, self.step)
-                # every rank stops after the same step
-                if distributed.broadcast_flag(self._stop_signal is not None, self.device):
-                    raise KeyboardInterrupt
-                over_time = bool(opts.max_time_s) and time.perf_counter() - start > opts.max_time_s
-                over_time = distributed.broadcast_flag(over_time, self.device)
-                if (opts.eval_every and self.step % opts.eval_every == 0) or self.step == opts.max_steps or over_time:
-                    last_eval = self._evaluate_and_save(metric_key)
-                    bar.set_postfix(loss=loss_text, **{metric_key: f"{last_eval[metric_key]:.4f}"}, refresh=False)
-                elif opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
-                    self.save()
-                if over_time:
-                    stopped_early = True
-                    break
-        except ImmediateInterrupt:
-            bar.close()
-            print(f"\nstopped mid-step; {self.sound_checkpoint_note()}", flush=True)
-            raise
-        except KeyboardInterrupt:
-            status = "interrupted"
-            why = "terminated (SIGTERM)" if self._stop_signal == "SIGTERM" else "interrupted"
-            path = self.save()
-            bar.close()
-            off = "checkpoints are off (trainer.checkpoints=false)"
-            resume_with = f"resume with trainer.resume={path}" if path else off
-            print(f"\n{why} at step {self.step}; checkpoint saved to {path}; {resume_with}", flush=True)
-            raise
-        finally:
-            bar.close()
-            for signum, handler in previous_handlers.items():
-                signal.signal(signum, handler)
+        start = time.perf_counter()
+        with StopSignals() as stop:
+            try:
+                last_eval, stopped_early = self._steps(bar, stop, metric_key, start)
+            except ImmediateInterrupt:
+                bar.close()
+                print(f"\nstopped mid-step; {self.sound_checkpoint_note()}", flush=True)
+                raise
+            except KeyboardInterrupt:
+                why = "terminated (SIGTERM)" if stop.received == "SIGTERM" else "interrupted"
+                path = self.save()
+                bar.close()
+                off = "checkpoints are off (trainer.checkpoints=false)"
+                resume_with = f"resume with trainer.resume={path}" if path else off
+                print(f"\n{why} at step {self.step}; checkpoint saved to {path}; {resume_with}", flush=True)
+                raise
+            finally:
+                bar.close()
         if last_eval is None:  # resumed at or past max_steps
             last_eval = self._evaluate_and_save(metric_key)
         wall = time.perf_counter() - start
         steady = self.tokens_per_s[1:] or self.tokens_per_s  # the first step is the warm-up
         steady_fwd_bwd = self.fwd_bwd_tokens_per_s[1:] or self.fwd_bwd_tokens_per_s
         summary = {
-            "status": status,
+            "status": "finished",
             "model": self.model.config.name,
             "attention": self.model.config.attention.get("name"),
             "data": self.task.registry_name,
@@ -478,22 +347,34 @@ class Trainer:
                 logger.finish(summary)
         return summary
 
-    def _defer_stop_signals(self) -> dict[int, Any]:
-        """Make the first Ctrl-C or SIGTERM (what Slurm and containers send) stop the run *between*
-        steps, so the checkpoint it saves resumes exactly; a second one stops at once. Returns the
-        previous handlers (none when not on the main thread, where signals cannot be handled)."""
-        self._stop_signal = None
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def handler(signum: int, frame: Any) -> None:
-            if self._stop_signal is not None:
-                raise ImmediateInterrupt
-            self._stop_signal = signal.Signals(signum).name
-            what = "Ctrl-C" if signum == signal.SIGINT else self._stop_signal
-            print(f"\n{what}: finishing this step, then saving a checkpoint ({what} again to stop now)", flush=True)
-
-        return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    def _steps(self, bar: Any, stop: StopSignals, metric_key: str, start: float) -> tuple[dict | None, bool]:
+        """Optimiser steps to ``max_steps`` (or the time budget), evaluating and saving on schedule;
+        returns (the last evaluation, whether the time budget stopped it)."""
+        opts, last_eval = self.opts, None
+        while self.step < opts.max_steps:
+            metrics = self.train_step()
+            self.tokens_per_s.append(metrics["train/tokens_per_s"])
+            self.fwd_bwd_tokens_per_s.append(metrics["train/fwd_bwd_tokens_per_s"])
+            bar.update(1)
+            loss_text = f"{metrics['train/loss']:.3f}"
+            bar.set_postfix(loss=loss_text, tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
+            if self.step % opts.log_every == 0 or self.step == 1:
+                self.log({**metrics, **self.peak_memory_mb()})
+            for callback in self.callbacks:
+                callback(self, self.step)
+            # every rank stops after the same step
+            if distributed.broadcast_flag(stop.received is not None, self.device):
+                raise KeyboardInterrupt
+            over_time = bool(opts.max_time_s) and time.perf_counter() - start > opts.max_time_s
+            over_time = distributed.broadcast_flag(over_time, self.device)
+            if (opts.eval_every and self.step % opts.eval_every == 0) or self.step == opts.max_steps or over_time:
+                last_eval = self._evaluate_and_save(metric_key)
+                bar.set_postfix(loss=loss_text, **{metric_key: f"{last_eval[metric_key]:.4f}"}, refresh=False)
+            elif opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
+                self.save()
+            if over_time:
+                return last_eval, True
+        return last_eval, False
 
     def _evaluate_and_save(self, metric_key: str) -> dict[str, float]:
         result = self.evaluate()
@@ -516,25 +397,3 @@ class Trainer:
         self.save("last.pt", payload)
         distributed.barrier()
         return result
-
-
-def build_model_for_task(preset: str, task: Task, **overrides: Any) -> nn.Module:
-    """``zoo.create_model(preset, **overrides)`` with the task's vocabulary/classes filled in and a
-    position table long enough for ``trainer.seq_len``; refuses a head the task cannot train."""
-
-    merged = {**task.model_overrides(), **{k: v for k, v in overrides.items() if v is not None}}
-    config = preset_config(preset, **merged)
-    if config.kind != task.kind:
-        if task.kind != "lm":
-            raise ValueError(
-                f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} trains a "
-                f"{task.kind}; pick a *_{task.kind} preset"
-            )
-        raise ValueError(
-            f"model {preset!r} is a {config.kind} model but data {task.registry_name!r} is a "
-            "language-modelling task; pick an LM preset"
-        )
-    task.check_model(config)
-    if "max_len" not in merged and config.max_len < task.seq_len:
-        merged["max_len"] = task.seq_len
-    return create_model(preset, **copy.deepcopy(merged))

@@ -17,3 +17,79 @@ def test_no_code_line_runs_past_the_line_length():
         if len(line) > MAX_LINE
     ]
     assert not long, "lines over 120 characters:\n" + "\n".join(long)
+
+
+# -- the house: a folder per axis and job, no import circles (issue 21) ------------------------------
+
+ZOO = ROOT / "zoo"
+TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "blocks.py"}  # DESIGN.md's layout
+
+
+def zoo_imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported zoo module, imported inside a function) for every import of a zoo module in ``path``."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside = {
+        id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "zoo":
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found += [(name, id(node) in inside) for name in names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, id(node) in inside) for a in node.names if a.name.split(".")[0] == "zoo"]
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in ZOO.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        # `from zoo.a import b` names module zoo.a.b when b is a module, else zoo.a
+        graph[name] = {target for target, _ in zoo_imports(path) if target in modules and target != name}
+    return graph
+
+
+def test_zoo_modules_live_in_a_package_per_axis_or_job():
+    loose = sorted(p.name for p in ZOO.glob("*.py") if p.name not in TOP_LEVEL_MODULES)
+    assert not loose, f"modules at zoo/'s top level outside a package: {loose}"
+
+
+def test_no_zoo_module_imports_a_zoo_module_inside_a_function():
+    hidden = [
+        f"{p.relative_to(ROOT)} imports {target}"
+        for p in sorted(ZOO.rglob("*.py"))
+        for target, in_function in zoo_imports(p)
+        if in_function
+    ]
+    assert not hidden, "function-level imports of zoo modules (they hide import circles):\n" + "\n".join(hidden)
+
+
+def test_no_import_circles_in_zoo():
+    graph = import_graph()
+    # a package's __init__ imports its own modules to register them: that edge is not a circle
+    edges = {a: {b for b in targets if not (a + ".").startswith(b + ".") and b != a} for a, targets in graph.items()}
+    circles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if nxt.startswith(node + ".") and node in {module_name(p) for p in ZOO.rglob("__init__.py")}:
+                continue  # a package importing its own submodules (registration)
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -28,12 +28,12 @@ from zoo.data.images import check_raster
 from zoo.models import costs
 from zoo.models.base import HEAD
 from zoo.position.base import POSITION
+from zoo.presets import build_model_for_task
 from zoo.presets.factory import TINY
 from zoo.registry import load_entry_points
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
 from zoo.train.steps import forward_backward, optimizer_step
-from zoo.train.trainer import build_model_for_task
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parent / "plugins"

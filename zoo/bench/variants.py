@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import zoo
 from zoo.bench.peers import PEER
-from zoo.config import merge_config
+from zoo.presets.factory import build_model, resolve_preset
 from zoo.train.steps import total_loss
 
 
@@ -130,10 +129,8 @@ def build(
         dropout=0.0,
         max_len=max(length, 16),
     )
-    config = zoo.preset_config(variant.name).to_dict()
-    for layer in (sizing, variant.overrides, overrides):
-        config = merge_config(config, layer)
-    module = zoo.create_model(**config).to(device)
+    config = resolve_preset(variant.name, sizing, variant.overrides, overrides)  # resolved once
+    module = build_model(config).to(device)
     forward = torch.compile(module) if variant.compile else module
 
     def zoo_loss(tokens: Tensor) -> Tensor:

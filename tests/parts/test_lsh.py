@@ -292,7 +292,7 @@ def test_lsh4_learns_duplication_with_eight_buckets_as_fast_as_the_peer(look_bac
 
 # -- the chunk kernel: its hand-written backward, and the two key layouts (issue 15, item 1) ---------
 
-from zoo.attention.lsh import _ChunkAttention, _lead_chunk, _look_back, _static_masks  # noqa: E402
+from zoo.attention.sorted_chunks import _ChunkAttention, _lead_chunk, _look_back, _static_masks  # noqa: E402
 
 
 def chunk_case(dtype, B=2, R=2, n=3, c=4, k=5, seed=0):
@@ -341,7 +341,7 @@ def test_lead_chunk_layout_equals_look_back_copies(dropout):
 
 
 def test_unit_keys_are_scaled_normalised_queries_in_the_lead_chunk_layout():
-    from zoo.attention.lsh import _UnitKeys
+    from zoo.attention.sorted_chunks import _UnitKeys
 
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)

@@ -1,0 +1,87 @@
+"""Full attention in a shared query-key space: the baseline LSH attention approximates.
+
+Paper: "Reformer: The Efficient Transformer", Kitaev, Kaiser & Levskaya 2020, arXiv:2001.04451,
+Section 2 ("shared-QK attention") and Table 2's "full attention" rows.
+
+One projection gives the queries q; the keys are the length-normalised queries, k_j = q_j / ||q_j||.
+A token never attends to itself unless nothing else is visible (its own key would always win). The
+parameters (``to_qk``, ``to_v``, ``to_out``) are named as ``lsh``'s, so a model trained with one
+evaluates with the other. Dense, O(t^2), through fused SDPA.
+
+Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttnOutput,
+    KeysPerQuery,
+    causal_allowed,
+    dense_keys,
+    guard_empty_rows,
+)
+
+
+class SharedQKProjections(Attention):
+    """The parameters shared by ``lsh`` and ``shared_qk`` (same names, so weights transfer)."""
+
+    no_cross_reason = (
+        "shared-QK attention derives its keys from the queries (k = q / |q|), so keys cannot come from another sequence"
+    )
+
+    def __init__(self, d_model: int, n_heads: int, **kwargs):
+        super().__init__(d_model, n_heads, **kwargs)
+        bias = self.options.bias
+        self.to_qk = nn.Linear(d_model, d_model, bias=bias)
+        self.to_v = nn.Linear(d_model, d_model, bias=bias)
+        self.to_out = nn.Linear(d_model, d_model, bias=bias)
+
+    def check_inputs(self, x, context, pad_mask, state) -> None:
+        if context is not None:
+            raise ValueError(
+                f"{self.registry_name} cannot do cross-attention (context=...): {self.no_cross_reason}; "
+                "use e.g. vanilla for cross_attention"
+            )
+        super().check_inputs(x, context, pad_mask, state)
+
+
+@ATTENTION.register("shared_qk")
+class SharedQKAttention(SharedQKProjections):
+    """Full attention with LSH's shared query-key space (keys = unit-length queries, no attention to
+    oneself unless nothing else is visible): the paper's "full attention" baseline (Table 2), with
+    the same parameter names as ``lsh`` so a model trained with one evaluates with the other.
+    Dense, O(t^2), through fused SDPA."""
+
+    @dataclass
+    class Options:
+        bias: bool = True
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        return dense_keys(t, self.causal)
+
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+    ) -> AttnOutput:
+        self.check_inputs(x, context, pad_mask, state)
+        q = self.split_heads(self.to_qk(x))
+        v = self.split_heads(self.to_v(x))
+        t = x.shape[1]
+        eye = torch.eye(t, dtype=torch.bool, device=x.device)
+        allowed = causal_allowed(t, t, x.device) if self.causal else torch.ones(t, t, dtype=torch.bool, device=x.device)
+        allowed = (allowed & ~eye)[None, None]  # [1, 1, t, t]
+        if pad_mask is not None:
+            allowed = allowed & pad_mask[:, None, None, :]
+        allowed = allowed | (eye & ~allowed.any(-1, keepdim=True))  # oneself, when nothing else is visible
+        allowed = guard_empty_rows(allowed)
+        out = F.scaled_dot_product_attention(
+            q, F.normalize(q, dim=-1), v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
+        )
+        return AttnOutput(self.to_out(self.merge_heads(out)))

@@ -104,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         "(generate.csv, generate_rounds.csv, generate.md, generate.png)",
     )
     parser.add_argument("--new-tokens", type=int, default=16, help="--generate: tokens decoded per round")
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=4096,
+        help="--generate: prompt tokens per call of the prefill (0 = one call)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="--paired / --generate: recorded rounds")
     parser.add_argument(
         "--flops",
@@ -180,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             layers=layers[0],
             max_seconds=args.max_seconds,
+            prefill_chunk=args.prefill_chunk,
             **sizes,
         )
         meta.update(load=load_average())

@@ -1,16 +1,17 @@
 """Decoding speed and cache size against context length: ``python -m zoo.bench --generate``.
 
 For each context length L and each variant (a causal LM built as ``zoo.bench`` builds it, without
-gradients, in eval mode): the prompt of L tokens is fed once through ``model.init_state`` (the
-prefill, timed once), then every round decodes ``--new-tokens`` tokens one at a time from that same
-prefilled state (states are values: each round starts from it again), the variants timed in the
-rotated order of :func:`zoo.bench.timing.paired_rounds`. Reported per point: tokens per second
-(median over rounds, with min-max), the state's bytes after the prefill (``cache_mib``: every tensor
-the model carries, all layers), the bound the layer answers (``state_bound``, None = grows with the
-stream) and the prefill seconds. A model that cannot continue a sequence is listed with its
-refusal, not measured; a variant whose prefill fails or exceeds ``--max-seconds`` is skipped at
-longer contexts, with the reason in the table. Bounded mechanisms should show constant tokens/s and
-cache bytes; the dense ones fall and grow with L.
+gradients, in eval mode): the prompt of L tokens is fed through ``model.init_state`` (the prefill,
+``--prefill-chunk`` tokens per call so that a dense layer's scores stay [chunk, L]; timed once), then
+every round decodes ``--new-tokens`` tokens one at a time from that same prefilled state (states are
+values: each round starts from it again), the variants timed in the rotated order of
+:func:`zoo.bench.timing.paired_rounds`. Reported per point: tokens per second (median over rounds,
+with min-max), the state's bytes after the prefill (``cache_mib``: every tensor the model carries, all
+layers), the bound the layers answer (``state_bound``, None = grows with the stream) and the prefill
+seconds. A model that cannot continue a sequence is listed with its refusal, not measured; a variant
+whose prefill fails or exceeds ``--max-seconds`` is skipped at longer contexts, with the reason in the
+table. Bounded mechanisms should show constant tokens/s and cache bytes; the dense ones fall and grow
+with L.
 
 Outputs in ``--out``: ``generate.csv``, ``generate_rounds.csv``, ``generate.md``, ``generate.png``.
 """
@@ -64,6 +65,7 @@ def run_generate(
     threads: int = 2,
     device: torch.device | str = "cpu",
     max_seconds: float = 120.0,
+    prefill_chunk: int = 4096,
     progress: Callable[[str], None] = print,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one row per round and variant, one summary row per context and variant)."""
@@ -96,7 +98,7 @@ def run_generate(
                 with torch.no_grad():
                     synchronize(device)
                     start = time.perf_counter()
-                    out = model(prompt, state=model.init_state(batch))
+                    out = prefill_state(model, prompt, prefill_chunk)
                     synchronize(device)
                     prefill = time.perf_counter() - start
                 row.update(
@@ -132,6 +134,17 @@ def run_generate(
                 )
         summary.extend(rows.values())
     return round_rows, summary
+
+
+def prefill_state(model: torch.nn.Module, prompt: torch.Tensor, chunk: int) -> Any:
+    """The model's output after reading ``prompt`` through its state, ``chunk`` tokens per call (a stream
+    fed in pieces equals one call, so this only bounds the memory of a dense layer's [chunk, context]
+    scores; 0 = one call)."""
+    state, out = model.init_state(prompt.shape[0]), None
+    for piece in prompt.split(chunk or prompt.shape[1], dim=1):
+        out = model(piece, state=state)
+        state = out.state
+    return out
 
 
 def _decoder(model: torch.nn.Module, prefilled: Any, new_tokens: int) -> Callable[[], None]:

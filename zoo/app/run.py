@@ -23,7 +23,7 @@ from zoo.registry import import_plugins
 from zoo.train.checkpoint import load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
-from zoo.train.options import OptimOptions, TrainerOptions
+from zoo.train.options import OptimOptions, TrainerOptions, run_device
 from zoo.train.rundir import run_id, write_text
 from zoo.train.trainer import Trainer
 
@@ -58,6 +58,9 @@ def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     resolved = as_dict(cfg)
     import_plugins(resolved.get("imports") or [])  # a job in a fresh process (a launcher's) needs them too
     check_paper_data(resolved)  # a paper's configuration on another dataset is refused (zoo/app/paper.py)
+    # trainer.* and optim.* values, the device and its precision: refused before any data or model is built
+    run_device(trainer_options(resolved), from_env().local_rank)
+    optim_options(resolved)
     seed_everything(int(resolved.get("seed", 0)))
     task = make_task(resolved)
     preset, layers = model_layers(resolved)

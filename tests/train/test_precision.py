@@ -46,7 +46,7 @@ def test_bf16_trains_on_the_cpu_through_the_app(tmp_path, text_file):
         ),
     ],
 )
-def test_a_run_that_cannot_run_is_refused_before_data_or_model(monkeypatch, override, message):
+def test_a_run_that_cannot_run_is_refused_before_data_or_model(tmp_path, monkeypatch, override, message):
     """Before: each of these was found by the trainer, after the task and the model were built."""
 
     def built(*args, **kwargs):
@@ -54,7 +54,8 @@ def test_a_run_that_cannot_run_is_refused_before_data_or_model(monkeypatch, over
 
     monkeypatch.setattr(app_run, "make_task", built)
     with pytest.raises(ValueError, match=message):
-        app_run.build(compose([*TINY, override]))
+        app_run.run(compose([*TINY, override]), run_dir=tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing written either
 
 
 def test_bf16_on_a_gpu_without_it_names_the_key_and_the_fix(monkeypatch):

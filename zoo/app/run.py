@@ -58,9 +58,6 @@ def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     resolved = as_dict(cfg)
     import_plugins(resolved.get("imports") or [])  # a job in a fresh process (a launcher's) needs them too
     check_paper_data(resolved)  # a paper's configuration on another dataset is refused (zoo/app/paper.py)
-    # trainer.* and optim.* values, the device and its precision: refused before any data or model is built
-    run_device(trainer_options(resolved), from_env().local_rank)
-    optim_options(resolved)
     seed_everything(int(resolved.get("seed", 0)))
     task = make_task(resolved)
     preset, layers = model_layers(resolved)
@@ -95,8 +92,17 @@ def make_loggers(resolved: dict[str, Any], run_dir: Path, name: str, group: str)
     return loggers
 
 
+def check_run(cfg: dict[str, Any]) -> None:
+    """Refuse, naming the key and the fix, a run that cannot run here: a bad ``trainer.*`` or ``optim.*``
+    value, a device this machine lacks, a ``trainer.precision`` its device cannot run. Asked before
+    any data or model is built (``build`` alone, which trains nothing, does not ask)."""
+    run_device(trainer_options(cfg), from_env().local_rank)
+    optim_options(cfg)
+
+
 def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks: tuple = ()) -> float:
     """Train and evaluate one configuration; returns the final validation metric."""
+    check_run(as_dict(cfg))
     resolved, task, model = build(cfg)
     hydra_dir, name, group = hydra_context()
     run_dir = Path(run_dir) if run_dir is not None else hydra_dir

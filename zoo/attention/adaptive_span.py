@@ -85,7 +85,7 @@ from zoo.attention.base import (
 )
 from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
-from zoo.precision import float32
+from zoo.train.precision import float32
 
 MODES = ("learned", "dynamic", "fixed")
 

@@ -2,7 +2,7 @@
 
 Around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then ``optimizer_step``:
 aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast (CUDA
-and CPU: :mod:`zoo.precision`) and gradient accumulation (:mod:`zoo.train.options`); state carried
+and CPU: :mod:`zoo.train.precision`) and gradient accumulation (:mod:`zoo.train.options`); state carried
 from step to step on contiguous tasks for every model that keeps segment memory, started with
 ``init_state`` where the streams start over; evaluation every N steps with the task metric
 (:mod:`zoo.train.metrics`), logged (:mod:`zoo.train.loggers`); tokens/s, peak and activation memory
@@ -31,12 +31,12 @@ import torch
 from torch import nn
 
 from zoo.data.base import SPLITS, Task
-from zoo.precision import autocast
 from zoo.train import distributed
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
 from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, run_device
+from zoo.train.precision import autocast
 from zoo.train.resume import checked, open_run, restore, run_payload
 from zoo.train.rundir import write_text
 from zoo.train.steps import (

@@ -20,7 +20,7 @@ from zoo.app.schema import LoggerOptions, to_options
 from zoo.data import TASK, Task, create_task
 from zoo.presets.factory import build_model, create_model, model_config_for_task
 from zoo.registry import import_plugins
-from zoo.train.checkpoint import load_checkpoint, seed_everything
+from zoo.train.checkpoint import import_recorded, load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
 from zoo.train.options import OptimOptions, TrainerOptions, run_device
@@ -153,16 +153,3 @@ def load_run(
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt
-
-
-def import_recorded(cfg: dict[str, Any], checkpoint: str | Path) -> list[str]:
-    """Import the modules the run named in ``imports`` (its own parts); a module that is gone is
-    refused naming the checkpoint and what to do."""
-    modules = list(cfg.get("imports") or [])
-    try:
-        return import_plugins(modules)
-    except ImportError as exc:
-        raise ImportError(
-            f"checkpoint {checkpoint} was trained with parts of your own (imports={modules}): {exc}; "
-            "its model can be rebuilt only with that code back"
-        ) from exc

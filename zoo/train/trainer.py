@@ -120,6 +120,7 @@ class Trainer:
         self.step = 0
         self.state: Any = None
         self.best: float | None = None
+        self.evaluation: dict[str, Any] | None = None  # the latest: {"step", "metric", "value"} (checkpoints keep it)
         self.last_checkpoint: Path | None = None  # the newest checkpoint known sound (finite, checksummed)
         self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
         self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
@@ -137,6 +138,7 @@ class Trainer:
             optim=self.optim_opts,
             state=self.state,
             best=self.best,
+            evaluation=self.evaluation,
             world_size=self.dist.world_size,
             config=self.config,
         )
@@ -170,6 +172,7 @@ class Trainer:
             optim=self.optim_opts,
             device=self.device,
         )
+        self.evaluation = ckpt.get("evaluation")
         self.last_checkpoint = Path(path)
         for logger in self.loggers:
             if hasattr(logger, "cut"):
@@ -388,6 +391,7 @@ class Trainer:
         if improved:
             self.best = value
         result[f"{metric_key}_best"] = self.best
+        self.evaluation = {"step": self.step, "metric": metric_key, "value": value}
         self.log({**result, **self.peak_memory_mb()})
         payload = self.payload() if self.opts.checkpoints and self.dist.is_main else None
         if improved:

@@ -5,7 +5,7 @@
     python experiments/export.py CKPT my-model/ --push-to-hub user/my-model [--private]   # needs a Hub token
 
 The checkpoint is read as data (weights_only); the folder holds no path of the run. --push-to-hub
-uploads the folder's three files (huggingface_hub; log in first with `hf auth login` or HF_TOKEN).
+uploads the folder's three files (huggingface_hub; a token: HF_TOKEN or the huggingface_hub CLI login).
 """
 
 from __future__ import annotations

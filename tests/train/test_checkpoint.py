@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import errno
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -24,7 +23,7 @@ import zoo
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
+from app_overrides import TINY, script  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
@@ -36,13 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def train(run_dir, *overrides, callbacks=()):
     return run(compose(TINY + list(overrides)), run_dir=run_dir, callbacks=callbacks)
-
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(f"zoo_{name}_script", ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def stop_at(step):

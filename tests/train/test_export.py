@@ -3,7 +3,6 @@ reports the run (data, steps, the latest evaluation) and whose model is the chec
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,21 +11,12 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
+from app_overrides import TINY, script  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402
 from zoo.train.checkpoint import CheckpointError  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def export_script():
-    spec = importlib.util.spec_from_file_location("zoo_export_script", ROOT / "experiments" / "export.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_checkpoint_exports_to_a_folder_that_loads_its_model(tmp_path, text_file):
@@ -36,7 +26,7 @@ def test_a_checkpoint_exports_to_a_folder_that_loads_its_model(tmp_path, text_fi
     result = json.loads((run_dir / "result.json").read_text())
     checkpoint = run_dir / "checkpoints" / "last.pt"
 
-    summary = export_script().main([str(checkpoint), str(tmp_path / "shared")])
+    summary = script("export").main([str(checkpoint), str(tmp_path / "shared")])
     folder = Path(summary["folder"])
     _, task, trained, _ = load_run(checkpoint)
     loaded = zoo.from_pretrained(folder)
@@ -62,5 +52,5 @@ def test_export_refuses_a_corrupt_checkpoint(tmp_path):
     bad = tmp_path / "last.pt"
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="no checksum file"):
-        export_script().main([str(bad), str(tmp_path / "out")])
+        script("export").main([str(bad), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()

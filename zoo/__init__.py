@@ -55,6 +55,7 @@ __all__ = [
     "UnknownNameError",
     "create_attention",
     "create_model",
+    "from_pretrained",
     "import_plugins",
     "list_attention",
     "list_models",
@@ -63,7 +64,6 @@ __all__ = [
     "list_stacks",
     "load",
     "load_checkpoint",
-    "from_pretrained",
     "preset_config",
     "save",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -89,6 +90,11 @@ def test_model_card_names_preset_paper_and_size(tmp_path):
     assert "Not exported from a training run" in body  # no data or metric is claimed for it
     hub = pytest.importorskip("huggingface_hub", reason="the Hub's own card parser")
     assert hub.ModelCard.load(tmp_path / "m" / "README.md").data.library_name == "transformer-zoo"
+
+
+@pytest.mark.parametrize("preset", zoo.list_models())
+def test_every_preset_cites_its_paper_for_the_card(preset):
+    assert re.search(r"\d{4}, .+, arXiv:\d{4}\.\d{4,5}$", get_preset(preset).paper), get_preset(preset).paper
 
 
 def test_zoo_save_and_load_are_the_same_folder(tmp_path):

@@ -33,6 +33,7 @@ from zoo.bench.timing import clocked, paired_rounds
 from zoo.bench.variants import Variant, build
 from zoo.models.base import map_tensors
 from zoo.train.meter import synchronize
+from zoo.train.precision import autocast
 
 
 def state_bytes(state: Any) -> int:
@@ -81,7 +82,11 @@ def run_generate(
         steps, rows = {}, {}
         for variant in variants:
             row: dict[str, Any] = dict(
-                variant=variant.label, context=context, new_tokens=new_tokens, device=str(device)
+                variant=variant.label,
+                context=context,
+                new_tokens=new_tokens,
+                device=str(device),
+                precision=variant.precision,
             )
             rows[variant.label] = row
             if stop[variant.label]:
@@ -95,7 +100,7 @@ def run_generate(
                     row["status"] = f"refused: {reason}"
                     stop[variant.label] = "cannot continue a sequence"
                     continue
-                with torch.no_grad():
+                with torch.no_grad(), autocast(device, variant.precision):
                     synchronize(device)
                     start = time.perf_counter()
                     out = prefill_state(model, prompt, prefill_chunk)
@@ -107,7 +112,7 @@ def run_generate(
                     cache_mib=state_bytes(out.state) / 2**20,
                     state_bound=layer_bound(model),
                 )
-                steps[variant.label] = clocked(_decoder(model, out, new_tokens), device)
+                steps[variant.label] = clocked(_decoder(model, out, new_tokens, variant.precision), device)
                 if prefill > max_seconds:
                     stop[variant.label] = f"prefill > {max_seconds:.0f} s"
             except Exception as error:  # noqa: BLE001  (recorded in the table, not hidden)
@@ -147,12 +152,12 @@ def prefill_state(model: torch.nn.Module, prompt: torch.Tensor, chunk: int) -> A
     return out
 
 
-def _decoder(model: torch.nn.Module, prefilled: Any, new_tokens: int) -> Callable[[], None]:
+def _decoder(model: torch.nn.Module, prefilled: Any, new_tokens: int, precision: str) -> Callable[[], None]:
     """Decode ``new_tokens`` greedy tokens from the prefilled output, one at a time through the state."""
 
     def decode() -> None:
         out = prefilled
-        with torch.no_grad():
+        with torch.no_grad(), autocast(prefilled.logits.device, precision):
             for _ in range(new_tokens):
                 out = model(out.logits[:, -1].argmax(-1, keepdim=True), state=out.state)
 
@@ -180,7 +185,8 @@ def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> st
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}, {meta['threads']} threads; "
+        f"Machine: {meta['machine']}; device {meta['device']}, precision {meta.get('precision', 'fp32')}; "
+        f"torch {meta['torch']}, {meta['threads']} threads; "
         f"batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, {meta['layers']} layers, vocab "
         f"{meta['vocab']}; load average before {meta['load_before']}, after {meta['load']}. Each round decodes "
         f"{meta['new_tokens']} tokens one at a time from the same prefilled state, the variants in an order "

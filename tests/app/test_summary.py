@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("hydra")
 
+from app_cli import train_main  # noqa: E402
+
 from zoo.app.summary import write_summary  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "experiment=tiny",
     "logger=csv",
@@ -30,20 +30,8 @@ TINY = [
 
 
 def train_multirun(argv: list[str], monkeypatch) -> None:
-    """experiments/train.py's Hydra main in this process, as ``python experiments/train.py -m ...``."""
-    import importlib.util
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    spec = importlib.util.spec_from_file_location("zoo_train_script", ROOT / "experiments" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(sys, "argv", ["train.py", "-m", *argv])
-    GlobalHydra.instance().clear()
-    try:
-        module.main()
-    finally:
-        GlobalHydra.instance().clear()
+    """``python experiments/train.py -m ARGV`` in this process; every job must finish."""
+    assert train_main(["-m", *argv], monkeypatch) == 0
 
 
 def read_rows(sweep: Path, name: str = "summary.csv") -> list[dict[str, str]]:

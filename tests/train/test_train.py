@@ -19,6 +19,7 @@ import torch
 
 pytest.importorskip("hydra")
 
+from app_cli import train_main  # noqa: E402
 from app_overrides import TINY  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
@@ -191,26 +192,9 @@ def _subprocess_env():
     return env
 
 
-def _train_main(argv, monkeypatch):
-    """experiments/train.py's Hydra main, in this process (no second torch import)."""
-    import importlib.util
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    spec = importlib.util.spec_from_file_location("zoo_train_script", ROOT / "experiments" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
-    GlobalHydra.instance().clear()
-    try:
-        module.main()
-    finally:
-        GlobalHydra.instance().clear()
-
-
 def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
-    _train_main(
+    code = train_main(
         [
             "-m",
             *TINY,
@@ -221,6 +205,7 @@ def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
         ],
         monkeypatch,
     )
+    assert code == 0
     with open(sweep / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["attention"] for r in rows} == {"vanilla", "additive"} and all(r["status"] == "finished" for r in rows)
@@ -243,19 +228,8 @@ def test_multirun_survives_a_failing_variant(tmp_path, monkeypatch, capsys):
     """The other jobs run and the summary is written; the launch then exits 1 naming the failed job
     (before: exit 0, as if every job had finished)."""
     sweep = tmp_path / "sweep"
-    with pytest.raises(SystemExit) as exit_info:
-        _train_main(
-            [
-                "-m",
-                *TINY,
-                "trainer.max_steps=1",
-                "trainer.eval_every=0",
-                "model.n_heads=2,3",
-                f"hydra.sweep.dir={sweep}",
-            ],
-            monkeypatch,
-        )
-    assert exit_info.value.code == 1
+    argv = ["-m", *TINY, "trainer.max_steps=1", "trainer.eval_every=0", "model.n_heads=2,3", f"hydra.sweep.dir={sweep}"]
+    assert train_main(argv, monkeypatch) == 1
     error = capsys.readouterr().err
     assert "1 job(s) of the sweep" in error and "job 1 (" in error and "model.n_heads=3): failed: ValueError" in error
     with open(sweep / "summary.csv") as f:

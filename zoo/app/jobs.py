@@ -60,6 +60,14 @@ class Job:
             overrides=comparable(list(hydra.overrides.task)),
         )
 
+    def relative_dir(self) -> str:
+        """The job's directory from the sweep directory's (``3``): a sweep directory moved or copied
+        elsewhere still finds its jobs, and its summary names no machine path."""
+        try:
+            return str(self.dir.resolve().relative_to(self.sweep_dir.resolve()))
+        except ValueError:  # a hydra.sweep.subdir outside the sweep directory
+            return str(self.dir)
+
 
 def recorded_overrides(job_dir: Path) -> list[str] | None:
     path = job_dir / HYDRA_RECORD / "overrides.yaml"
@@ -127,7 +135,7 @@ def run_job(cfg: DictConfig) -> float:
     manifest = read_manifest(job.sweep_dir)  # none: a sweep without the summary callback
     sweep_id = manifest["id"] if manifest else ""
     action, why = decide(job, sweep_id, resume=bool(cfg.sweep.resume)) if manifest else ("run", "")
-    entry = dict(overrides=job.overrides, dir=str(job.dir), search=cfg.sweep.search)
+    entry = dict(overrides=job.overrides, dir=job.relative_dir(), search=cfg.sweep.search)
     record = functools.partial(record_job, job.sweep_dir, job.num, **entry)
     if not manifest:
         record = lambda **entry: None  # noqa: E731 - nowhere to record
@@ -145,8 +153,13 @@ def run_job(cfg: DictConfig) -> float:
     record(status="started")
     try:
         metric = run(cfg, on_claimed=on_claimed)
-    except KeyboardInterrupt:
-        raise  # the job's record stays "started": it is resumed by the next launch
+    except KeyboardInterrupt:  # the job's record stays "started": the next launch resumes it
+        print(
+            f"\nthe multirun stopped in job {job.num}; continue it with the same command and sweep.resume=true "
+            f"(hydra.sweep.dir={job.sweep_dir})",
+            file=sys.stderr,
+        )
+        raise
     except RunDirError as exc:  # another run took the directory first: write nothing into it
         print(f"job {job.num} refused: {exc}", file=sys.stderr)
         record(status=f"refused: {exc}")

@@ -101,10 +101,10 @@ def job_status(entry: dict[str, Any], result: dict[str, Any] | None) -> str:
     return status
 
 
-def job_row(entry: dict[str, Any]) -> dict[str, Any]:
+def job_row(sweep_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     """A job of the sweep record: its result (none for a refused job, whose directory holds another
     run), its status, its overrides."""
-    job_dir = Path(entry["dir"])
+    job_dir = sweep_dir / entry["dir"]
     status = entry["status"]
     result = None if status.startswith("refused") else read_json(job_dir / "result.json")
     if status == "started" and result is not None and result.get("status") == "finished":
@@ -162,7 +162,7 @@ def gather(sweep_dir: str | Path, multirun_id: str | None = None) -> list[dict[s
     """One row per job of the sweep (its record), else per result found (see :func:`gather_unrecorded`)."""
     sweep_dir = Path(sweep_dir)
     jobs = read_jobs(sweep_dir)
-    return [job_row(entry) for entry in jobs] if jobs else gather_unrecorded(sweep_dir, multirun_id)
+    return [job_row(sweep_dir, entry) for entry in jobs] if jobs else gather_unrecorded(sweep_dir, multirun_id)
 
 
 def varied_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -245,8 +245,9 @@ def write_summary(sweep_dir: str | Path, multirun_id: str | None = None, baselin
         f"Task: {', '.join(data) or '?'}; varied: {listed}; {len(rows)} jobs, {done} finished.\n",
     ]
     if variants:
-        parts.append(f"## Variants: seeds aggregated (mean and {95}% interval, Student's t)\n")
-        parts += [f"{line}\n" for line in verdict_lines(variants, note)]
+        parts.append("## Variants: seeds aggregated (mean and 95% interval, Student's t)\n")
+        lines = verdict_lines(variants, note)
+        parts += [lines[0] + "\n", "\n".join(lines[1:]) + "\n"] if len(lines) > 1 else [f"{line}\n" for line in lines]
         parts.append(variant_table(variants, variant_varied) + "\n")
     parts += search_tables(rows)
     parts += ["## Every job (best first)\n", job_table(rows, varied) + "\n"]

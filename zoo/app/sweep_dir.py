@@ -9,9 +9,10 @@ ends. Two files here keep what it forgets:
   launch into a directory holding it is refused unless it resumes (``sweep.resume=true``) with the
   same sweep; a changed one is refused with the difference. Refusals write nothing anywhere.
 - ``sweep_jobs/<num>.json``, one per job, rewritten by the job as it goes: its overrides, its
-  directory and its status (``started``, ``finished``, ``resumed``, ``kept``, ``failed: ...``,
-  ``refused: ...``). The summary lists exactly these jobs, so jobs left in the directory by
-  anything else never reach it, and a job that died leaves ``started`` behind.
+  directory (from the sweep directory's), the search it is a trial of, and its status
+  (``started``, ``finished``, ``resumed``, ``kept``, ``failed: ...``, ``refused: ...``). The
+  summary lists exactly these jobs, so jobs left in the directory by anything else never reach it,
+  and a job that died leaves ``started`` behind.
 
 The errors end a launch with a message and an exit status (:func:`zoo.app.compose.launch`). They
 derive from ``BaseException`` because Hydra runs callbacks under ``except Exception`` and turns

@@ -1,6 +1,7 @@
-"""What the sweep tests share: the overrides of a toy job, experiments/train.py's command line run
-in this process (as ``python experiments/train.py ...``) or in a process of its own, and a snapshot
-of a directory's files to tell whether a launch wrote anything."""
+"""What the tests of the app's command line share: the overrides of a toy sweep job,
+experiments/train.py's command line run in this process (as ``python experiments/train.py ...``)
+or in a process of its own, and a snapshot of a directory's files to tell whether a launch wrote
+anything."""
 
 from __future__ import annotations
 
@@ -12,21 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-TOY = [
-    "experiment=tiny",
-    "logger=csv",
-    "trainer.max_steps=2",
-    "trainer.eval_every=0",
-    "trainer.eval_batches=1",
-    "trainer.batch_size=2",
-    "trainer.seq_len=16",
-    "trainer.progress=false",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_heads=2",
-    "trainer.device=cpu",
-]
+from app_overrides import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+# a sweep's job: TINY's model and batches, two steps, evaluated once at the end
+TOY = [o for o in TINY if not o.startswith(("trainer.max_steps=", "trainer.eval_every="))]
+TOY += ["trainer.max_steps=2", "trainer.eval_every=0"]
 
 
 def train_main(argv: list[str], monkeypatch) -> int:
@@ -50,7 +42,7 @@ def train_main(argv: list[str], monkeypatch) -> int:
 def train_process(
     argv: list[str], env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """``python experiments/train.py ARGV`` in a process of its own (one thread; tests/app importable)."""
+    """``python experiments/train.py ARGV`` in a process of its own (one thread; tests/ importable)."""
     paths = [str(ROOT), str(Path(__file__).parent)]
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="1", **(env or {}))
     full_env.pop("WORLD_SIZE", None)

@@ -1,5 +1,5 @@
 """Command-line overrides shared by the tests that run the Hydra app end to end: a CPU-sized run of
-four steps that evaluates and checkpoints every two (test_train, test_checkpoint)."""
+four steps that evaluates and checkpoints every two (tests/train, and app_cli's sweep jobs)."""
 
 TINY = [
     "experiment=tiny",

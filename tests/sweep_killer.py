@@ -1,27 +1,28 @@
 """A kill -9 at a chosen instant of a real multirun, for the resume tests: imported by the
 multirun under test (``imports=[sweep_killer]``), it SIGKILLs the whole process right after job
-$ZOO_TEST_KILL_JOB has written ``last.pt`` at step $ZOO_TEST_KILL_STEP. Only once: the file
-$ZOO_TEST_KILL_ONCE must exist, and is removed as the kill happens, so a resumed launch with the
-very same overrides (imports included) runs through."""
+$ZOO_TEST_KILL_JOB's ``last.pt`` is renamed into place for the $ZOO_TEST_KILL_STEP-th time (the
+step, with a checkpoint every step), before its checksum is: the worst instant for the pair. Only
+once: the file $ZOO_TEST_KILL_ONCE must exist, and is removed as the kill happens, so a resumed
+launch with the very same overrides (imports included) runs through."""
 
 import os
 import signal
+from collections import Counter
 from pathlib import Path
 
-import zoo.train.checkpointing
+_replace = os.replace
+_renames: Counter = Counter()
 
-_save = zoo.train.checkpointing.save_checkpoint
 
-
-def save_then_die(path, payload, **kwargs):
-    written = _save(path, payload, **kwargs)
+def replace_then_die(source, target):
+    _replace(source, target)
+    target = Path(target)
     once = Path(os.environ["ZOO_TEST_KILL_ONCE"])
-    job = Path(path).parent.parent.name
-    chosen = job == os.environ["ZOO_TEST_KILL_JOB"] and payload["step"] == int(os.environ["ZOO_TEST_KILL_STEP"])
-    if chosen and Path(path).name == "last.pt" and once.exists():
-        once.unlink()
-        os.kill(os.getpid(), signal.SIGKILL)
-    return written
+    if target.name == "last.pt" and target.parent.parent.name == os.environ["ZOO_TEST_KILL_JOB"]:
+        _renames[target] += 1
+        if _renames[target] == int(os.environ["ZOO_TEST_KILL_STEP"]) and once.exists():
+            once.unlink()
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
-zoo.train.checkpointing.save_checkpoint = save_then_die
+os.replace = replace_then_die

@@ -36,6 +36,16 @@ class TunedCompareSweeper(Sweeper):
     def __init__(self, **options: Any) -> None:
         self.options = options
 
+    @staticmethod
+    def check_launch(config: DictConfig) -> None:
+        """Refuse a launch this sweeper cannot run as asked (ValueError), before anything is written
+        (called by the sweep summary's callback at the multirun's start)."""
+        from zoo.app.tuning import check_launch
+
+        options = OmegaConf.to_container(config.hydra.sweeper)
+        arguments = list(config.hydra.overrides.task)
+        check_launch(options["compare"], options["variants"], options["params"], arguments)
+
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
@@ -43,10 +53,12 @@ class TunedCompareSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        from zoo.app.tuning import tuned_compare, variants_of
+        from zoo.app.tuning import check_launch, tuned_compare, variants_of
 
         options = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in self.options.items()}
-        variants = variants_of(options.pop("compare"), options.pop("variants"))
+        compare, values = options.pop("compare"), options.pop("variants")
+        check_launch(compare, values, options["params"], arguments)  # done already when the summary callback runs
+        variants = variants_of(compare, values)
         return tuned_compare(
             launcher=self.launcher,
             sweep_dir=self.config.hydra.sweep.dir,

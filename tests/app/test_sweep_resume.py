@@ -29,9 +29,11 @@ def logged_steps(run_dir: Path) -> list[int]:
 
 
 def test_a_killed_multirun_resumes_keeps_reruns_nothing_twice_and_covers_every_job(tmp_path):
-    """kill -9 of the whole multirun right after job 1's checkpoint at step 2 (job 0 finished, job 2
-    never started); the same command with sweep.resume=true: job 0 kept untouched, job 1 resumed
-    from its own last.pt to the very weights of an uninterrupted run, job 2 run; one summary row each."""
+    """kill -9 of the whole multirun as job 1's step-2 checkpoint is renamed into place, before its
+    checksum (job 0 finished, job 2 never started); the same command with sweep.resume=true: job 0
+    kept untouched, job 1 resumed from that last.pt to the very weights of an uninterrupted run,
+    job 2 run; one summary row each. Before: the checkpoint failed its own checksum, and the
+    re-launch ran nothing."""
     sweep, once = tmp_path / "sweep", tmp_path / "kill-once"
     once.touch()
     jobs = ["trainer.max_steps=4", "trainer.checkpoint_every=1", "trainer.log_every=1", "seed=0,1,2"]
@@ -70,7 +72,7 @@ def test_a_launch_that_would_mix_two_sweeps_is_refused_and_writes_nothing(tmp_pa
     argv = ["-m", *TOY, "attention=vanilla,additive", f"hydra.sweep.dir={sweep}"]
     assert train_main(argv, monkeypatch) == 0
     before = snapshot(sweep)
-    assert {"summary.csv", "summary.md", "0/.hydra/overrides.yaml", "sweep.json"} <= set(before)
+    assert {"summary.csv", "summary.md", "0/.hydra/overrides.yaml", "1/.hydra/overrides.yaml"} <= set(before)
     capsys.readouterr()
     assert train_main(argv, monkeypatch) == 2
     error = capsys.readouterr().err

@@ -67,3 +67,14 @@ def test_tuned_compare_gives_every_variant_the_same_search_then_compares_their_b
     assert variants["vanilla"]["verdict"] == "baseline" and variants["additive"]["paired"] == "True"
     md = (sweep / "summary.md").read_text()
     assert "## Search `attention:vanilla`: 2 trials" in md and "## Search `attention:additive`: 2 trials" in md
+
+
+def test_tuned_compare_refuses_a_command_line_it_would_overrule(tmp_path, monkeypatch, capsys):
+    """A seed (or the compared key, or a searched one) on the command line would be overruled for
+    every job: refused before anything is written, naming what to use instead."""
+    sweep = tmp_path / "sweep"
+    argv = ["sweep=tuned_compare", *TOY, "seed=3", "optim.lr=0.01", f"hydra.sweep.dir={sweep}"]
+    assert train_main(argv, monkeypatch) == 2
+    error = capsys.readouterr().err
+    assert "remove seed=3 optim.lr=0.01 from the command line" in error and "hydra.sweeper.seeds" in error
+    assert not sweep.exists()

@@ -218,10 +218,8 @@ def aggregate(rows: list[dict[str, Any]], baseline: str = "") -> tuple[list[dict
         for column in ("tokens_per_s", "act_mib", "gpu_peak_mib"):
             values = [x for r in done if (x := finished_value(r, column)) is not None]
             v[column] = float(np.mean(values)) if values else None
-        steps = [int(r["steps"]) for r in done if isinstance(r.get("steps"), int)]
-        v["steps"] = (
-            f"{min(steps)}" if steps and min(steps) == max(steps) else (f"{min(steps)}-{max(steps)}" if steps else "")
-        )
+        steps = sorted({int(r["steps"]) for r in done if isinstance(r.get("steps"), int)})
+        v["steps"] = "-".join(map(str, dict.fromkeys([steps[0], steps[-1]]))) if steps else ""  # "300" or "120-300"
     if not baseline:
         return variants, ""
     wanted = parse_baseline(baseline)

@@ -136,9 +136,11 @@ def run_job(cfg: DictConfig) -> float:
     sweep_id = manifest["id"] if manifest else ""
     action, why = decide(job, sweep_id, resume=bool(cfg.sweep.resume)) if manifest else ("run", "")
     entry = dict(overrides=job.overrides, dir=job.relative_dir(), search=cfg.sweep.search)
-    record = functools.partial(record_job, job.sweep_dir, job.num, **entry)
-    if not manifest:
-        record = lambda **entry: None  # noqa: E731 - nowhere to record
+
+    def record(status: str) -> None:
+        if manifest:  # else nowhere to record
+            record_job(job.sweep_dir, job.num, **entry, status=status)
+
     if action == "refuse":
         print(f"job {job.num} refused: {why}", file=sys.stderr)
         record(status=f"refused: {why}")

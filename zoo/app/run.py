@@ -114,14 +114,15 @@ def make_loggers(resolved: dict[str, Any], run_dir: Path, name: str, group: str)
 
 def save_hydra_record(run_dir: Path, cfg: DictConfig | dict) -> None:
     """Hydra's record of the run (``.hydra/``: the composed config, Hydra's config, the command
-    line's overrides), as Hydra writes it; nothing outside Hydra."""
+    line's overrides), as Hydra would write it; nothing for a run Hydra did not start in ``run_dir``."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
         hydra_cfg = HydraConfig.instance().cfg
     except ImportError:
         return
-    if hydra_cfg is None or not isinstance(cfg, DictConfig):
+    output_dir = OmegaConf.select(hydra_cfg, "hydra.runtime.output_dir") if hydra_cfg is not None else None
+    if not output_dir or Path(output_dir).resolve() != Path(run_dir).resolve() or not isinstance(cfg, DictConfig):
         return
     folder = make_dir(run_dir, run_dir / HYDRA_RECORD)
     write_text(run_dir, folder / "config.yaml", OmegaConf.to_yaml(cfg))
@@ -137,8 +138,7 @@ def run(
     on_claimed: Callable[[Path], None] | None = None,
 ) -> float:
     """Train and evaluate one configuration; returns the final validation metric. ``on_claimed(run_dir)``
-    is called once the run owns its directory, before it writes anything there (a sweep's job marks
-    it as its own)."""
+    is called once the run owns its directory, before it trains (a sweep's job marks it as its own)."""
     resolved, task, model = build(cfg)
     hydra_dir, name, group = hydra_context()
     run_dir = Path(run_dir) if run_dir is not None else hydra_dir

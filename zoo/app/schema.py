@@ -210,7 +210,7 @@ class RootSchema:
     # (imports=[my_research.attention] attention=my_attention); recorded so evaluate/sample re-import them
     imports: list[str] = field(default_factory=list)
     name: str = ""  # run name (default: made from the command-line overrides)
-    tags: list[str] = field(default_factory=list)  # free-form labels: in result.json, the sweep summary and wandb
+    tags: list[str] = field(default_factory=list)  # free-form labels: in config.json, the sweep summary and wandb
     sweep: SweepOptions = field(default_factory=SweepOptions)
     data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
     experiment: str | None = None  # set by experiment/* configs, for the record

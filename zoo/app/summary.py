@@ -31,7 +31,7 @@ try:  # the callback base class; the module stays importable without Hydra for w
 except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
 
-from zoo.app.aggregate import FINISHED, aggregate, parse_baseline
+from zoo.app.aggregate import FINISHED, VARIANT_FREE, aggregate, parse_baseline
 from zoo.app.sweep_dir import (
     LaunchRefused,
     SweepIncomplete,
@@ -94,7 +94,9 @@ def job_status(entry: dict[str, Any], result: dict[str, Any] | None) -> str:
         return "finished (kept from an earlier launch)"
     if status == "resumed":
         return f"finished (resumed at step {(result or {}).get('resumed_at_step')})"
-    if status == "started":
+    if status == "started":  # the job died: before its result, or (rarely) just after it
+        if result and result.get("status") == "finished":
+            return "finished"
         return "interrupted (no result: the job died; sweep.resume=true continues it)"
     if status.startswith("failed") and result and str(result.get("status", "")).startswith("failed"):
         return str(result["status"])
@@ -107,8 +109,6 @@ def job_row(sweep_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     job_dir = sweep_dir / entry["dir"]
     status = entry["status"]
     result = None if status.startswith("refused") else read_json(job_dir / "result.json")
-    if status == "started" and result is not None and result.get("status") == "finished":
-        result = None  # an earlier result in a directory whose new run died: not this launch's
     row = result_row(result, job_dir) if result else {key: None for key in COLUMNS}
     overrides = overrides_dict(entry["overrides"])
     for key in ("model", "attention", "data", "seed"):
@@ -231,7 +231,7 @@ def write_summary(sweep_dir: str | Path, multirun_id: str | None = None, baselin
     varied = varied_keys(rows)
     short_names(rows)
     write_csv(paths["csv"], rows, COLUMNS + extra + ["dir"])
-    variant_varied = [k for k in varied if k not in ("seed", "sweep.search")]
+    variant_varied = [k for k in varied if k not in VARIANT_FREE]
     if variants:
         csv_rows, fields = variant_rows(variants, variant_varied)
         write_csv(paths["variants_csv"], csv_rows, fields)
@@ -288,11 +288,29 @@ def check_baseline(config: Any) -> None:
         )
 
 
+def check_sweeper(config: Any) -> None:
+    """A sweeper that can tell a launch it cannot run (a ``check_launch(config)`` raising ValueError
+    or ImportError: sweep=tuned_compare) refuses it here, before anything is written."""
+    from hydra.utils import get_class
+
+    target = config.hydra.sweeper.get("_target_")
+    check = getattr(get_class(target), "check_launch", None) if target else None
+    if check is None:
+        return
+    try:
+        check(config)
+    except ImportError as exc:
+        raise LaunchRefused(f"{exc}: this sweep needs hydra-optuna-sweeper (pip install -e '.[tune]')") from None
+    except ValueError as exc:
+        raise LaunchRefused(str(exc)) from None
+
+
 class SweepSummary(Callback):
     """Hydra callback: the sweep's record at the start, its summary at the end (see the module's docstring)."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         check_baseline(config)
+        check_sweeper(config)
         identity = sweep_identity(config)
         open_sweep(config.hydra.sweep.dir, identity, resume=bool(config.sweep.resume), baseline=config.sweep.baseline)
 

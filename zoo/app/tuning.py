@@ -22,7 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zoo.app.sweep_dir import override_key
 from zoo.train.rundir import write_text
+
+OWNED = ("seed", "sweep.search")  # besides the compared key and the searched ones: set per job by the sweep
 
 
 def variants_of(compare: str, values: list[Any]) -> list[str]:
@@ -47,6 +50,22 @@ def search_space(params: dict[str, str]) -> dict[str, Any]:
             "(interval(a, b), tag(log, interval(a, b)), choice(a, b), range(a, b)); set fixed values as overrides"
         )
     return distributions
+
+
+def check_launch(compare: str, values: list[Any], params: dict[str, str], arguments: Sequence[str]) -> None:
+    """Refuse (ValueError) a tuned comparison it cannot run as asked, before anything runs: no
+    variants, a search space holding a fixed value, or a command line setting a key the sweep sets
+    itself for every job (the command line would otherwise be silently overruled)."""
+    variants_of(compare, values)
+    search_space(params)
+    owned = {compare, *params, *OWNED}
+    clash = [a for a in arguments if override_key(a) in owned]
+    if clash:
+        raise ValueError(
+            f"sweep=tuned_compare sets {', '.join(sorted(owned))} for each job itself; remove {' '.join(clash)} "
+            "from the command line (variants: hydra.sweeper.variants, the search: hydra.sweeper.params, "
+            "seeds: hydra.sweeper.tune_seeds and hydra.sweeper.seeds)"
+        )
 
 
 def launch_values(launcher: Any, batch: list[list[str]], first_job: int) -> list[float]:

@@ -286,7 +286,7 @@ class Trainer(CheckpointedRun):
                 raise
             finally:
                 bar.close()
-        if last_eval is None:  # resumed at or past max_steps
+        if last_eval is None:  # resumed at or past max_steps, or out of patience: evaluate it as it is
             last_eval = self._evaluate_and_save(metric_key)
         summary = self.summary(metric_key, last_eval, stop_reason, wall=time.perf_counter() - start)
         if self.dist.is_main:

@@ -21,6 +21,15 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def value_cell(text: Any) -> Any:
+    """An override's value for a table: a long float (a searched learning rate) as a number, to
+    four figures; anything else as written (the CSVs keep the exact value)."""
+    try:
+        return float(text) if "." in str(text) or "e" in str(text).lower() else text
+    except (TypeError, ValueError):
+        return text
+
+
 def fmt_interval(interval: Interval) -> str:
     """``0.512 [0.48, 0.54]``; the mean alone below two values."""
     if interval.n == 0:
@@ -87,7 +96,7 @@ def variant_table(variants: list[dict[str, Any]], varied: list[str]) -> str:
     header += ["steps", "tokens_per_s", "act_mib"]
     body = []
     for v in variants:
-        cells = [v["overrides"].get(k, v.get(k)) if k != "variant" else label(v, variants) for k in keys]
+        cells = [value_cell(v["overrides"].get(k, v.get(k))) if k != "variant" else label(v, variants) for k in keys]
         final = v["final_metric"]
         cells += [f"{final.n}/{v['n_jobs']}", fmt_interval(final), final.std, fmt_interval(v["best_metric"])]
         if compared:
@@ -157,7 +166,8 @@ def search_tables(rows: list[dict[str, Any]]) -> list[str]:
             scored.append((mean_interval(values), dict(key), len(group)))
         scored.sort(key=lambda trial: best_first(trial[0], higher))
         body = [
-            [params.get(k) for k in keys] + [jobs, value.mean if value.n else None] for value, params, jobs in scored
+            [value_cell(params.get(k)) for k in keys] + [jobs, value.mean if value.n else None]
+            for value, params, jobs in scored
         ]
         top, params, _ = scored[0]
         best = ", ".join(f"{k}={params.get(k)}" for k in keys)

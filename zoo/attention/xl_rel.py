@@ -168,6 +168,13 @@ class XLRelativeAttention(Attention):
     def init_state(self, batch_size: int) -> XLMemory:
         return XLMemory()
 
+    def state_bound(self) -> int:
+        """Past inputs the memory keeps: mem_len in training, eval_mem_len (when set) in eval mode."""
+        return self.options.eval_mem_len if not self.training and self.options.eval_mem_len else self.options.mem_len
+
+    def carries_segment_memory(self) -> bool:
+        return True  # segment-level recurrence: training carries the memory from segment to segment
+
     def memory_keys(self) -> int:
         return self.options.mem_len  # training keeps mem_len states; eval_mem_len is evaluation's
 
@@ -230,6 +237,8 @@ class XLRelativeAttention(Attention):
         keep = self.memory_length
         if keep == 0:
             return XLMemory()
+        # float32: the memory keeps the layer's inputs as they are, float32 under bf16 autocast (only
+        # their projections run in bf16), so carried from segment to segment it is never rounded to bf16
         states = keys_in[:, -keep:].detach()
         memory = XLMemory(states, None if key_pad is None else key_pad[:, -keep:])
         if cache is not None:

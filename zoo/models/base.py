@@ -24,12 +24,14 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.blocks import Block
 from zoo.config import ModelConfig
 from zoo.models.inputs import (
     check_embeds,
@@ -37,8 +39,7 @@ from zoo.models.inputs import (
 )
 from zoo.registry import Registry
 from zoo.residual.base import RESIDUAL
-from zoo.stacks.base import STACK
-from zoo.stacks.build import attention_class, split_part
+from zoo.stacks.build import split_part
 
 
 @dataclass
@@ -159,14 +160,39 @@ class ZooModel(nn.Module):
         model (zoo/models/costs.py); None when the head does not say."""
         return None
 
+    def decoding_stack(self) -> nn.Module:
+        """The stack a state continues (the LM's stack; the encoder-decoder's decoder)."""
+        return self.stack
+
+    def stream_refusal(self) -> str | None:
+        """Why this model cannot continue a sequence from a state, asked of its parts: the stack
+        (``Stack.stream_refusal``: the universal stack keeps no per-layer cache) and every
+        self-attention (``Attention.stream_refusal``: a layer without a state, a bidirectional one, or
+        options whose key sets depend on the whole sequence). None when it can: then feeding a stream
+        in pieces with ``state`` equals one call over it."""
+        stack = self.decoding_stack()
+        reason = stack.stream_refusal()
+        if reason is not None:
+            return reason
+        for i, block in enumerate(m for m in stack.modules() if isinstance(m, Block)):
+            reason = block.attention.stream_refusal()
+            if reason is not None:
+                return f"layer {i}: {reason}"
+        return None
+
+    def refuse_stream(self) -> None:
+        """Raise, with the reason, when this model cannot continue a sequence from a state."""
+        reason = self.stream_refusal()
+        if reason is not None:
+            raise ValueError(
+                f"{self.config.name} cannot continue a sequence from a state: {reason}. Feed the whole sequence "
+                "with state=None instead (generate() does so by itself)"
+            )
+
     def attentions_keep_state(self) -> bool:
-        """True when every attention can continue from a state (KV cache / memory) and the stack
-        threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
-        token at a time; otherwise it recomputes the whole prefix each step."""
-        return (
-            attention_class(self.config.attention).supports_memory
-            and STACK.get(split_part(self.config.stack)[0]).keeps_state
-        )
+        """True when the model can continue a sequence from a state (``stream_refusal`` is None), so
+        decoding feeds one token at a time through the caches; otherwise it recomputes the prefix."""
+        return self.stream_refusal() is None
 
     def check_decode_length(self, length: int, what: str) -> None:
         """Refuse up front a decode that would run past the position signal's limit (a learned table)
@@ -193,18 +219,33 @@ class ZooModel(nn.Module):
                 f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh "
                 f"with state=None or model.init_state({batch_size})"
             )
-        if state.offset and stack is not None and not stack.keeps_state:
-            # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
-            raise ValueError(
-                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence "
-                f"at offset {state.offset}: "
-                "the new tokens would not see the earlier ones; feed the whole prefix with state=None "
-                "(attentions_keep_state() is False for this stack, so generate() does)"
-            )
+        if stack is not None and (state.offset or state.layers is not None):
+            # continuing needs every layer's cache of the earlier tokens: never compute without them
+            self.refuse_stream()
 
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    # -- sharing (zoo/hub, through SHARING): Hugging Face's PyTorchModelHubMixin names --------------
+    def save_pretrained(self, save_directory: str | Path, *, training: dict[str, Any] | None = None) -> Path:
+        """Write ``model.safetensors`` + ``config.json`` + ``README.md`` (the model card) into a folder."""
+        return SHARING["save_pretrained"](self, save_directory, training=training)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload that folder to Hugging Face Hub repository ``repo_id`` (needs ``huggingface_hub``)."""
+        return SHARING["push_to_hub"](self, repo_id, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> ZooModel:
+        """``zoo.from_pretrained`` (a folder or a Hub repository id), refusing a model of another head."""
+        model = SHARING["from_pretrained"](name_or_path, **kwargs)
+        if not isinstance(model, cls):
+            raise TypeError(
+                f"{name_or_path} holds a {type(model).__name__} ({model.config.kind}), not a {cls.__name__}: "
+                "load it with zoo.from_pretrained"
+            )
+        return model
 
 
 @dataclass
@@ -221,3 +262,7 @@ class Seq2SeqState:
 
 # the heads, by ``ModelConfig.kind``: each head file registers its class (``@HEAD.register("lm")``)
 HEAD: Registry[type[ZooModel]] = Registry("head", ZooModel)
+
+# ZooModel's save_pretrained / push_to_hub / from_pretrained, filled in by zoo.hub when it is imported
+# (``import zoo`` does): the folder format needs the preset registry, which needs this module
+SHARING: dict[str, Callable[..., Any]] = {}

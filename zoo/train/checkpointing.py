@@ -34,6 +34,7 @@ class CheckpointedRun:
     resume_from: Path | None
     last_checkpoint: Path | None
     resumed_at: int | None
+    evaluation: dict[str, Any] | None
     loggers: list[Any]
 
     def release(self) -> None:
@@ -43,7 +44,7 @@ class CheckpointedRun:
 
     def payload(self) -> dict[str, Any]:
         """Everything resume needs, as tensors and plain types (:func:`zoo.train.resume.run_payload`)."""
-        progress = Progress(self.step, self.best, self.best_step, self.evals_since_best)
+        progress = Progress(self.step, self.best, self.best_step, self.evals_since_best, self.evaluation)
         return run_payload(
             model=self.model,
             task=self.task,
@@ -87,6 +88,7 @@ class CheckpointedRun:
         )
         self.step, self.best = progress.step, progress.best
         self.best_step, self.evals_since_best = progress.best_step, progress.evals_since_best
+        self.evaluation = progress.evaluation
         self.resumed_at = self.step
         self.last_checkpoint = Path(path)
         self.cut_logs(self.step)

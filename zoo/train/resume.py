@@ -65,12 +65,14 @@ def open_run(run_dir: Path, resume: str, *, is_main: bool) -> tuple[RunClaim | N
 @dataclass
 class Progress:
     """Where a run stands, saved in every checkpoint: optimiser steps taken, the best validation
-    metric so far and the step it came at, and the evaluations since then (early stopping)."""
+    metric so far and the step it came at, the evaluations since then (early stopping), and the
+    latest evaluation, ``{"step", "metric", "value"}`` (a shared model's card reports it)."""
 
     step: int = 0
     best: float | None = None
     best_step: int = 0
     evals_since_best: int = 0
+    evaluation: dict[str, Any] | None = None
 
 
 def task_info(task: Task) -> dict[str, Any]:
@@ -111,6 +113,7 @@ def run_payload(
         "best": progress.best,
         "best_step": progress.best_step,
         "evals_since_best": progress.evals_since_best,
+        "evaluation": progress.evaluation,
         "world_size": world_size,
         "config": json.loads(json.dumps(config, default=str)),
     }
@@ -186,6 +189,7 @@ def restore(
         best=ckpt.get("best"),
         best_step=int(ckpt.get("best_step", ckpt["step"])),
         evals_since_best=int(ckpt.get("evals_since_best", 0)),
+        evaluation=ckpt.get("evaluation"),  # checkpoints written before it was kept: the best value only
     )
     return progress, state
 

@@ -1,18 +1,18 @@
 """The training loop of the Hydra application (usable on its own from Python): a built model, a task.
 
 Around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then ``optimizer_step``:
-aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast on
-CUDA and gradient accumulation (:mod:`zoo.train.options`); state carried from step to step on
-contiguous tasks for every model that keeps segment memory, started with ``init_state`` where the
-streams start over; evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged
-(:mod:`zoo.train.loggers`); tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
-checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite weights nor after a
-non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory claimed and locked
-for the run, which checkpoint, whether it fits, what changed) so 2 + 2 steps equal 4 straight, bit
-for bit; early stopping on the validation metric; a NaN/inf loss stops the run naming the step and
-the newest sound checkpoint; Ctrl-C and SIGTERM save first (:mod:`zoo.train.stop`); the debugging
-aids of ``conf/debug/`` (:mod:`zoo.train.debug`); ``torchrun`` data parallelism: DDP, each rank
-reads its own rows, only rank 0 logs and saves.
+aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast (CUDA
+and CPU: :mod:`zoo.train.precision`) and gradient accumulation (:mod:`zoo.train.options`); state carried
+from step to step on contiguous tasks for every model that keeps segment memory, started with
+``init_state`` where the streams start over; evaluation every N steps with the task metric
+(:mod:`zoo.train.metrics`), logged (:mod:`zoo.train.loggers`); tokens/s, peak and activation memory
+(:mod:`zoo.train.meter`); checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite
+weights nor after a non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory
+claimed and locked for the run, which checkpoint, whether it fits, what changed) so 2 + 2 steps equal
+4 straight, bit for bit; early stopping on the validation metric; a NaN/inf loss stops the run naming
+the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first (:mod:`zoo.train.stop`); the
+debugging aids of ``conf/debug/`` (:mod:`zoo.train.debug`); ``torchrun`` data parallelism: DDP, each
+rank reads its own rows, only rank 0 logs and saves.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from zoo.train.checkpointing import CheckpointedRun
 from zoo.train.debug import StepProfiler, anomaly_detection
 from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
-from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, pick_device
+from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, run_device
+from zoo.train.precision import autocast
 from zoo.train.resume import open_run
 from zoo.train.rundir import write_text
 from zoo.train.steps import (
@@ -95,9 +96,7 @@ class Trainer(CheckpointedRun):
         if trainer.threads:
             torch.set_num_threads(trainer.threads)
         self.dist = distributed.from_env()
-        self.device = pick_device(trainer.device, self.dist.local_rank)
-        if trainer.precision == "bf16" and self.device.type != "cuda":
-            raise ValueError("trainer.precision=bf16 autocast needs CUDA here; use fp32 on CPU")
+        self.device = run_device(trainer, self.dist.local_rank)
         check_splits(task, self.dist.world_size)
         self.claim, self.resume_from = open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
         try:
@@ -129,7 +128,7 @@ class Trainer(CheckpointedRun):
         self.best: float | None = None
         self.best_step, self.evals_since_best = 0, 0  # early stopping
         self.resumed_at: int | None = None
-        self.evaluated_at: int | None = None  # the step of the latest evaluation
+        self.evaluation: dict[str, Any] | None = None  # the latest: {"step", "metric", "value"} (checkpoints keep it)
         self.last_checkpoint: Path | None = None  # the newest checkpoint known sound (finite, checksummed)
         self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
         self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
@@ -142,9 +141,7 @@ class Trainer(CheckpointedRun):
 
     # -- one optimiser step --------------------------------------------------------------------
     def autocast(self):
-        if self.opts.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.opts.precision)
 
     def forward_context(self, meter: ActivationMeter | None = None) -> contextlib.ExitStack:
         """What the forward pass runs under: autocast, and the activation meter on the first step."""
@@ -307,6 +304,7 @@ class Trainer(CheckpointedRun):
             "attention": self.model.config.attention.get("name"),
             "data": self.task.registry_name,
             "optimizer": self.optim_opts.describe(),
+            "precision": self.opts.precision,
             "metric": self.task.metric,
             "metric_name": metric_key,
             "final_metric": last_eval[metric_key],
@@ -369,7 +367,7 @@ class Trainer(CheckpointedRun):
     def _save_on_stop(self, metric_key: str) -> Path | None:
         """The checkpoint of a run stopped between steps: the evaluation due at this step done first
         (it comes after the stop check), so the resumed run neither repeats nor skips it."""
-        if self.evaluation_due() and self.evaluated_at != self.step:
+        if self.evaluation_due() and (self.evaluation or {}).get("step") != self.step:
             self._evaluate_and_save(metric_key)
             return self.ckpt_dir / "last.pt" if self.opts.checkpoints and self.dist.is_main else None
         return self.save()
@@ -384,13 +382,13 @@ class Trainer(CheckpointedRun):
                 f"evaluation at step {self.step} gave {found}; stopping without overwriting any "
                 f"checkpoint. {self.sound_checkpoint_note()}"
             )
-        self.evaluated_at = self.step
         improved = self.is_better(value)
         if improved:
             self.best, self.best_step, self.evals_since_best = value, self.step, 0
         elif self.step != self.resumed_at:  # re-evaluating the checkpoint it resumed from is no new evaluation
             self.evals_since_best += 1
         result[f"{metric_key}_best"] = self.best
+        self.evaluation = {"step": self.step, "metric": metric_key, "value": value}
         self.log({**result, **self.peak_memory_mb()})
         payload = self.payload() if self.opts.checkpoints and self.dist.is_main else None
         if improved:

@@ -445,31 +445,3 @@ def test_trainer_step_is_the_library_step(tmp_path):
         assert torch.equal(value, trained[key]), key
     assert bench.ActivationMeter is meter.ActivationMeter
     assert not hasattr(bench, "SavedTensorMeter")
-
-
-def test_a_sweep_rerun_into_the_same_directory_leaves_the_earlier_jobs_alone(tmp_path, monkeypatch, capsys):
-    """Before: re-running a sweep into its hydra.sweep.dir trained again into the old job directories."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    train_script = script("train")
-    sweep = tmp_path / "sweep"
-    argv = [
-        "train.py",
-        "-m",
-        *TINY,
-        "trainer.max_steps=1",
-        "trainer.eval_every=0",
-        "seed=0",
-        f"hydra.sweep.dir={sweep}",
-    ]
-    results = []
-    for _ in range(2):
-        monkeypatch.setattr(sys, "argv", argv)
-        GlobalHydra.instance().clear()
-        try:
-            train_script.main()
-        finally:
-            GlobalHydra.instance().clear()
-        results.append((sweep / "0" / "result.json").read_text())
-    assert results[0] == results[1] and json.loads(results[0])["status"] == "finished"
-    assert f"run refused: run directory {sweep / '0'} already holds a run" in capsys.readouterr().err

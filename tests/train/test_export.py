@@ -51,6 +51,7 @@ def test_a_checkpoint_exports_to_a_folder_that_loads_its_model(tmp_path, text_fi
 def test_export_refuses_a_corrupt_checkpoint(tmp_path):
     bad = tmp_path / "last.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="no checksum file"):
+    # without a checksum it is read (with a warning, issue 28), and refused for what it holds
+    with pytest.warns(UserWarning, match="no checksum file"), pytest.raises(CheckpointError, match="last.pt"):
         script("export").main([str(bad), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()

@@ -39,12 +39,28 @@ class TrainerOptions:
     # train under torch.compile (compiled on the first step; evaluation stays eager). Measured with
     # ``python -m zoo.bench --paired --compile``: on CPU it helped LSH, slowed dense and local attention
     compile: bool = False
+    # stop after this many evaluations in a row without a better validation metric (0 = off)
+    early_stop_patience: int = 0
+    # debugging aids (conf/debug/): train on the first N training batches over and over and evaluate
+    # on them (0 = off); a torch.profiler trace of N steps into <run dir>/profile/ (0 = off);
+    # autograd anomaly detection (the backward op that made a NaN, named with its forward trace)
+    overfit_batches: int = 0
+    profile_steps: int = 0
+    detect_anomaly: bool = False
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):
             value = getattr(self, key)
             require(isinstance(value, int) and value > 0, f"trainer.{key} must be a positive int, got {value!r}")
-        for key in ("eval_every", "eval_batches", "checkpoint_every", "threads"):
+        for key in (
+            "eval_every",
+            "eval_batches",
+            "checkpoint_every",
+            "threads",
+            "early_stop_patience",
+            "overfit_batches",
+            "profile_steps",
+        ):
             require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)!r}")
         require(self.precision in PRECISIONS, f"trainer.precision must be fp32 or bf16, got {self.precision!r}")
         require(self.eval_split in ("val", "test"), f"trainer.eval_split must be val or test, got {self.eval_split!r}")

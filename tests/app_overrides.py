@@ -1,11 +1,11 @@
 """Command-line overrides shared by the tests that run the Hydra app end to end: a CPU-sized run of
-four steps that evaluates and checkpoints every two (test_train, test_checkpoint, test_export); and
-``script(name)``, the module of ``experiments/<name>.py`` (its ``main`` takes an argv list)."""
+four steps that evaluates and checkpoints every two (tests/train, test_export, and app_cli's sweep
+jobs); and ``script(name)``, the module of ``experiments/<name>.py`` (its ``main`` takes an argv list)."""
 
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = [
     "experiment=tiny",

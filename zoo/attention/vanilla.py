@@ -139,6 +139,34 @@ class VanillaAttention(Attention):
         )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
 
+    # -- context parallelism (zoo/parallel): ring attention over the split sequence --------------------
+    def context_refusal(self) -> str | None:
+        if not self.causal:
+            return "attention 'vanilla' is bidirectional here; ring attention is run for causal layers only"
+        if self.dropout:
+            return (
+                f"attention 'vanilla' has attention dropout {self.dropout}: ring attention merges blocks of the "
+                "fused kernel without attention-weight dropout; set attention_dropout=0"
+            )
+        if self.carries_segment_memory():
+            return (
+                f"attention 'vanilla' with max_cache={self.options.max_cache} carries a KV cache from segment to "
+                "segment, which is not continued over a split sequence; set max_cache=0"
+            )
+        return None
+
+    def context_layouts(self) -> tuple[str, ...]:
+        return ("zigzag", "contiguous")  # dense causal attention: zigzag gives every rank the same work
+
+    def attend_chunk(
+        self, x: Tensor, chunk, *, pad_mask: Tensor | None = None, state: KVCache | None = None, **kwargs
+    ) -> AttnOutput:
+        """Ring attention (Liu et al. 2023): each rank's keys and values go around the ring once."""
+        self.check_inputs(x, None, pad_mask, None)
+        self.refuse_chunk_state(state)
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        return AttnOutput(self.to_out(self.merge_heads(chunk.ring_attention(q, k, v, key_valid=pad_mask))))
+
     def _self_keys(self, x: Tensor, pad_mask: Tensor | None, state: KVCache | None):
         k, v = self.split_heads(self.to_k(x)), self.split_heads(self.to_v(x))
         if state is None:

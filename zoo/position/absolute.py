@@ -67,7 +67,7 @@ class LearnedPosition(Position):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         shift_max = self.options.random_offset_max if self.training else 0
-        end = offset + x.shape[1] + shift_max
+        end = offset + self.sequence_length(x) + shift_max
         if end > self.max_len:
             shifted = f" with random_offset_max={shift_max}" if shift_max else ""
             raise ValueError(

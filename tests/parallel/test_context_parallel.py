@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from ranks import run_ranks
 
 import zoo
 from zoo.attention.local import Local1DAttention
@@ -23,6 +22,7 @@ from zoo.models.base import map_tensors
 from zoo.parallel import ring
 from zoo.parallel.chunk import Layout
 from zoo.parallel.context import ContextParallel, context_mesh
+from zoo.parallel.launch import run_ranks
 from zoo.train.steps import detach_state, initial_state, total_loss
 
 T, B, VOCAB = 24, 2, 32  # 24 splits into the 2 x 4 zigzag pieces of N = 4
@@ -59,7 +59,8 @@ class Case:
         return out
 
 
-LOCAL = {"name": "local_1d", "block": 3, "memory": 5, "sinks": 2}  # halo 2 + 5 + 3 - 1 = 9 > a chunk of 6
+LOCAL = {"name": "local_1d", "block": 3, "memory": 5}  # chunks start on a block: the blocked pass past the halo
+SINKS = {"name": "local_1d", "block": 4, "memory": 5, "sinks": 2}  # halo 2 + 5 + 4 - 1 = 10 > a chunk of 6
 XL = {"name": "xl_rel", "mem_len": 8, "block_size": 4}
 SPAN = {"name": "adaptive_span", "max_span": 10, "ramp": 2, "span_init": 5.0}
 FIXED = {"name": "sparse_fixed", "stride": 4, "c": 2, "combine": "union"}
@@ -69,6 +70,7 @@ RASTER = {"name": "local_2d", "width": 4, "query_height": 2, "query_width": 2, "
 DEFAULT = [
     Case("vanilla", "vanilla_lm"),
     Case("local_1d", "vanilla_lm", {"attention": LOCAL}),
+    Case("local_1d_sinks", "vanilla_lm", {"attention": SINKS}),
     Case("sparse_transformer", "sparse_transformer", {"attention": FIXED}),
     Case("transformer_xl", "transformer_xl", {"attention": XL}, segments=2),
     Case("adaptive_span_lm", "adaptive_span_lm", {"attention": SPAN}, segments=2),
@@ -81,6 +83,7 @@ MATRIX = [
     Case("vanilla_plain_matmuls", "vanilla_lm", fused=False),
     Case("vanilla_plain_matmuls_padded", "vanilla_lm", fused=False, pad=True),
     Case("local_1d_padded", "vanilla_lm", {"attention": LOCAL}, pad=True),
+    Case("local_1d_sinks_padded", "vanilla_lm", {"attention": SINKS}, pad=True),
     Case("local_1d_no_memory", "vanilla_lm", {"attention": {"name": "local_1d", "block": 4, "memory": 0}}),
     Case("local_1d_reversible", "vanilla_lm", {"attention": LOCAL, "stack": "reversible", "residual": "pre_norm"}),
     Case("local_2d", "image_transformer", {"attention": RASTER}),

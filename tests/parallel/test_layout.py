@@ -62,6 +62,22 @@ def test_kept_positions_name_exactly_what_the_stream_cache_keeps(name, options):
         assert cache.position.tolist() == positions[attn.kept_positions(positions, start)].tolist()
 
 
+@pytest.mark.parametrize("name,options", PATTERNS)
+def test_a_shift_period_leaves_the_pattern_alone_and_bounds_it(name, options):
+    """Where a pattern names a shift period, moving queries and keys by a multiple of it changes nothing,
+    and past state_bound() queries see no key before the shift: a later chunk's blocked pass is exact there."""
+    attn = zoo.create_attention(name, d_model=8, n_heads=2, causal=True, **options)
+    period = attn.shift_period()
+    if period is None:
+        assert attn.state_bound() is None or attn.sinks, name
+        return
+    i, j = torch.arange(30)[:, None], torch.arange(30)[None, :]
+    for shift in (period, 3 * period):
+        assert torch.equal(attn.allowed(i + shift, j + shift), attn.allowed(i, j))
+        late = torch.arange(shift + attn.state_bound(), shift + 40)[:, None]
+        assert not attn.allowed(late, torch.arange(shift)[None, :]).any()
+
+
 def test_kept_positions_of_a_bounded_window_is_its_halo():
     """local_1d: the sinks and the l_m + l_q - 1 keys before the chunk, no more (one short would fail
     the process tests: see test_a_halo_one_key_short_is_caught)."""

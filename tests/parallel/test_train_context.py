@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-from ranks import run_ranks
 
 pytest.importorskip("hydra")
 
@@ -16,6 +15,7 @@ from app_overrides import TINY  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
+from zoo.parallel.launch import run_ranks  # noqa: E402
 from zoo.train.checkpoint import load_checkpoint  # noqa: E402
 
 COMMON = ["data=char_lm", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.threads=1"]

@@ -23,6 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
 from zoo.bench.context import Setup, bytes_per_rank, longest_within, step_rounds  # noqa: E402
 from zoo.bench.machine import describe_machine, load_average  # noqa: E402
@@ -164,6 +165,7 @@ def plot(byte_rows, longest_rows, worlds, args, path: Path) -> None:
     right.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="tokens")
     right.set_title(f"longest sequence within {args.budget_mib:g} MiB per rank")
     for ax in (left, right):
+        ax.xaxis.set_minor_locator(NullLocator())  # ticks at the N measured only
         ax.set_xticks(worlds, [str(w) for w in worlds])
         ax.grid(True, which="both", alpha=0.3)
     right.legend(loc="upper left", fontsize=8)

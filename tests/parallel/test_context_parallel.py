@@ -257,8 +257,8 @@ def _ring_beside_torch(rank: int, world: int) -> dict:
     except NotImplementedError as exc:
         public = str(exc)
     return {
-        "ours_vs_reference": float((ours - layout.shard(ref, rank, dim=2)).abs().max()),
-        "ours_vs_torch": float((ours - theirs).abs().max()),
+        "ours_vs_reference": float((ours.detach() - layout.shard(ref.detach(), rank, dim=2)).abs().max()),
+        "ours_vs_torch": float((ours.detach() - theirs).abs().max()),
         "grads_vs_torch": max(float((m.grad - g).abs().max()) for m, g in zip(mine, grads[:3])),
         "grads_vs_reference": max(
             float((m.grad - layout.shard(x.grad, rank, dim=2)).abs().max()) for m, x in zip(mine, (q, k, v))

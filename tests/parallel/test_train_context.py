@@ -5,6 +5,10 @@ the key."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from zoo.app.run import run  # noqa: E402
 from zoo.parallel.launch import run_ranks  # noqa: E402
 from zoo.train.checkpoint import load_checkpoint  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["data=char_lm", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.threads=1"]
 
 
@@ -54,6 +59,21 @@ def test_two_replicas_of_two_ranks_train_as_one_process_on_twice_the_rows(tmp_pa
     overrides = TINY + COMMON + ["model=transformer_xl", f"data.path={text_file}"]
     run_ranks(4, _train, overrides + ["trainer.context_parallel=2"], tmp_path / "mesh")
     _compare(tmp_path, "mesh", overrides + ["trainer.batch_size=4"])
+
+
+@pytest.mark.slow
+def test_the_readme_launch_command_with_torchrun(tmp_path, text_file):
+    """The README's command: ``torchrun --nproc_per_node=2 experiments/train.py ... trainer.context_parallel=2``."""
+    overrides = TINY + COMMON + ["model=vanilla_lm", f"data.path={text_file}"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WANDB_SILENT="true", OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += [str(ROOT / "experiments" / "train.py"), *overrides, "trainer.context_parallel=2"]
+    proc = subprocess.run(
+        command + [f"hydra.run.dir={tmp_path / 'cp'}"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _compare(tmp_path, "cp", overrides)
 
 
 def test_context_parallel_without_the_processes_is_refused_naming_the_key(tmp_path, text_file):

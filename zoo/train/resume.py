@@ -170,11 +170,14 @@ def apply_optim_options(optimizer: torch.optim.Optimizer, scheduler: Any, o: Opt
     """``load_state_dict`` brought back the checkpoint's rate, decay and eps: put the current
     options in their place (the schedule is already today's) and say what changed."""
     for group in optimizer.param_groups:
-        group.update(initial_lr=o.lr, weight_decay=o.weight_decay, eps=o.eps)
+        group.update(initial_lr=o.lr, weight_decay=o.weight_decay)
+        group.update({"eps": o.eps} if "eps" in group else {"momentum": o.momentum, "nesterov": o.nesterov})
     scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
     for group, base, rate in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * rate(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    if hasattr(scheduler, "set_momentum"):  # one_cycle: beta1 / momentum follow the step, not the options
+        scheduler.set_momentum()
     for key in OPTIM_APPLIED_KEYS:
         if key in saved and saved[key] != getattr(o, key):
             now = getattr(o, key)

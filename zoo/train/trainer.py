@@ -35,7 +35,7 @@ from zoo.train import distributed
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
-from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, pick_device
+from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, pick_device
 from zoo.train.resume import checked, open_run, restore, run_payload
 from zoo.train.rundir import write_text
 from zoo.train.steps import (
@@ -43,7 +43,6 @@ from zoo.train.steps import (
     forward_backward,
     initial_state,
     optimizer_step,
-    schedule,
     set_training_progress,
 )
 from zoo.train.stop import ImmediateInterrupt, StopSignals
@@ -114,10 +113,7 @@ class Trainer:
         if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
             self.net = torch.compile(self.net)
         self.optimizer = make_optimizer(self.model, optim)
-        warmup = max(1, optim.warmup) if optim.schedule == "noam" else optim.warmup
-        self.scheduler = schedule(
-            self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup, total=trainer.max_steps
-        )
+        self.scheduler = make_schedule(self.optimizer, optim, d_model=model.config.d_model, total=trainer.max_steps)
         self.step = 0
         self.state: Any = None
         self.best: float | None = None

@@ -185,6 +185,10 @@ class Attention(nn.Module):
         cache answers False."""
         return self.supports_memory
 
+    def share_with(self, first: Attention) -> None:
+        """Tie the parameters this mechanism shares across layers to those of ``first`` (the stack's first
+        attention); called by the stack builder for every later attention. Default: nothing is shared."""
+
     # -- what the mechanism sees and costs (None = it does not say: consumers print "unknown") -------------
     def keys_per_query(self, t: int) -> KeysPerQuery | None:
         """Keys a query attends to, averaged over a segment of ``t`` tokens under this layer's

@@ -244,3 +244,14 @@ def test_delayed_recall_batch_layout():
     assert (is_cue[:, :7].sum(1) == 1).all() and not is_cue[:, 8:].any(), "one cue, in segment 0 only"
     with pytest.raises(ValueError, match="segment_len"):
         delayed_recall_batch(2, segment_len=1)
+
+
+def test_share_biases_ties_u_and_v_across_layers():
+    """The paper's and the reference code's one (u, v) pair for the model (``share_biases``)."""
+    tiny = get_preset("transformer_xl").tiny
+    shared = zoo.create_model("transformer_xl", **{**tiny, "attention": {**tiny["attention"], "share_biases": True}})
+    own = zoo.create_model("transformer_xl", **tiny)
+    layers = [block.attention for block in shared.stack.blocks]
+    assert all(a.u is layers[0].u and a.v is layers[0].v for a in layers)
+    saved = sum(p.numel() for p in own.parameters()) - sum(p.numel() for p in shared.parameters())
+    assert saved == (len(layers) - 1) * 2 * layers[0].u.numel()

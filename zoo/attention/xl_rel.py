@@ -43,8 +43,10 @@ query sees the same number of keys, the last L = memory length keys up to and in
 with i - L < j <= i), so a segment's first query no longer sees L + t - 1 keys while its last sees L.
 It changes nothing while [memory ; segment] holds at most L keys.
 
-Deviations: u, v and W_R belong to each layer (the reference code's ``untie_r`` option; the
-paper shares u, v across layers). No bias in the projections (as the reference code). ``clamp_len``
+u and v belong to each layer unless ``share_biases`` (the paper and the reference PyTorch code share one
+pair across layers: ``MemTransformerLM.r_w_bias`` / ``r_r_bias``; the stack builder ties them through
+``share_with``); W_R always belongs to each layer, as in both. Deviations: none of the paper's maths; no bias in the
+projections (as the reference code). ``clamp_len``
 (> 0) clamps |i - j| so that every distance beyond it uses r_{clamp_len} (the reference code's
 eval option). Projected positional keys are cached while gradients are off and the weights are
 unchanged (generation and evaluation re-use them every step).
@@ -133,6 +135,7 @@ class XLRelativeAttention(Attention):
         clamp_len: int = 0  # distances beyond this share r_{clamp_len} (0 = no clamping)
         block_size: int = 128  # queries per block of the computation (speed only, not maths)
         same_length: bool = False  # every query sees the last memory-length keys up to itself (reference's eval)
+        share_biases: bool = False  # one u, v pair for every layer, as the paper and the reference code
 
         def __post_init__(self) -> None:
             require(
@@ -169,6 +172,11 @@ class XLRelativeAttention(Attention):
         self.u = nn.Parameter(torch.randn(n_heads, self.head_dim) * 0.02)  # global content bias
         self.v = nn.Parameter(torch.randn(n_heads, self.head_dim) * 0.02)  # global position bias
         self._r_cache: tuple | None = None
+
+    def share_with(self, first: Attention) -> None:
+        """With ``share_biases``, use the first layer's u and v (one pair of Parameters for the model)."""
+        if self.options.share_biases and isinstance(first, XLRelativeAttention) and first.options.share_biases:
+            self.u, self.v = first.u, first.v
 
     # -- memory ------------------------------------------------------------------------------
     def init_state(self, batch_size: int) -> XLMemory:

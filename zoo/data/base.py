@@ -72,6 +72,20 @@ def seeded_generator(seed: int, *parts: Any) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
+def file_rows(
+    n: int, split: str, index: int, *, batch_size: int, rank: int, world_size: int, seed: int, name: str
+) -> torch.Tensor:
+    """Row indices of batch ``index`` over ``n`` examples read from files: in training a seeded permutation
+    per epoch walked batch by batch (each example once per epoch), else the examples in order (wrapping)."""
+    rows = batch_size * world_size
+    offset = torch.arange(batch_size) + rank * batch_size
+    if split == "train":
+        epoch, position = divmod(index, max(1, n // rows))
+        perm = torch.randperm(n, generator=seeded_generator(seed, f"{name}-train", epoch))
+        return perm[(offset + position * rows) % n]
+    return (offset + index * rows) % n
+
+
 def seed_int(seed: int, *parts: Any) -> int:
     digest = hashlib.sha256(repr((int(seed),) + tuple(parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little")

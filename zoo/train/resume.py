@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +111,27 @@ def config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
     return out
 
 
+def with_new_defaults(saved: dict[str, Any], task: Task) -> dict[str, Any]:
+    """The saved task info with each data option added since it was written set to that option's default,
+    which is what the run used then (e.g. listops ``path``, added with reading the released files)."""
+    if not saved or not isinstance(saved.get("options"), dict):
+        return saved
+    defaults = {
+        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields(task.options)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
+    added = {k: v for k, v in defaults.items() if k not in saved["options"]}
+    return {**saved, "options": {**added, **saved["options"]}}
+
+
 def checked(path: str | Path, *, model: nn.Module, task: Task, world_size: int, optim: OptimOptions) -> dict:
     """The checkpoint at ``path``, refused (:class:`CheckpointError`) unless it continues this run."""
     ckpt = load_checkpoint(path)
     diff = config_diff(ckpt["model_config"], model.config.to_dict())
     if diff:
         raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
-    diff = config_diff(ckpt.get("task", {}), task_info(task))
+    diff = config_diff(with_new_defaults(ckpt.get("task", {}), task), task_info(task))
     if diff:
         raise CheckpointError(
             f"checkpoint {path} was trained on different data (the data position would be "

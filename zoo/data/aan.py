@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from zoo.config import require
-from zoo.data.base import TASK, DataFileNotFound, Task, check_split, file_rows, find_directory
+from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
 FIELDS = ("label", "id1", "id2", "text1", "text2")
@@ -102,16 +102,7 @@ class AANRetrievalTask(Task):
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split)
         data, lengths, labels = self.splits[split]
-        pick = file_rows(
-            len(labels),
-            split,
-            index,
-            batch_size=self.batch_size,
-            rank=rank,
-            world_size=world_size,
-            seed=self.seed,
-            name="aan",
-        )
+        pick = self.file_rows(len(labels), split, index, rank, world_size)
         pad_mask = torch.arange(self.seq_len) < lengths[pick][..., None]  # [b, 2, t]
         tokens = (data[pick].long() + 1) * pad_mask
         return {"tokens": tokens, "targets": labels[pick], "pad_mask": pad_mask}

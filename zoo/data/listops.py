@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from zoo.config import require
-from zoo.data.base import TASK, DataFileNotFound, Task, check_split, file_rows, find_directory, seed_int
+from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory, seed_int
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -214,16 +214,7 @@ class ListOpsTask(Task):
 
     def _file_batch(self, split: str, index: int, rank: int, world_size: int) -> dict[str, Tensor]:
         tokens, labels = self.files[split]
-        pick = file_rows(
-            len(labels),
-            split,
-            index,
-            batch_size=self.batch_size,
-            rank=rank,
-            world_size=world_size,
-            seed=self.seed,
-            name="listops",
-        )
+        pick = self.file_rows(len(labels), split, index, rank, world_size)
         return {"tokens": tokens[pick], "targets": labels[pick], "pad_mask": tokens[pick] != 0}
 
     def decode(self, tokens: list[int]) -> str:

@@ -1,6 +1,8 @@
-"""Factorised learned positions of the Sparse Transformer (Child et al. 2019, arXiv:1904.10509, Section 5.?
-"Position embeddings"): instead of one learned vector per position, position i gets the sum of one learned
-vector per dimension of the attention pattern's factorisation, embed(x_i) + sum_j o_i^(j) W_j.
+"""Factorised learned positions of the Sparse Transformer (Child et al. 2019, arXiv:1904.10509).
+
+The paper's "Position embeddings" paragraph (Section 5, as we read it): instead of one learned vector
+per position, position i gets the sum of one learned vector per dimension of the attention pattern's
+factorisation, embed(x_i) + sum_j o_i^(j) W_j.
 
 For the strided and fixed patterns over a sequence (d_attn = 2, the paper's choice for text) the two
 dimensions are the position inside its block of ``stride`` = l and the index of that block:

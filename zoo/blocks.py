@@ -177,9 +177,10 @@ class Block(nn.Module):
         return all(r.additive for r in residuals if r is not None)
 
     @property
-    def keeps_state(self) -> bool:
-        """An attention here can carry state (memory, cache) from one call to the next."""
-        return any(a is not None and a.supports_memory for a in (self.attention, self.cross_attention))
+    def carries_segment_memory(self) -> bool:
+        """An attention here carries memory from one training segment to the next (XL memory, a
+        bounded KV cache), as opposed to a decoding cache that only generation threads."""
+        return any(a is not None and a.carries_segment_memory() for a in (self.attention, self.cross_attention))
 
     @property
     def has_cross(self) -> bool:
@@ -190,14 +191,16 @@ class Block(nn.Module):
         return f"attention {self.attention.registry_name!r}, residual {self.attention_residual.registry_name!r}"
 
     def attention_branch(
-        self, x: Tensor, *, pad_mask: Tensor | None = None
-    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        self, x: Tensor, *, pad_mask: Tensor | None = None, state: BlockState | None = None
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor], BlockState | None]:
         """F(x) with x + F(x) = the attention half of ``forward`` (additive residuals only), with
-        the mechanism's aux losses and its stats (named as ``forward`` names them)."""
+        the mechanism's aux losses, its stats (named as ``forward`` names them) and, given this
+        layer's ``state``, the state to carry on (None otherwise)."""
         if not self.additive:
             raise TypeError(f"this block ({self.describe()}) is not additive: no attention branch F with y = x + F(x)")
-        result = self._attend(x, pad_mask, None)
-        return self.attention_residual.update(result.out), dict(result.aux), prefixed("attn", result.stats)
+        result = self._attend(x, pad_mask, None if state is None else state.attention)
+        new_state = None if result.state is None else BlockState(result.state)
+        return self.attention_residual.update(result.out), dict(result.aux), prefixed("attn", result.stats), new_state
 
     def feed_forward_branch(self, x: Tensor) -> Tensor:
         """G(x) with x + G(x) = the feed-forward half of ``forward``; position-wise, so it may be

@@ -131,11 +131,18 @@ def test_state_threads_one_entry_per_layer(name, variant):
 
     stack = probe_stack(name, variant, attention=attention).eval()
     x = torch.randn(2, T, D)
-    whole = stack(x, state=stack.init_state(2))
-    first = stack(x[:, :4], state=stack.init_state(2))
-    assert isinstance(first.state, list) and len(first.state) == LAYERS
-    second = stack(x[:, 4:], state=first.state)
+    with torch.no_grad():  # generation and evaluation: every stack that keeps state threads it here
+        whole = stack(x, state=stack.init_state(2))
+        first = stack(x[:, :4], state=stack.init_state(2))
+        assert isinstance(first.state, list) and len(first.state) == LAYERS
+        second = stack(x[:, 4:], state=first.state)
     torch.testing.assert_close(torch.cat([first.x, second.x], dim=1), whole.x, rtol=1e-5, atol=1e-5)
+    try:  # with gradients: the same, or a refusal that says why (a stack that recomputes in backward)
+        with_grad = stack(x, state=stack.init_state(2))
+    except ValueError as refusal:
+        assert "no_grad" in str(refusal), refusal
+    else:
+        torch.testing.assert_close(with_grad.x, whole.x, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(

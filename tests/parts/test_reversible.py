@@ -125,8 +125,8 @@ def test_refused_at_build_time_with_the_reason():
     additive = next(n for n in zoo.list_residuals() if zoo.RESIDUAL.get(n).additive)
     with pytest.raises(ValueError, match=f"additive.*{not_additive}"):
         zoo.create_model("reformer", residual=not_additive, **SMALL)
-    with pytest.raises(ValueError, match="supports_memory"):
-        zoo.create_model("reformer", **{**SMALL, "attention": "vanilla"})
+    with pytest.raises(ValueError, match="carries memory from one training segment"):
+        zoo.create_model("reformer", **{**SMALL, "attention": {"name": "vanilla", "max_cache": 8}})
     with pytest.raises(ValueError, match="cross-attention"):
         zoo.create_model(
             "vanilla_seq2seq",
@@ -139,5 +139,24 @@ def test_refused_at_build_time_with_the_reason():
             attention="shared_qk",
         )
     model = zoo.create_model("reformer", n_layers=1, **SMALL)
-    with pytest.raises(ValueError, match="keeps no state"):
+    with pytest.raises(ValueError, match="only without gradients"):
         model.stack(torch.randn(1, 8, 32), state=[object()])
+
+
+def test_generation_streams_through_the_reversible_stack_without_gradients():
+    """Without gradients nothing is recomputed, so the stack threads its layers' caches: a Reformer with
+    a fixed bucket count continues a sequence exactly (token by token == one call), and generate()
+    takes the cached path; with gradients a state is refused, saying why."""
+    model = zoo.create_model("reformer", n_layers=2, **{**SMALL, "attention": {"n_buckets": 4}}).eval()
+    assert model.attentions_keep_state()
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 21))
+    with torch.no_grad():
+        whole = model(tokens).logits
+        state, pieces = model.init_state(2), []
+        for i in range(tokens.shape[1]):
+            out = model(tokens[:, i : i + 1], state=state)
+            state = out.state
+            pieces.append(out.logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="only without gradients"):
+        model(tokens[:, :3], state=model.init_state(2))

@@ -199,9 +199,8 @@ def test_bad_input_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="keeps no state"):
         stack(torch.randn(1, 3, D), state=[stack.block.init_state(1)] * 4)
     lm = zoo.create_model("universal_transformer", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
-    first = lm(torch.randint(0, 20, (1, 3)), state=lm.init_state(1))
-    with pytest.raises(ValueError, match="cannot continue a sequence"):
-        lm(torch.randint(0, 20, (1, 1)), state=first.state)
+    with pytest.raises(ValueError, match="cannot continue a sequence.*ACT"):
+        lm.init_state(1)
 
 
 def test_algorithmic_data():

@@ -100,3 +100,52 @@ def test_settings_come_from_the_paper_and_flags_override():
         ProtocolSettings(protocol="window")
     with pytest.raises(ValueError, match="unknown keys"):
         ProtocolSettings.from_dict({"protocol": "sliding", "strid": 2})
+
+
+def test_stream_protocol_feeds_each_token_through_the_cache_and_equals_one_call_per_lane(tmp_path):
+    """stream, token by token through a local_1d window, scores the lanes exactly as one call over each
+    whole lane does (segment protocol with the lane as one segment: 99 test tokens in 2 lanes of 49)."""
+    torch.manual_seed(0)
+    task = text_task(tmp_path)
+    model = zoo.create_model(
+        "vanilla_lm",
+        vocab_size=256,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        attention={"name": "local_1d", "block": 4, "memory": 6},
+    ).eval()
+    streamed = evaluate_protocol(model, task, "test", ProtocolSettings(protocol="stream", batch_size=2))
+    whole = evaluate_protocol(model, task, "test", ProtocolSettings(protocol="segment", seq_len=49, batch_size=2))
+    assert streamed["test/scored"] == whole["test/scored"] == 98
+    assert streamed["batches"] == 49 and streamed["settings"]["seq_len"] == 1
+    assert streamed["test/loss"] == pytest.approx(whole["test/loss"], rel=1e-5)
+
+
+def test_stream_equals_memory_where_the_memory_holds_every_earlier_token(tmp_path):
+    """Transformer-XL with a memory longer than a lane: segments of 7 with memory == token by token."""
+    torch.manual_seed(0)
+    task = text_task(tmp_path)
+    model = zoo.create_model(
+        "transformer_xl",
+        vocab_size=256,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        attention={"mem_len": 64},
+    ).eval()
+    memory = evaluate_protocol(model, task, "test", ProtocolSettings(protocol="memory", seq_len=7, batch_size=2))
+    streamed = evaluate_protocol(model, task, "test", ProtocolSettings(protocol="stream", batch_size=2))
+    assert memory["test/scored"] == streamed["test/scored"]
+    assert streamed["test/loss"] == pytest.approx(memory["test/loss"], rel=1e-5)
+
+
+def test_stream_protocol_refuses_a_model_that_cannot_continue_a_sequence(tmp_path):
+    task = text_task(tmp_path)
+    model = zoo.create_model("universal_transformer", vocab_size=256, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    with pytest.raises(ValueError, match="cannot continue a sequence.*universal"):
+        evaluate_protocol(model, task, "test", ProtocolSettings(protocol="stream", batch_size=2))

@@ -221,6 +221,12 @@ class AdaptiveSpanAttention(Attention):
         """At most the S keys before the query (the window; learned spans start at 0 and stay shorter)."""
         return KeysPerQuery(float(self.options.max_span), "max span (upper bound)", upper_bound=True)
 
+    def state_bound(self) -> int:
+        return self.options.cache_size  # past inputs the span cache keeps
+
+    def carries_segment_memory(self) -> bool:
+        return True  # the span cache is carried from segment to segment in training, like XL memory
+
     def memory_keys(self) -> int:
         """The cache keeps ``cache_size`` inputs, but only the last S can be seen: at most S keys of the
         cache are projected and kept for backward."""

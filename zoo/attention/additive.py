@@ -23,10 +23,12 @@ from zoo.attention.base import (
     Attention,
     AttnOutput,
     KeysPerQuery,
+    StateContract,
     causal_allowed,
     dense_keys,
     guard_empty_rows,
 )
+from zoo.attention.vanilla import KVCache, extend_cache
 from zoo.config import require
 
 SCORES = ("dot", "general", "concat")
@@ -35,6 +37,7 @@ SCORES = ("dot", "general", "concat")
 @ATTENTION.register("additive")
 class AdditiveAttention(Attention):
     supports_cross = True
+    supports_memory = True  # a KV cache of projected keys and values continues a stream (causal use)
 
     @dataclass
     class Options:
@@ -54,6 +57,13 @@ class AdditiveAttention(Attention):
             self.w_s = nn.Parameter(torch.randn(h, k, k) * k**-0.5)
             self.w_h = nn.Parameter(torch.randn(h, k, k) * k**-0.5)
             self.v_a = nn.Parameter(torch.randn(h, k) * k**-0.5)
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=None)  # dense: every earlier key stays visible, the cache grows
+
+    def init_state(self, batch_size: int) -> KVCache:
+        return KVCache()  # a bidirectional self-attention is refused when the state is used (check_inputs)
 
     def keys_per_query(self, t: int) -> KeysPerQuery:
         return dense_keys(t, self.causal)
@@ -82,6 +92,10 @@ class AdditiveAttention(Attention):
         source = x if context is None else context
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(source)), self.split_heads(self.to_v(source))
+        new_state = None
+        if state is not None and context is None:  # self-attention continuing a stream: [cache ; segment]
+            k, v, pad_mask = extend_cache(state, k, v, pad_mask, self.registry_name)
+            new_state = KVCache(k.detach(), v.detach(), pad_mask)
         t, s = q.shape[2], k.shape[2]
         allowed = None
         if self.causal and context is None:
@@ -94,4 +108,4 @@ class AdditiveAttention(Attention):
             scores = scores.masked_fill(~guard_empty_rows(allowed), float("-inf"))
         weights = self.attn_dropout(torch.softmax(scores, dim=-1))
         out = torch.einsum("bhts,bhsk->bhtk", weights, v)
-        return AttnOutput(self.to_out(self.merge_heads(out)))
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

@@ -80,10 +80,17 @@ def to_remember(x: Tensor, layer_input: LayerInput | None) -> Tensor:
 @dataclass(frozen=True)
 class StateContract:
     """A stateful mechanism's promise, under its ``contract_options()``, checked for every
-    mechanism with ``supports_memory`` by tests/contracts/test_attention.py (causal use)."""
+    mechanism with ``supports_memory`` by tests/contracts/test_attention.py (causal use).
 
-    bound: int  # state.length == min(tokens seen, bound): the state stops growing here
-    exact_for: int  # threading the state through segments of a stream this long == one call over it
+    ``bound``: the state never remembers more than this many tokens and its tensors stop growing once
+    it has seen that many; None when the receptive field itself is unbounded (dense attention, the
+    strided columns, the fixed summaries), where the state may grow with the stream (never past the
+    tokens seen). ``exact_for``: threading the state through segments of a stream this long == one
+    call over it; None = at any length (the state keeps every key a later query can see)."""
+
+    bound: int | None
+    exact_for: int | None = None
+    exact_length: bool = True  # state.length == min(tokens seen, bound) exactly (False: <=, e.g. block-aligned windows)
 
 
 @dataclass(frozen=True)
@@ -176,14 +183,49 @@ class Attention(nn.Module):
 
     # -- state -------------------------------------------------------------------------------
     def init_state(self, batch_size: int) -> Any:
-        """An empty state that makes the mechanism start caching (``None``: it keeps none)."""
+        """An empty state that makes the mechanism start caching. Refuses, with the reason, when this
+        layer cannot continue a sequence (``stream_refusal``)."""
+        reason = self.stream_refusal()
+        if reason is not None:
+            raise ValueError(reason)
+        return None
+
+    def stream_refusal(self) -> str | None:
+        """Why this self-attention layer, built as it is, cannot continue a sequence from a state
+        (feeding a stream in pieces would drop the earlier context), or None when it can: then
+        segments threaded through ``init_state`` equal one call. Mechanisms whose key sets depend on
+        the whole sequence (a length-dependent stride, LSH's automatic bucket count) answer per
+        their options."""
+        name = self.registry_name or type(self).__name__
+        if not self.supports_memory:
+            return f"attention {name!r} keeps no state between calls (supports_memory=False)"
+        if not self.causal and not self.carries_segment_memory():
+            # segment memory (XL) is a model of its own in a bidirectional layer; a decoding cache is not
+            return (
+                f"attention {name!r} is bidirectional here: its queries see later tokens, so a sequence fed in "
+                "pieces cannot equal one call; only a causal layer continues a stream"
+            )
+        return None
+
+    def refuse_state(self, state: Any) -> None:
+        """Raise, with the reason, when a self-attention ``state`` is given to a layer that cannot
+        continue from it (never compute without the earlier context)."""
+        if state is not None:
+            reason = self.stream_refusal()
+            if reason is not None:
+                raise ValueError(reason)
+
+    def state_bound(self) -> int | None:
+        """Tokens the state of this layer holds at most however long the stream (its receptive field,
+        as the cache keeps it); None when it grows with the stream. Asked by the README's streaming
+        table, ``zoo.bench --generate`` and the contract suite."""
         return None
 
     def carries_segment_memory(self) -> bool:
         """True when the state kept across calls is bounded segment memory that training and
-        evaluation carry from segment to segment (XL memory, span cache); an unbounded decoding
-        cache answers False."""
-        return self.supports_memory
+        evaluation carry from segment to segment (XL memory, span cache). A decoding cache (the
+        KV cache, the pattern caches, LSH's bucket cache) answers False: training never threads it."""
+        return False
 
     def share_with(self, first: Attention) -> None:
         """Tie the parameters this mechanism shares across layers to those of ``first`` (the stack's first
@@ -280,6 +322,8 @@ class Attention(nn.Module):
                 )
         if state is not None and not self.supports_memory:
             raise ValueError(f"{name} keeps no state (supports_memory=False) but was given one")
+        if state is not None and context is None:
+            self.refuse_state(state)
 
     # -- projections -------------------------------------------------------------------------
     def add_projections(self, bias: bool = True) -> None:

@@ -15,6 +15,13 @@ ever forming a t x t tensor:
 - :func:`joint_softmax` normalises several score tensors together, for patterns whose key set is a
   union of differently shaped parts (the "merged head" of the Sparse Transformer).
 
+Streaming (:class:`PatternCache`): a pattern that is a fixed rule over absolute positions continues
+a sequence from a state. Each pattern says which key positions a query position may see
+(``allowed``) and which kept keys a later query may still need (``state_bound`` for a window,
+``still_needed`` otherwise); the first call over a stream runs the blocked pass above, later calls
+score their queries against the cache plus their own keys, in chunks of ``STREAM_CHUNK`` queries,
+against the union of the chunk's key sets only (:meth:`PatternAttention.attend_cached`).
+
 Shape legend as in ``base.py``; here additionally ``T`` = padded length, ``n`` = number of blocks,
 ``s`` = block size, ``w`` = window (keys per block), ``g`` = groups, ``l`` = queries per group.
 Key validity ``valid`` is bool [b or 1, T]: True for a real key (inside the sequence, not padding).
@@ -23,18 +30,50 @@ Key validity ``valid`` is bool [b or 1, T]: True for a real key (inside the sequ
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, guard_empty_rows
+from zoo.attention.base import Attention, AttnOutput, guard_empty_rows, join_key_padding
+
+STREAM_CHUNK = 256  # queries scored together against the cache: bounds the [chunk, keys] mask
+
+
+@dataclass
+class PatternCache:
+    """The keys a static pattern's later queries may still see, carried between calls (causal use).
+
+    k, v [b, h, n, k] and ``position`` [n] (absolute, ascending) of the kept keys; ``valid`` [b, n]
+    (False = a padded key) or None when every kept key is real; ``next`` is the absolute position of
+    the next token. A pattern with a bounded window keeps its ``sinks`` first positions and the most
+    recent ones up to ``state_bound`` (what a ring buffer of the window holds, kept in position
+    order; older keys the window no longer reaches are masked by ``allowed``); an unbounded one
+    keeps exactly the keys ``still_needed`` names (the strided columns, the fixed summaries)."""
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    position: Tensor | None = None
+    valid: Tensor | None = None
+    next: int = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
 
 
 class PatternAttention(Attention):
     """Base of the static-pattern mechanisms: q/k/v/output projections (option ``bias``) around
-    ``attend(q, k, v, pad_mask)``, which each pattern implements on heads [b, h, t, k]."""
+    ``attend(q, k, v, pad_mask)``, which each pattern implements on heads [b, h, t, k].
+
+    Streaming: a causal pattern answers ``allowed(i, j)`` (query position i may see key position j,
+    absolute positions) and how much of the past it keeps (``state_bound`` / ``still_needed``); this
+    class then continues a sequence from a :class:`PatternCache` exactly (the contract suite checks
+    segments == one call == token by token)."""
+
+    supports_memory = True  # a causal pattern continues a stream through its PatternCache
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -45,7 +84,10 @@ class PatternAttention(Attention):
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
-        return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
+        if state is None:
+            return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
+        out, new_state = self.continue_stream(q, k, v, pad_mask, state)
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """The pattern's attention on projected heads: q, k, v [b, h, t, k] -> [b, h, t, k]."""
@@ -55,6 +97,89 @@ class PatternAttention(Attention):
     def attn_dropout(self) -> float:
         """Dropout on the attention weights: only while training."""
         return self.dropout if self.training else 0.0
+
+    # -- streaming -----------------------------------------------------------------------------------
+    def init_state(self, batch_size: int) -> PatternCache:
+        super().init_state(batch_size)  # refuses, with the reason, a layer that cannot stream
+        return PatternCache()
+
+    def allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        """May the query at absolute position i see the key at absolute position j (causal use)?
+        i [c, 1], j [1, s] long -> bool [c, s], or [h, c, s] when the heads differ (per_head)."""
+        raise NotImplementedError(f"{self.registry_name} does not say which keys a query sees")
+
+    def still_needed(self, j: Tensor, next_position: int) -> Tensor:
+        """bool like j: may a query at a position >= ``next_position`` still see key j? Asked only when
+        ``state_bound()`` is None; default: every key (a pattern that reaches back without bound)."""
+        return torch.ones_like(j, dtype=torch.bool)
+
+    @property
+    def sinks(self) -> int:
+        """The first positions every query sees (attention sinks), kept in the cache whatever its window."""
+        return 0
+
+    def check_stream_position(self, end: int) -> None:
+        """Refuse a stream that runs past what the pattern is defined over (an image's last pixel)."""
+
+    def continue_stream(
+        self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, cache: PatternCache
+    ) -> tuple[Tensor, PatternCache]:
+        """Attention of the new queries q [b, h, t, k] (absolute positions cache.next ...) over the
+        cached keys and their own, and the cache to carry on."""
+        t = q.shape[2]
+        self.check_stream_position(cache.next + t)
+        if cache.k is not None and cache.k.shape[0] != q.shape[0]:
+            raise ValueError(
+                f"{self.registry_name}: the cache holds batch size {cache.k.shape[0]}, the input has {q.shape[0]}"
+            )
+        positions = torch.arange(cache.next, cache.next + t, device=q.device)
+        if cache.k is None:  # nothing earlier: the pattern's own blocked pass is exact and cheapest
+            out = self.attend(q, k, v, pad_mask)
+            keys, values, key_positions, valid = k, v, positions, pad_mask
+        else:
+            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            key_positions = torch.cat([cache.position, positions])
+            valid = join_key_padding(cache.valid, cache.length, pad_mask, q.transpose(1, 2))
+            out = self.attend_cached(q, positions, keys, values, key_positions, valid)
+        return out, self.kept(keys, values, key_positions, valid, cache.next + t)
+
+    def attend_cached(
+        self, q: Tensor, positions: Tensor, k: Tensor, v: Tensor, key_positions: Tensor, valid: Tensor | None
+    ) -> Tensor:
+        """q [b, h, t, k] at ``positions`` [t] against k, v [b, h, s, k] at ``key_positions`` [s]
+        (valid [b, s] or None). Queries go in chunks of STREAM_CHUNK; each chunk is scored only against
+        the keys one of its queries may see, so a decode step costs the keys it attends to (plus an
+        O(s) boolean mask), not the whole cache."""
+        outs = []
+        for start in range(0, q.shape[2], STREAM_CHUNK):
+            chunk = positions[start : start + STREAM_CHUNK]
+            allowed = self.allowed(chunk[:, None], key_positions[None, :])  # [c, s] or [h, c, s]
+            seen = allowed.reshape(-1, allowed.shape[-1]).any(0).nonzero().squeeze(1)
+            mask = allowed[..., seen]
+            mask = mask[None, None] if mask.dim() == 2 else mask[None]  # [1, h or 1, c, s']
+            if valid is not None:
+                mask = mask & valid[:, None, None, seen]
+            kc, vc = k.index_select(2, seen), v.index_select(2, seen)
+            outs.append(attend_masked(q[:, :, start : start + STREAM_CHUNK], kc, vc, mask, dropout=self.attn_dropout))
+        return torch.cat(outs, dim=2)
+
+    def kept(self, k: Tensor, v: Tensor, positions: Tensor, valid: Tensor | None, next_position: int) -> PatternCache:
+        """The cache after a call: a bounded pattern keeps its sinks and the newest ``state_bound()``
+        keys, an unbounded one the keys ``still_needed`` names. Detached: no gradient crosses calls."""
+        bound, n = self.state_bound(), positions.shape[0]
+        if bound is None:
+            index = self.still_needed(positions, next_position).nonzero().squeeze(1)
+        elif n > bound:
+            sinks = min(int((positions < self.sinks).sum()), bound)
+            index = torch.cat(
+                [torch.arange(sinks, device=k.device), torch.arange(n - (bound - sinks), n, device=k.device)]
+            )
+        else:
+            index = None
+        if index is not None:
+            k, v, positions = k.index_select(2, index), v.index_select(2, index), positions[index]
+            valid = None if valid is None else valid[:, index]
+        return PatternCache(k.detach(), v.detach(), positions, valid, next_position)
 
 
 def padded_length(t: int, multiple: int) -> int:
@@ -91,6 +216,15 @@ def windows(x: Tensor, block: int, before: int, after: int, dim: int, length: in
     width = (before + 1 + after) * block
     out = F.pad(x, pad).unfold(dim, width, block)  # window axis appended last
     return out.movedim(-1, dim + 1)
+
+
+def attend_masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, dropout: float = 0.0) -> Tensor:
+    """Fused attention under a boolean mask that may differ per head: q [b, h, t, k], k, v [b, h, s, k],
+    mask broadcastable to [b, h, t, s] (True = may attend). A query row with no allowed key returns 0,
+    as the dense reference and :func:`attend_groups` do."""
+    has_key = mask.any(-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=guard_empty_rows(mask), dropout_p=dropout)
+    return out if bool(has_key.all()) else out * has_key.to(out.dtype)
 
 
 def attend_groups(
@@ -135,6 +269,7 @@ def banded_attention(
     after: int,
     allowed: Callable[[Tensor, Tensor], Tensor],
     dropout: float = 0.0,
+    shared: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Queries in blocks of ``block``, each attending to its block and ``before``/``after``
     neighbouring blocks, restricted by a static relative pattern.
@@ -144,6 +279,9 @@ def banded_attention(
     ``allowed(qi, d)``: qi [s, 1] = query offset in its block, d [1, w] = key position minus the
     block's first position (negative for earlier blocks) -> bool [s, w]. The same for every block,
     so it is built once; only key validity (sequence ends, padding) varies per block.
+    ``shared`` = (k_s, v_s [b, h, e, k], allowed_s bool [b or 1, n, e]): e extra keys every block may
+    see under the same softmax (attention sinks), appended to each block's window (allowed_s must
+    leave out keys already in a block's window, or they would count twice).
     Returns [b, h, T, k]. Cost: T * (before + 1 + after) * block scores, linear in T."""
     length = valid.shape[1]
     qb = rearrange(pad_time(q, length), "b h (n s) k -> b h n s k", s=block)
@@ -153,6 +291,13 @@ def banded_attention(
     qi = torch.arange(block, device=device)[:, None]
     d = torch.arange(kw.shape[3], device=device)[None, :] - before * block
     mask = allowed(qi, d)[None, None] & valid_w[:, :, None, :]  # [b, n, s, w]
+    if shared is not None:  # one copy of the windows with the extra keys behind them
+        k_s, v_s, allowed_s = shared
+        n = qb.shape[2]
+        kw, vw = (torch.cat([w, x[:, :, None].expand(-1, -1, n, -1, -1)], dim=3) for w, x in ((kw, k_s), (vw, v_s)))
+        extra = allowed_s[:, :, None, :].expand(-1, -1, block, -1)  # [b or 1, n, s, e]
+        rows = max(mask.shape[0], extra.shape[0])
+        mask = torch.cat([mask.expand(rows, -1, -1, -1), extra.expand(rows, -1, -1, -1)], dim=-1)
     out = attend_groups(qb, kw, vw, mask, dropout=dropout)
     return rearrange(out, "b h n s k -> b h (n s) k")
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import ATTENTION, KeysPerQuery, at_most_segment
+from zoo.attention.base import ATTENTION, KeysPerQuery, StateContract, at_most_segment
 from zoo.attention.blocked import (
     PatternAttention,
     attend_groups,
@@ -60,12 +60,21 @@ log = logging.getLogger(__name__)
 
 @ATTENTION.register("local_1d")
 class Local1DAttention(PatternAttention):
+    """Local 1D attention, optionally with attention sinks: ``sinks`` = k makes the first k positions
+    visible to every query besides its window (Xiao et al. 2023, "Efficient Streaming Language Models
+    with Attention Sinks", arXiv:2309.17453: a window model keeps its perplexity over long streams when
+    the first tokens, where softmax parks its surplus attention, stay visible). Sinks add no weights:
+    a model trained with them streams exactly as it was trained; set on a model trained without them
+    they change what it sees (the paper's "added at inference" use). The stream keeps the sinks and
+    the window's most recent keys: at most k + l_m + l_q - 1 keys, however long the stream."""
+
     lra_row = "Local Attention"
 
     @dataclass
     class Options:
         block: int = 128  # l_q, query block length
         memory: int = 128  # l_m, positions before the query block that it also attends to
+        sinks: int = 0  # the first positions every query also sees (attention sinks); 0 = none
         bias: bool = True  # bias in the q/k/v/output projections
 
         def __post_init__(self) -> None:
@@ -73,15 +82,33 @@ class Local1DAttention(PatternAttention):
             require(
                 isinstance(self.memory, int) and self.memory >= 0, f"memory must be an int >= 0, got {self.memory!r}"
             )
+            require(isinstance(self.sinks, int) and self.sinks >= 0, f"sinks must be an int >= 0, got {self.sinks!r}")
 
     @classmethod
     def contract_options(cls) -> dict:
         return {"block": 4, "memory": 6}
 
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=6 + 4 - 1)  # l_m + l_q - 1 under contract_options(); exact at any length
+
     def keys_per_query(self, t: int) -> KeysPerQuery:
         block, memory = self.options.block, self.options.memory
         keys = block / 2 + memory if self.causal else float(block + memory)
-        return KeysPerQuery(at_most_segment(keys, t, self.causal), "query block + memory block")
+        rule = "query block + memory block" + (f" + {self.sinks} sinks" if self.sinks else "")
+        return KeysPerQuery(at_most_segment(keys + self.sinks, t, self.causal), rule, upper_bound=bool(self.sinks))
+
+    @property
+    def sinks(self) -> int:
+        return self.options.sinks
+
+    def state_bound(self) -> int:
+        """A query at i >= o sees keys from (o // l_q) l_q - l_m on: at most l_m + l_q - 1 earlier keys."""
+        return self.options.sinks + self.options.memory + self.options.block - 1
+
+    def allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        start = (i // self.options.block) * self.options.block - self.options.memory  # the memory block's start
+        return (j <= i) & ((j >= start) | (j < self.options.sinks))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """q, k, v [b, h, t, k] -> [b, h, t, k]."""
@@ -105,8 +132,18 @@ class Local1DAttention(PatternAttention):
             after=0,
             allowed=allowed,
             dropout=self.attn_dropout,
+            shared=self.sink_keys(k, v, valid) if self.sinks else None,
         )
         return out[:, :, :t]
+
+    def sink_keys(self, k: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The first ``sinks`` keys for every block, each allowed only to blocks whose window starts
+        after it (inside the window it is already seen once): (k_s, v_s [b, h, e, k], allowed [b, n, e])."""
+        e = min(self.sinks, k.shape[2])
+        n = valid.shape[1] // self.options.block
+        window_start = torch.arange(n, device=k.device) * self.options.block - self.options.memory  # [n]
+        before_window = torch.arange(e, device=k.device)[None, :] < window_start[:, None]  # [n, e]
+        return k[:, :, :e], v[:, :, :e], before_window[None] & valid[:, None, :e]
 
 
 @functools.lru_cache(maxsize=64)
@@ -178,6 +215,10 @@ class Local2DAttention(PatternAttention):
         return {"width": 5, "query_height": 2, "query_width": 2, "flange_height": 1, "flange_width": 1}
 
     @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=(2 + 1) * 5)  # (q_h + f_h) rows of width 5 under contract_options()
+
+    @classmethod
     def check_layout(cls, options: dict[str, Any], *, rows: int, width: int, data: str) -> None:
         """The raster this layer reads must be the data's: ``width`` columns, and ``height`` rows when set."""
         o = build_options(cls.Options, options, "attention 'local_2d'")
@@ -190,6 +231,30 @@ class Local2DAttention(PatternAttention):
             o.height in (0, rows),
             f"attention local_2d has height={o.height} but data {data!r} has {rows} raster rows; set "
             f"attention.height={rows} (or 0)",
+        )
+
+    def state_bound(self) -> int:
+        """A query in raster row r >= row(o) sees rows from (row(o) // q_h) q_h - f_h on: fewer than
+        (q_h + f_h) rows of keys before the next position o."""
+        o = self.options
+        return (o.query_height + o.flange_height) * o.width
+
+    def allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        """Key (row, column) inside the query's block window (rows from R q_h - f_h through the block,
+        columns C q_w - f_w ... (C + 1) q_w + f_w - 1) and not after the query in raster order."""
+        o = self.options
+        qr, qc, kr, kc = i // o.width, i % o.width, j // o.width, j % o.width
+        top = (qr // o.query_height) * o.query_height - o.flange_height
+        left = (qc // o.query_width) * o.query_width - o.flange_width
+        rows = (kr >= top) & (kr < top + o.flange_height + o.query_height)
+        return (j <= i) & rows & (kc >= left) & (kc < left + o.query_width + 2 * o.flange_width)
+
+    def check_stream_position(self, end: int) -> None:
+        o = self.options
+        require(
+            not o.height or end <= o.height * o.width,
+            f"local_2d: a stream of {end} positions runs past the image height x width = {o.height} x {o.width} = "
+            f"{o.height * o.width}",
         )
 
     def keys_per_query(self, t: int) -> KeysPerQuery:

@@ -68,7 +68,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import ATTENTION, AttnOutput, FlopCount, KeysPerQuery, at_most_segment
+from zoo.attention.base import ATTENTION, AttnOutput, FlopCount, KeysPerQuery, StateContract, at_most_segment
+from zoo.attention.lsh_stream import LSHCache, stream_lsh
 from zoo.attention.shared_qk import SharedQKProjections
 from zoo.attention.sorted_chunks import (
     _ChunkAttention,
@@ -83,6 +84,7 @@ from zoo.config import require
 
 @ATTENTION.register("lsh")
 class LSHAttention(SharedQKProjections):
+    supports_memory = True  # a bucket cache continues a stream exactly (lsh_stream.py), given n_buckets
     content_routed = True  # the buckets (hence each query's key set) depend on the content
     lra_row = "Reformer"
 
@@ -129,17 +131,49 @@ class LSHAttention(SharedQKProjections):
 
     @classmethod
     def contract_options(cls) -> dict:
-        return {"chunk_size": 4, "n_hashes": 2}  # several chunks and a padded tail at t = 7, 19, 33
+        # several chunks and a padded tail at t = 7, 19, 33; a fixed bucket count, so it can stream
+        return {"chunk_size": 4, "n_hashes": 2, "n_buckets": 4}
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=4 * 4, exact_length=False)  # per round, chunk_size items of each bucket
+
+    # -- streaming (lsh_stream.py) ------------------------------------------------------------------
+    def stream_refusal(self) -> str | None:
+        o = self.options
+        why = None
+        if o.n_buckets == 0:
+            why = "n_buckets=0 sets the bucket count from each call's length; set attention.n_buckets (even, >= 2)"
+        elif o.look_back == "chunk":
+            why = "look_back='chunk' lets the chunk boundaries, set by later tokens, decide the keys; use 'window'"
+        elif o.attend_across_buckets:
+            why = "attend_across_buckets=True reads the whole sorted chunk, which later tokens reshuffle"
+        if why and self.causal:
+            return f"attention 'lsh' cannot continue a sequence from a state as built: {why}"
+        return super().stream_refusal()
+
+    def init_state(self, batch_size: int) -> LSHCache:
+        super().init_state(batch_size)  # refuses, with the reason, a layer that cannot stream
+        return LSHCache()
+
+    def state_bound(self) -> int:
+        """Per round, the ``chunk_size`` most recent items of each of the ``n_buckets`` buckets."""
+        return self.options.n_buckets * self.options.chunk_size
 
     def after_optimizer_step(self) -> None:
         self.hash_step += 1
 
     # -- what it sees and costs ------------------------------------------------------------------
     def keys_per_query(self, t: int) -> KeysPerQuery:
-        """Each round, at most ``chunk_size`` keys of the query's own bucket (the causal window; own +
-        previous chunk otherwise): R x c at most over the rounds."""
-        keys = at_most_segment(float(self.options.n_hashes * min(self.options.chunk_size, t)), t, self.causal)
-        return KeysPerQuery(keys, "hashes x chunk (within buckets)", upper_bound=True)
+        """Each round, at most ``chunk_size`` keys of the query's own bucket in the causal window; up to
+        twice that from the own and the previous chunk otherwise (bidirectional, ``look_back="chunk"``,
+        across buckets): R x c or R x 2c at most over the rounds."""
+        o = self.options
+        window = self.causal and o.look_back == "window" and not o.attend_across_buckets
+        per_round = min(o.chunk_size if window else 2 * o.chunk_size, t)
+        keys = at_most_segment(float(o.n_hashes * per_round), t, self.causal)
+        rule = "hashes x chunk (within buckets)" if window else "hashes x (own + previous chunk)"
+        return KeysPerQuery(keys, rule, upper_bound=True)
 
     def forward_flops(self, t: int) -> FlopCount:
         """What is computed, not only what is attended: per head and round, each query chunk against its
@@ -198,6 +232,8 @@ class LSHAttention(SharedQKProjections):
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
+        if state is not None:
+            return self.continue_stream(x, pad_mask, state)
         b, t, _ = x.shape
         h, R, k = self.n_heads, self.options.n_hashes, self.head_dim
         c = min(self.options.chunk_size, t)
@@ -277,3 +313,14 @@ class LSHAttention(SharedQKProjections):
             out = out[:, 0]
         out = rearrange(out[:, :t], "(b h) t k -> b t (h k)", b=b)
         return AttnOutput(self.to_out(out))
+
+    def continue_stream(self, x: Tensor, pad_mask: Tensor | None, cache: LSHCache) -> AttnOutput:
+        """The same attention over a stream fed in pieces, from the bucket cache (lsh_stream.py)."""
+        qk, v = self.split_heads(self.to_qk(x)), self.split_heads(self.to_v(x))
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if pad_mask is None else pad_mask
+        buckets = self.hash(qk, real, self.options.n_buckets)
+        dropout = self.dropout if self.training else 0.0
+        out, cache = stream_lsh(
+            qk, v, buckets, cache, chunk=self.options.chunk_size, n_buckets=self.options.n_buckets, dropout=dropout
+        )
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=cache)

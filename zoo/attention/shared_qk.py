@@ -6,7 +6,8 @@ Section 2 ("shared-QK attention") and Table 2's "full attention" rows.
 One projection gives the queries q; the keys are the length-normalised queries, k_j = q_j / ||q_j||.
 A token never attends to itself unless nothing else is visible (its own key would always win). The
 parameters (``to_qk``, ``to_v``, ``to_out``) are named as ``lsh``'s, so a model trained with one
-evaluates with the other. Dense, O(t^2), through fused SDPA.
+evaluates with the other. Dense, O(t^2), through fused SDPA; in causal use a KV cache of unit keys
+and values continues a stream (``state``), growing with it as dense attention's context does.
 
 Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real).
 """
@@ -24,10 +25,12 @@ from zoo.attention.base import (
     Attention,
     AttnOutput,
     KeysPerQuery,
+    StateContract,
     causal_allowed,
     dense_keys,
     guard_empty_rows,
 )
+from zoo.attention.vanilla import KVCache, extend_cache
 
 
 class SharedQKProjections(Attention):
@@ -60,28 +63,42 @@ class SharedQKAttention(SharedQKProjections):
     the same parameter names as ``lsh`` so a model trained with one evaluates with the other.
     Dense, O(t^2), through fused SDPA."""
 
+    supports_memory = True  # a KV cache of unit keys and values: a stream continues exactly (causal use)
+
     @dataclass
     class Options:
         bias: bool = True
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=None)  # dense: every earlier key stays visible, the cache grows
+
+    def init_state(self, batch_size: int) -> KVCache:
+        super().init_state(batch_size)  # refuses a bidirectional layer, with the reason
+        return KVCache()
 
     def keys_per_query(self, t: int) -> KeysPerQuery:
         return dense_keys(t, self.causal)
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q = self.split_heads(self.to_qk(x))
-        v = self.split_heads(self.to_v(x))
-        t = x.shape[1]
-        eye = torch.eye(t, dtype=torch.bool, device=x.device)
-        allowed = causal_allowed(t, t, x.device) if self.causal else torch.ones(t, t, dtype=torch.bool, device=x.device)
-        allowed = (allowed & ~eye)[None, None]  # [1, 1, t, t]
+        keys, v = F.normalize(q, dim=-1), self.split_heads(self.to_v(x))
+        new_state = None
+        if state is not None:  # [cache ; segment]: the segment's queries sit at the end
+            keys, v, pad_mask = extend_cache(state, keys, v, pad_mask, self.registry_name)
+            new_state = KVCache(keys.detach(), v.detach(), pad_mask)
+        t, s = x.shape[1], keys.shape[2]
+        eye = torch.arange(s, device=x.device)[None, :] == torch.arange(t, device=x.device)[:, None] + (s - t)
+        allowed = causal_allowed(t, s, x.device) if self.causal else torch.ones(t, s, dtype=torch.bool, device=x.device)
+        allowed = (allowed & ~eye)[None, None]  # [1, 1, t, s]
         if pad_mask is not None:
             allowed = allowed & pad_mask[:, None, None, :]
         allowed = allowed | (eye & ~allowed.any(-1, keepdim=True))  # oneself, when nothing else is visible
         allowed = guard_empty_rows(allowed)
         out = F.scaled_dot_product_attention(
-            q, F.normalize(q, dim=-1), v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
+            q, keys, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
         )
-        return AttnOutput(self.to_out(self.merge_heads(out)))
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

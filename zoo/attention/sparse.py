@@ -50,7 +50,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import ATTENTION, KeysPerQuery, at_most_segment
+from zoo.attention.base import ATTENTION, KeysPerQuery, StateContract, at_most_segment
 from zoo.attention.blocked import (
     PatternAttention,
     attend_groups,
@@ -88,6 +88,52 @@ class FactorisedSparseAttention(PatternAttention):
     @classmethod
     def contract_options(cls) -> dict:
         return {"stride": 4, "combine": "union"}
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=None)  # the A2 set reaches back to the stream's start: the state grows
+
+    # -- streaming (PatternCache, blocked.py) ---------------------------------------------------------
+    def stream_refusal(self) -> str | None:
+        if self.options.stride == 0:
+            return (
+                f"attention {self.registry_name!r} with stride=0 picks l = ceil(sqrt(t)) from each call's length, "
+                "so a stream fed in pieces would change its pattern; set attention.stride to stream"
+            )
+        return super().stream_refusal()
+
+    def sets_of_heads(self) -> tuple[bool, bool]:
+        """Whether some head of this layer attends to A1, and whether some head attends to A2."""
+        patterns = set(self.head_patterns())
+        return any("A1" in p for p in patterns), any("A2" in p for p in patterns)
+
+    def state_bound(self) -> int | None:
+        """Bounded only when no head of this layer reads A2 (an interleaved layer of A1): A1's bound."""
+        return None if self.sets_of_heads()[1] else self.first_bound()
+
+    def first_bound(self) -> int:
+        """Earlier keys A1 lets a query at a position >= o see, at most."""
+        raise NotImplementedError
+
+    def first_allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        """A1 in absolute positions (causal): i [c, 1], j [1, s] -> bool [c, s]."""
+        raise NotImplementedError
+
+    def second_allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        """A2 in absolute positions (causal)."""
+        raise NotImplementedError
+
+    def allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        patterns = self.head_patterns()
+        sets = {"A1": self.first_allowed, "A2": self.second_allowed}
+        if len(set(patterns)) == 1:
+            return self._heads_allowed(patterns[0], sets, i, j)
+        return torch.stack([self._heads_allowed(p, sets, i, j) for p in patterns])  # per_head: [h, c, s]
+
+    @staticmethod
+    def _heads_allowed(pattern: str, sets, i: Tensor, j: Tensor) -> Tensor:
+        parts = [sets[name](i, j) for name in pattern.split("|")]
+        return parts[0] if len(parts) == 1 else parts[0] | parts[1]
 
     def stride_for(self, t: int) -> int:
         """l for a sequence of length t: the configured stride, or ceil(sqrt(t)) when stride=0."""
@@ -165,6 +211,15 @@ class StridedSparseAttention(FactorisedSparseAttention):
             require(self.combine in COMBINE, f"combine must be one of {', '.join(COMBINE)}; got {self.combine!r}")
 
     set_names = ("band", "column")
+
+    def first_bound(self) -> int:
+        return self.options.stride  # A1 = the l previous positions
+
+    def first_allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        return (j <= i) & (j >= i - self.options.stride)
+
+    def second_allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        return (j <= i) & ((i - j) % self.options.stride == 0)
 
     def set_keys(self, t: int, stride: int) -> tuple[float, float]:
         """A1: the l previous positions and the query (2l + 1 when bidirectional); A2: every l-th
@@ -267,6 +322,21 @@ class FixedSparseAttention(FactorisedSparseAttention):
         return {"stride": 4, "c": 2, "combine": "union"}
 
     set_names = ("own block", "summary columns")
+
+    def first_bound(self) -> int:
+        return self.options.stride - 1  # the own block's positions before the next one
+
+    def first_allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        return (j <= i) & (j // self.options.stride == i // self.options.stride)
+
+    def second_allowed(self, i: Tensor, j: Tensor) -> Tensor:
+        return (j <= i) & (j % self.options.stride >= self.options.stride - self.options.c)
+
+    def still_needed(self, j: Tensor, next_position: int) -> Tensor:
+        """Summary positions, forever; the own block's earlier positions while A1 is read."""
+        stride = self.options.stride
+        summary = j % stride >= stride - self.options.c
+        return summary | (j >= (next_position // stride) * stride) if self.sets_of_heads()[0] else summary
 
     def set_keys(self, t: int, stride: int) -> tuple[float, float]:
         """A1: the query's block (up to itself when causal: (l + 1) / 2 on average); A2: c summary

@@ -10,6 +10,13 @@ and padding (or a cache offset) must be combined.
 
 Deviations: none in the maths. The KV cache (``state``) is ours: incremental decoding keeps the
 projected keys/values of earlier tokens (detached) so each new token costs O(s), not O(s^2).
+``max_cache`` bounds it to the most recent keys (a sliding window over the stream: a new token
+sees the last ``max_cache`` cached ones and its own segment); ``sinks`` keeps the first k keys of
+the stream in it besides (Xiao et al. 2023, "Efficient Streaming Language Models with Attention
+Sinks", arXiv:2309.17453: the cache keeps the sinks and rolls the window). Positions are the
+model's business here: an absolute signal added at the input numbers tokens by their place in the
+stream, so a stream past the trained length needs ``position=none`` (or, once relative positions
+inside attention land, their in-cache numbering).
 """
 
 from __future__ import annotations
@@ -50,6 +57,21 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[2]
 
 
+def extend_cache(
+    cache: KVCache, k: Tensor, v: Tensor, pad_mask: Tensor | None, name: str | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """[cached ; new] keys and values [b, h, m + t, k] and their key padding [b, m + t] (None when
+    none), for a dense self-attention continuing a stream; refuses another batch size or a
+    cross-attention cache."""
+    require(not cache.static, f"{name}: a cross-attention cache was passed to self-attention")
+    if cache.k is None:
+        return k, v, pad_mask
+    if cache.k.shape[0] != k.shape[0]:
+        raise ValueError(f"{name}: KV cache holds batch size {cache.k.shape[0]}, input has {k.shape[0]}")
+    pad_mask = join_key_padding(cache.pad_mask, cache.length, pad_mask, k.transpose(1, 2))
+    return torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2), pad_mask
+
+
 @ATTENTION.register("vanilla")
 class VanillaAttention(Attention):
     supports_memory = True  # KV cache for incremental decoding
@@ -61,9 +83,16 @@ class VanillaAttention(Attention):
     class Options:
         bias: bool = True  # bias in the q/k/v/output projections
         max_cache: int = 0  # keep at most this many cached tokens (0 = unbounded)
+        sinks: int = 0  # of those, the stream's first k stay (attention sinks); needs max_cache > k
 
         def __post_init__(self) -> None:
             require(self.max_cache >= 0, f"max_cache must be >= 0 (0 = unbounded), got {self.max_cache}")
+            require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
+            require(
+                not self.sinks or self.max_cache > self.sinks,
+                f"sinks={self.sinks} keeps the first tokens of a bounded cache: set max_cache > sinks "
+                f"(got max_cache={self.max_cache}; 0 = unbounded keeps every token anyway)",
+            )
 
     @classmethod
     def contract_options(cls) -> dict:
@@ -78,7 +107,10 @@ class VanillaAttention(Attention):
         self.add_projections(bias=self.options.bias)
 
     def init_state(self, batch_size: int) -> KVCache:
-        return KVCache()
+        return KVCache()  # also the cross-attention cache of a decoder (filled once, from the encoder)
+
+    def state_bound(self) -> int | None:
+        return self.options.max_cache or None
 
     def carries_segment_memory(self) -> bool:
         return self.options.max_cache > 0  # an unbounded KV cache is for decoding, not carried in training
@@ -111,19 +143,19 @@ class VanillaAttention(Attention):
         k, v = self.split_heads(self.to_k(x)), self.split_heads(self.to_v(x))
         if state is None:
             return k, v, pad_mask, None
-        require(not state.static, "vanilla: a cross-attention cache was passed to self-attention")
-        if state.k is not None:
-            if state.k.shape[0] != x.shape[0]:
-                raise ValueError(f"vanilla: KV cache holds batch size {state.k.shape[0]}, input has {x.shape[0]}")
-            pad_mask = join_key_padding(state.pad_mask, state.length, pad_mask, x)
-            k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
-        keep = self.options.max_cache
-        cache = KVCache(k.detach(), v.detach(), None if pad_mask is None else pad_mask)
-        if keep and cache.length > keep:
-            cache = KVCache(
-                cache.k[:, :, -keep:], cache.v[:, :, -keep:], None if pad_mask is None else pad_mask[:, -keep:]
-            )
-        return k, v, pad_mask, cache
+        k, v, pad_mask = extend_cache(state, k, v, pad_mask, "vanilla")
+        return k, v, pad_mask, self.evicted(KVCache(k.detach(), v.detach(), pad_mask))
+
+    def evicted(self, cache: KVCache) -> KVCache:
+        """The cache within ``max_cache``: the stream's first ``sinks`` tokens (they lead the cache from
+        the first call on and are never evicted) and the most recent ones."""
+        keep, n = self.options.max_cache, cache.length
+        if not keep or n <= keep:
+            return cache
+        sinks = self.options.sinks
+        index = torch.cat([torch.arange(sinks), torch.arange(n - (keep - sinks), n)]).to(cache.k.device)
+        pad = None if cache.pad_mask is None else cache.pad_mask[:, index]
+        return KVCache(cache.k.index_select(2, index), cache.v.index_select(2, index), pad)
 
     def _cross_keys(self, context: Tensor, pad_mask: Tensor | None, state: KVCache | None):
         if state is not None and state.k is not None:  # encoder keys/values computed once per sequence

@@ -175,6 +175,13 @@ class XLRelativeAttention(Attention):
     def init_state(self, batch_size: int) -> XLMemory:
         return XLMemory()
 
+    def state_bound(self) -> int:
+        """Past inputs the memory keeps: mem_len in training, eval_mem_len (when set) in eval mode."""
+        return self.options.eval_mem_len if not self.training and self.options.eval_mem_len else self.options.mem_len
+
+    def carries_segment_memory(self) -> bool:
+        return True  # segment-level recurrence: training carries the memory from segment to segment
+
     def memory_keys(self) -> int:
         return self.options.mem_len  # training keeps mem_len states; eval_mem_len is evaluation's
 

@@ -6,6 +6,7 @@
 - :mod:`zoo.bench.peers`: the peer libraries (:data:`PEER`) and reference checkouts;
 - :mod:`zoo.bench.flops`: FLOP models of a step, where one is known;
 - :mod:`zoo.bench.measure`: the sweeps (timed repeats, paired rounds, fresh-process RSS);
+- :mod:`zoo.bench.generate`: decoding through the state (``--generate``): tokens/s and cache MiB by context;
 - :mod:`zoo.bench.report`: markdown, plots, CSV, slopes and crossovers;
 - :mod:`zoo.bench.machine`: the machine and its load, in words;
 - :mod:`zoo.bench.cli`: the command line (every flag: ``python -m zoo.bench --help``).
@@ -13,6 +14,7 @@
 
 from zoo.bench.cli import main
 from zoo.bench.flops import reformer_step_flops, step_flops
+from zoo.bench.generate import run_generate, state_bytes, write_generate
 from zoo.bench.machine import describe_machine, load_average
 from zoo.bench.measure import measure_rss, run, run_paired
 from zoo.bench.peers import PEER, import_checkout
@@ -52,6 +54,9 @@ from zoo.bench.variants import (
 )
 
 __all__ = [
+    "run_generate",
+    "state_bytes",
+    "write_generate",
     "PEER",
     "ActivationMeter",
     "Variant",

@@ -20,7 +20,8 @@ its min-max over rounds: the only timing that holds on a machine whose load drif
 ``paired_rounds.csv``, ``paired.md``, ``paired.png``); ``--flops`` adds the share of the matmul FLOP
 bound reached where the count is known (the Reformer). ``--device`` (auto: CUDA when present)
 measures on a GPU (synchronised clocks; ``gpu_peak_mib`` = ``torch.cuda.max_memory_allocated``);
-``--compile`` adds every variant under ``torch.compile`` as ``<label>+compile``.
+``--compile`` adds every variant under ``torch.compile`` as ``<label>+compile``. ``--generate`` measures
+decoding instead: tokens per second and the state's MiB at each context (:mod:`zoo.bench.generate`).
 
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
 ``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
@@ -36,6 +37,8 @@ first (:func:`zoo.registry.import_plugins`), so the parts they register can be m
     python -m zoo.bench --imports my_research.attention --attention vanilla,my_attention --lengths 1024
     python -m zoo.bench --paired --flops --model reformer,vanilla_lm --peers reformer-pytorch \
         --baseline peer:reformer-pytorch --lengths 8192 --rounds 5
+    python -m zoo.bench --generate --attention vanilla,local_1d,sparse_fixed --variant attention=lsh \
+        attention.n_buckets=64 --lengths 1024,4096,16384,65536 --new-tokens 16 --rounds 3
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from zoo.bench.generate import run_generate, write_generate
 from zoo.bench.machine import describe_machine, load_average
 from zoo.bench.measure import rss_child, run, run_paired
 from zoo.bench.report import write_outputs, write_paired
@@ -92,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         "rotated each round, after a warm-up round; reports the median speed-up over --baseline "
         "with its min-max over rounds (paired.csv, paired_rounds.csv, paired.md, paired.png)",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="--paired: recorded rounds")
+    parser.add_argument(
+        "--generate",
+        action="store_true",
+        help="decoding instead of training: at each --lengths context, prefill once through the state, then "
+        "time --new-tokens greedy tokens one at a time in alternating rounds; tokens/s and the state's MiB "
+        "(generate.csv, generate_rounds.csv, generate.md, generate.png)",
+    )
+    parser.add_argument("--new-tokens", type=int, default=16, help="--generate: tokens decoded per round")
+    parser.add_argument("--rounds", type=int, default=5, help="--paired / --generate: recorded rounds")
     parser.add_argument(
         "--flops",
         action="store_true",
@@ -157,6 +169,24 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         device=device,
     )
+    if args.generate:
+        if len(layers) != 1 or args.rounds < 1 or args.new_tokens < 1:
+            parser.error(f"--generate needs one --layers value, --rounds >= 1 and --new-tokens >= 1; got {args.layers}")
+        meta.update(title=args.title, layers=layers[0], new_tokens=args.new_tokens, load_before=load_average())
+        round_rows, summary = run_generate(
+            variants,
+            lengths,
+            new_tokens=args.new_tokens,
+            rounds=args.rounds,
+            layers=layers[0],
+            max_seconds=args.max_seconds,
+            **sizes,
+        )
+        meta.update(load=load_average())
+        paths = write_generate(round_rows, summary, Path(args.out), meta)
+        print(paths["md"].read_text())
+        print(f"wrote {', '.join(str(p) for p in paths.values())}")
+        return 0
     if args.paired:
         labels = [v.label for v in variants]
         baseline = args.baseline or labels[0]

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.blocks import Block
 from zoo.config import ModelConfig
 from zoo.models.inputs import (
     check_embeds,
@@ -37,8 +38,7 @@ from zoo.models.inputs import (
 )
 from zoo.registry import Registry
 from zoo.residual.base import RESIDUAL
-from zoo.stacks.base import STACK
-from zoo.stacks.build import attention_class, split_part
+from zoo.stacks.build import split_part
 
 
 @dataclass
@@ -159,14 +159,39 @@ class ZooModel(nn.Module):
         model (zoo/models/costs.py); None when the head does not say."""
         return None
 
+    def decoding_stack(self) -> nn.Module:
+        """The stack a state continues (the LM's stack; the encoder-decoder's decoder)."""
+        return self.stack
+
+    def stream_refusal(self) -> str | None:
+        """Why this model cannot continue a sequence from a state, asked of its parts: the stack
+        (``Stack.stream_refusal``: the universal stack keeps no per-layer cache) and every
+        self-attention (``Attention.stream_refusal``: a layer without a state, a bidirectional one, or
+        options whose key sets depend on the whole sequence). None when it can: then feeding a stream
+        in pieces with ``state`` equals one call over it."""
+        stack = self.decoding_stack()
+        reason = stack.stream_refusal()
+        if reason is not None:
+            return reason
+        for i, block in enumerate(m for m in stack.modules() if isinstance(m, Block)):
+            reason = block.attention.stream_refusal()
+            if reason is not None:
+                return f"layer {i}: {reason}"
+        return None
+
+    def refuse_stream(self) -> None:
+        """Raise, with the reason, when this model cannot continue a sequence from a state."""
+        reason = self.stream_refusal()
+        if reason is not None:
+            raise ValueError(
+                f"{self.config.name} cannot continue a sequence from a state: {reason}. Feed the whole sequence "
+                "with state=None instead (generate() does so by itself)"
+            )
+
     def attentions_keep_state(self) -> bool:
-        """True when every attention can continue from a state (KV cache / memory) and the stack
-        threads it (``Stack.keeps_state``; the universal stack does not), so decoding can feed one
-        token at a time; otherwise it recomputes the whole prefix each step."""
-        return (
-            attention_class(self.config.attention).supports_memory
-            and STACK.get(split_part(self.config.stack)[0]).keeps_state
-        )
+        """True when the model can continue a sequence from a state (``stream_refusal`` is None), so
+        decoding feeds one token at a time through the caches; otherwise it recomputes the prefix."""
+        return self.stream_refusal() is None
 
     def check_decode_length(self, length: int, what: str) -> None:
         """Refuse up front a decode that would run past the position signal's limit (a learned table)
@@ -193,14 +218,9 @@ class ZooModel(nn.Module):
                 f"state holds batch size {state.batch_size} but the input has batch size {batch_size}; start fresh "
                 f"with state=None or model.init_state({batch_size})"
             )
-        if state.offset and stack is not None and not stack.keeps_state:
-            # continuing at offset > 0 needs the earlier tokens' cache, which this stack never keeps
-            raise ValueError(
-                f"stack {stack.registry_name!r} keeps no cache, so it cannot continue a sequence "
-                f"at offset {state.offset}: "
-                "the new tokens would not see the earlier ones; feed the whole prefix with state=None "
-                "(attentions_keep_state() is False for this stack, so generate() does)"
-            )
+        if stack is not None and (state.offset or state.layers is not None):
+            # continuing needs every layer's cache of the earlier tokens: never compute without them
+            self.refuse_stream()
 
     @property
     def num_parameters(self) -> int:

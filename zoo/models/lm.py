@@ -72,6 +72,7 @@ class CausalLM(ZooModel):
     def init_state(self, batch_size: int) -> ModelState:
         """An empty state that turns on caching (KV cache) for incremental decoding."""
         check_count(batch_size, "batch_size", 1)
+        self.refuse_stream()
         return ModelState(self.stack.init_state(batch_size), 0, batch_size, self.signature)
 
     def forward(

@@ -46,6 +46,9 @@ class EncoderDecoder(ZooModel):
         if config.tie_embeddings and self.head is not None:
             self.head.weight = self.tgt_embed.weight
 
+    def decoding_stack(self) -> nn.Module:
+        return self.decoder
+
     def encode(
         self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None
     ) -> Tensor:
@@ -64,10 +67,12 @@ class EncoderDecoder(ZooModel):
     def init_state(
         self, src: Tensor | None = None, src_pad_mask: Tensor | None = None, *, src_embeds: Tensor | None = None
     ) -> Seq2SeqState:
-        """Encode the source (ids or vectors) once and start empty decoder caches."""
+        """Encode the source (ids or vectors) once and start empty decoder caches (none when the
+        decoder cannot continue a sequence: the state then only carries the encoded source)."""
         memory = self.encode(src, src_pad_mask, src_embeds=src_embeds)
         b = memory.shape[0]
-        return Seq2SeqState(memory, src_pad_mask, self.decoder.init_state(b), 0, b, self.signature)
+        layers = self.decoder.init_state(b) if self.attentions_keep_state() else None
+        return Seq2SeqState(memory, src_pad_mask, layers, 0, b, self.signature)
 
     def forward(
         self,

@@ -46,6 +46,7 @@ class Stack(nn.Module):
     registry_name: ClassVar[str | None] = None
     # capability flags: the builder and the contract suite (tests/contracts/test_stack_contract.py) read these
     keeps_state: ClassVar[bool] = True  # can thread its blocks' caches across calls (universal: no)
+    no_state_reason: ClassVar[str] = ""  # why keeps_state is False, for the refusal a model gives
     supports_cross: ClassVar[bool] = True  # can hold blocks with cross-attention (seq2seq decoder)
     needs_additive: ClassVar[bool] = False  # needs additive residuals (reversible: subtracts the branches)
 
@@ -88,6 +89,15 @@ class Stack(nn.Module):
 
     def init_state(self, batch_size: int) -> list[Any] | None:
         return None
+
+    def stream_refusal(self) -> str | None:
+        """Why this stack cannot thread its layers' states from one call to the next (so a model built
+        on it cannot continue a sequence), or None when it can."""
+        if self.keeps_state:
+            return None
+        return f"stack {self.registry_name!r} keeps no state between calls" + (
+            f": {self.no_state_reason}" if self.no_state_reason else ""
+        )
 
     def check_state(self, state: list[Any] | None) -> list[Any]:
         if state is None:

@@ -31,9 +31,11 @@ gradients one layer at a time. So the activations held for backward do not grow 
 Deviations: the streams start as two copies of the input (as the paper does) and the stack
 returns their mean (y1 + y2) / 2, so its width stays d_model. Refused at build time, with the
 reason: residuals that are not additive (post_norm, gru_gate: the branch cannot be subtracted),
-attention that carries memory between calls (``supports_memory``: recomputation would replay a
-cache that has moved on) and cross-attention blocks. ``recompute=False`` runs the same coupling
-with ordinary autograd (stores every layer's activations): the reference the tests compare with.
+attention that carries memory from one training segment to the next (``carries_segment_memory``:
+recomputation would replay a memory that has moved on) and cross-attention blocks. Decoding
+caches are threaded without gradients (generation, evaluation: nothing is recomputed then) and
+refused with them. ``recompute=False`` runs the same coupling with ordinary autograd (stores every
+layer's activations): the reference the tests compare with.
 
 Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real).
 """
@@ -57,11 +59,12 @@ def check_reversible_block(block: Block, layer_index: int) -> None:
             "stack 'reversible' supports blocks without cross-attention (decoder-only LM, encoder); "
             "use stack=sequential for the seq2seq decoder"
         )
-    if block.keeps_state:
+    if block.carries_segment_memory:
         raise ValueError(
-            f"stack 'reversible' cannot hold layer {layer_index} ({block.describe()}): its attention keeps state "
-            "across calls (supports_memory=True), and recomputing a layer in backward would replay it against a state "
-            "that has moved on; use a stateless attention (e.g. lsh or shared_qk) or stack=sequential"
+            f"stack 'reversible' cannot hold layer {layer_index} ({block.describe()}): its attention carries memory "
+            "from one training segment to the next (carries_segment_memory), and recomputing a layer in backward "
+            "would replay it against a memory that has moved on; use an attention without segment memory (e.g. lsh, "
+            "shared_qk, vanilla without max_cache) or stack=sequential"
         )
     if not block.additive:
         raise ValueError(
@@ -98,7 +101,9 @@ def feed_forward_branch(block: Block, y: Tensor) -> Tensor:
 
 @STACK.register("reversible")
 class ReversibleStack(Stack):
-    keeps_state = False  # recomputation would replay a cache that has moved on
+    # threads its layers' decoding caches without gradients (generation, evaluation); with gradients
+    # the recomputation in backward would replay a cache that has moved on, so a state is refused then
+    keeps_state = True
     supports_cross = False
     needs_additive = True
 
@@ -137,12 +142,19 @@ class ReversibleStack(Stack):
         context: Tensor | None = None,
         context_pad_mask: Tensor | None = None,
     ) -> StackOutput:
-        if any(s is not None for s in self.check_state(state)):
-            raise ValueError("stack 'reversible' keeps no state between calls; pass state=None")
+        states = self.check_state(state)
+        threading = any(s is not None for s in states)
+        if threading and self.options.recompute and torch.is_grad_enabled():
+            raise ValueError(
+                "stack 'reversible' threads a state only without gradients (generation, evaluation under "
+                "torch.no_grad()): with gradients it recomputes each layer in backward, which would replay the "
+                "layer against a cache that has moved on"
+            )
         if context is not None:
             raise ValueError("stack 'reversible' has no cross-attention: context must be None")
         stats: dict[str, Tensor] = {}
         aux: dict[str, Tensor] = {}
+        new_states: list[Any] = []
         if self.options.recompute and torch.is_grad_enabled():
             aux_names: list[str] = []  # filled by the forward: the name of each extra output
             y1, y2, *aux_values = _ReversibleFunction.apply(x, x, self, pad_mask, stats, aux_names, *self.parameters())
@@ -150,13 +162,19 @@ class ReversibleStack(Stack):
                 merge_into(aux, {name: value})
         else:
             y1, y2 = x, x
-            for i, block in enumerate(self.blocks):
-                f, layer_aux, layer_stats = block.attention_branch(y2, pad_mask=pad_mask)
+            for i, (block, layer_state) in enumerate(zip(self.blocks, states)):
+                f, layer_aux, layer_stats, new_state = block.attention_branch(y2, pad_mask=pad_mask, state=layer_state)
                 y1 = y1 + f
                 y2 = y2 + feed_forward_branch(block, y1)
                 merge_into(aux, layer_aux)
                 stats.update(prefixed(f"layer{i}", layer_stats))
-        return StackOutput((y1 + y2) / 2, None, aux, stats)
+                new_states.append(new_state)
+        carried = new_states if any(s is not None for s in new_states) else None
+        return StackOutput((y1 + y2) / 2, carried, aux, stats)
+
+    def init_state(self, batch_size: int) -> list[Any] | None:
+        states = [block.init_state(batch_size) for block in self.blocks]
+        return None if all(s is None for s in states) else states
 
 
 class _ReversibleFunction(torch.autograd.Function):
@@ -179,7 +197,7 @@ class _ReversibleFunction(torch.autograd.Function):
         with torch.no_grad():
             for i, block in enumerate(stack.blocks):
                 f_rng = _RNG(x1.device)
-                f, layer_aux, layer_stats = block.attention_branch(x2, pad_mask=pad_mask)
+                f, layer_aux, layer_stats, _ = block.attention_branch(x2, pad_mask=pad_mask)
                 x1 = x1 + f
                 g_rng = _RNG(x1.device)
                 x2 = x2 + feed_forward_branch(block, x1)
@@ -233,7 +251,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 f_rng.restore()
                 with torch.enable_grad():
                     x2_in = x2.detach().requires_grad_(True)
-                    f, layer_aux, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
+                    f, layer_aux, _, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
                     outputs, upstream = [f], [dy1]
                     for value, d_value in zip(layer_aux.values(), d_layer_aux):
                         if value.requires_grad:

@@ -85,6 +85,10 @@ class UniversalStack(Stack):
     """``n_layers`` is T, the number of steps (and the step limit under ACT unless ``max_steps``)."""
 
     keeps_state = False  # models read this to recompute instead of feeding cached state
+    no_state_reason = (
+        "it re-applies one block a number of times that ACT sets per position, so no per-layer cache of "
+        "earlier tokens exists for later ones to read"
+    )
 
     @dataclass
     class Options:

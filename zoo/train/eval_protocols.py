@@ -11,6 +11,12 @@
   ``same_length`` gives every query the same number of keys (the reference code's eval option);
   adaptive-span models carry their span cache. Dai et al. 2019, Section 3.2 and the released eval
   scripts.
+- ``stream``: the split's lanes fed ``seq_len`` tokens at a time (1 unless given: token by token)
+  through the model's state from ``model.init_state``, carried across the whole split: what a
+  deployed model streaming past any training length sees, in the memory its parts keep (a bounded
+  window, attention sinks, XL memory, an unbounded KV cache). A model that cannot continue a
+  sequence is refused with the reason. Where the context does not depend on how the stream is cut
+  (a cache or memory holding every earlier token of a lane), it equals ``memory``.
 - ``sliding``: a window of ``seq_len`` tokens moved by ``stride``; each window scores only the
   tokens the previous one did not, so after the first window every token is predicted with at
   least ``seq_len - stride`` tokens of context and, with stride 1, each with the full context
@@ -31,18 +37,19 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from zoo.attention.base import Attention
 from zoo.config import IGNORE_INDEX, require
 from zoo.data.base import Task, metric_value
 
-PROTOCOLS = ("segment", "memory", "sliding")
+PROTOCOLS = ("segment", "memory", "stream", "sliding")
 
 
 @dataclasses.dataclass
 class ProtocolSettings:
     protocol: str = "segment"
-    seq_len: int = 0  # 0 = the task's (training) length
+    seq_len: int = 0  # 0 = the task's (training) length; stream: tokens per call (0 = 1, token by token)
     batch_size: int = 0  # 0 = the task's
     mem_len: int = 0  # memory protocol: evaluation memory of each attention (xl_rel's eval_mem_len; 0 = the model's)
     clamp_len: int = 0  # memory protocol: relative-distance clamp (xl_rel's clamp_len; 0 = the model's)
@@ -154,16 +161,22 @@ def evaluate_protocol(
         carry = False
     else:
         stride = 0
+        if settings.protocol == "stream":
+            seq_len = settings.seq_len or 1
         view = copy.copy(task)  # the same data, cut at the evaluation length and batch
         view.seq_len, view.batch_size = seq_len, batch_size
         batches = view.eval_batches(split, None)
-        carry = settings.protocol == "memory"
+        carry = settings.protocol in ("memory", "stream")
+        total = view.num_batches(split)
+        batches = tqdm(
+            batches, total=min(total, max_batches or total), desc=settings.protocol, unit="batch", disable=None
+        )
     memory = (
         evaluation_memory(model, settings.mem_len, settings.clamp_len, settings.same_length)
         if carry
         else contextlib.nullcontext(0)
     )
-    state = None
+    state = model.init_state(batch_size) if settings.protocol == "stream" else None  # refuses, with the reason
     with memory as changed:
         for batch in batches:
             batch = {k: v.to(device) for k, v in batch.items()}
@@ -197,7 +210,7 @@ def add_protocol_arguments(parser) -> None:
         "--protocol",
         default="",
         choices=["", *PROTOCOLS],
-        help="segment | memory | sliding (default: the run's paper.eval, else the plain evaluation)",
+        help="segment | memory | stream | sliding (default: the run's paper.eval, else the plain evaluation)",
     )
     parser.add_argument(
         "--seq-len", type=int, default=0, help="evaluation segment / window length (0 = paper's, else as trained)"

@@ -1,0 +1,158 @@
+"""LSH attention continued from a state: the bucket cache behind ``lsh``'s streaming.
+
+Not a mechanism (nothing registers here); ``lsh.py`` calls :func:`stream_lsh` when it is given a
+state. In causal use with ``look_back="window"``, same-bucket keys only and a fixed ``n_buckets``,
+LSH's key set for query i in hash round r is the ``chunk_size`` most recent earlier items of i's
+bucket, plus i itself (scored SELF_SCORE, so it counts only when nothing else is visible): the
+sorted chunks of the one-call pass (``sorted_chunks.py``) compute exactly that, and so does this
+file from a cache holding, per round and bucket, the ``chunk_size`` most recent items. Each query's
+rounds are then combined by their log-sum-exp normalisers, as in the one-call pass. Bucket
+hashes depend on the token alone (the rotations are fixed between optimiser steps), so a stream
+fed in any pieces equals one call.
+
+The cache is bounded: n_buckets x chunk_size items per round, whatever the stream's length (the
+receptive field itself is bounded: a bucket holds at most c visible keys). With the automatic
+bucket count, the paper's chunk look-back or keys across buckets, a key set depends on tokens that
+come later (the number of chunks, the chunk boundaries), so ``lsh`` refuses a state then.
+
+How a call runs, per round, vectorised over batch, heads and rounds: the cached items and the new
+ones are sorted together by (bucket, position); a new item's keys are the c sorted slots before it
+that share its bucket; an item stays in the cache while fewer than c later items share its bucket.
+New tokens go in pieces of ``PIECE`` so the gathered windows stay small.
+
+Shapes: b batch, h heads, R rounds, N = n_buckets x c cached slots, L = N + t items, k head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from zoo.attention.sorted_chunks import MASKED_SCORE, SELF_SCORE
+
+PIECE = 256  # new tokens scored per pass over the cache
+
+
+@dataclass
+class LSHCache:
+    """Per round, the ``chunk_size`` most recent items of every bucket. keys (unit-length, unscaled)
+    and values [b, h, R, N, k]; bucket and position [b, h, R, N] (position -1 = an empty slot,
+    whose bucket sorts after every real one); ``next``: the absolute position of the next token."""
+
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    bucket: Tensor | None = None
+    position: Tensor | None = None
+    next: int = 0
+
+    @property
+    def length(self) -> int:
+        """Items the fullest round holds (at most n_buckets x chunk_size)."""
+        return 0 if self.position is None else int((self.position >= 0).sum(-1).max())
+
+
+def empty_cache(b: int, h: int, rounds: int, slots: int, k: int, like: Tensor) -> LSHCache:
+    """Every slot empty: an empty slot's bucket (n_buckets + 1 as set by the caller) sorts last."""
+    zeros = like.new_zeros(b, h, rounds, slots, k)
+    position = torch.full((b, h, rounds, slots), -1, dtype=torch.long, device=like.device)
+    return LSHCache(zeros, zeros.clone(), torch.zeros_like(position), position, 0)
+
+
+def stream_lsh(
+    qk: Tensor,
+    v: Tensor,
+    buckets: Tensor,
+    cache: LSHCache,
+    *,
+    chunk: int,
+    n_buckets: int,
+    dropout: float = 0.0,
+) -> tuple[Tensor, LSHCache]:
+    """Continue LSH attention over new tokens: qk, v [b, h, t, k] (shared query-key projections and
+    values), buckets [b, h, R, t] (padding in bucket n_buckets). Returns the outputs [b, h, t, k]
+    before the output projection, and the cache to carry on (detached)."""
+    b, h, t, k = qk.shape
+    rounds = buckets.shape[2]
+    if cache.keys is None:
+        cache = empty_cache(b, h, rounds, n_buckets * chunk, k, qk)
+        cache.bucket.fill_(n_buckets + 1)
+    elif cache.keys.shape[0] != b:
+        raise ValueError(f"lsh: the cache holds batch size {cache.keys.shape[0]}, the input has {b}")
+    outs = []
+    for start in range(0, t, PIECE):
+        piece = slice(start, start + PIECE)
+        out, cache = _piece(qk[:, :, piece], v[:, :, piece], buckets[..., piece], cache, chunk, n_buckets, dropout)
+        outs.append(out)
+    return torch.cat(outs, dim=2), cache
+
+
+def _piece(
+    qk: Tensor, v: Tensor, buckets: Tensor, cache: LSHCache, c: int, n_buckets: int, dropout: float
+) -> tuple[Tensor, LSHCache]:
+    b, h, t, k = qk.shape
+    rounds, slots = buckets.shape[2], cache.keys.shape[3]
+    positions = torch.arange(cache.next, cache.next + t, device=qk.device)
+    unit = F.normalize(qk, dim=-1)  # shared QK: keys are the unit-length queries
+    keys = torch.cat([cache.keys, unit[:, :, None].expand(-1, -1, rounds, -1, -1)], dim=3)  # [b, h, R, L, k]
+    values = torch.cat([cache.values, v[:, :, None].expand(-1, -1, rounds, -1, -1)], dim=3)
+    bucket = torch.cat([cache.bucket, buckets], dim=3)  # [b, h, R, L]
+    position = torch.cat([cache.position, positions.expand(b, h, rounds, t)], dim=3)
+    # sort by (bucket, position): within a bucket the sorted order is the position order
+    order = (bucket * (position.max() + 2) + position + 1).argsort(dim=-1)
+    sorted_bucket, sorted_position = bucket.gather(-1, order), position.gather(-1, order)
+    slot_of = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(order.shape[-1], device=qk.device).expand_as(order)
+    )
+    new_slot = slot_of[..., slots:]  # [b, h, R, t]: where each new item sits in the sorted order
+    # each new item's window: the c sorted slots before it, then itself (last)
+    window = new_slot[..., None] + torch.arange(-c, 1, device=qk.device)  # [b, h, R, t, c + 1]
+    inside = window >= 0
+    window = window.clamp(min=0)
+    same = sorted_bucket.gather(-1, window.flatten(-2)).view_as(window) == buckets[..., None]
+    filled = sorted_position.gather(-1, window.flatten(-2)).view_as(window) >= 0
+    visible = inside & same & filled
+    source = order.gather(-1, window.flatten(-2))  # window slots -> items of keys / values
+    window_keys = keys.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
+    window_values = values.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
+    scores = torch.einsum("bhtk,bhrtwk->bhrtw", qk * k**-0.5, window_keys)
+    scores = scores.masked_fill(~visible, MASKED_SCORE)
+    scores[..., -1] = SELF_SCORE  # oneself: only when nothing else is visible (the paper's rule)
+    lse = torch.logsumexp(scores, dim=-1)  # [b, h, R, t]
+    probs = torch.exp(scores - lse[..., None])
+    if dropout > 0:
+        probs = F.dropout(probs, p=dropout)
+    out = torch.einsum("bhrtw,bhrtwk->bhrtk", probs, window_values)
+    out = (out * torch.softmax(lse, dim=2)[..., None]).sum(2) if rounds > 1 else out[:, :, 0]
+    return out, _kept(keys, values, bucket, position, order, sorted_bucket, c, n_buckets, slots, cache.next + t)
+
+
+def _kept(
+    keys: Tensor,
+    values: Tensor,
+    bucket: Tensor,
+    position: Tensor,
+    order: Tensor,
+    sorted_bucket: Tensor,
+    c: int,
+    n_buckets: int,
+    slots: int,
+    next_position: int,
+) -> LSHCache:
+    """The items a later query may see: real (not padding, not empty) and among the c most recent of
+    their bucket, i.e. the sorted slot c places on holds another bucket (or lies past the end)."""
+    length = sorted_bucket.shape[-1]
+    ahead = F.pad(sorted_bucket[..., c:], (0, min(c, length)), value=-1)[..., :length]
+    keep_sorted = (ahead != sorted_bucket) & (sorted_bucket < n_buckets)
+    # kept items first (stable), then as many others as fill the slots; the others are emptied
+    first = (~keep_sorted).to(torch.uint8).argsort(dim=-1, stable=True)[..., :slots]
+    index = order.gather(-1, first)  # items of the combined arrays
+    kept = keep_sorted.gather(-1, first)
+    k = keys.shape[-1]
+    new_keys = keys.gather(3, index[..., None].expand(-1, -1, -1, -1, k)).detach()
+    new_values = values.gather(3, index[..., None].expand(-1, -1, -1, -1, k)).detach()
+    new_bucket = bucket.gather(-1, index).masked_fill(~kept, n_buckets + 1)
+    new_position = position.gather(-1, index).masked_fill(~kept, -1)
+    return LSHCache(new_keys, new_values, new_bucket, new_position, next_position)

@@ -151,7 +151,7 @@ def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
         label = f"{mech} (ours, {setting} setting)" if setting else f"{mech} (ours)"
         out.append([label, *(_cell(values.get(c), c in failed) for c in TASKS.values()), _cell(average)])
         paper = paper_row(mech)
-        reported = next((r["setting_reported"] for r in rows if r.get("setting") == setting), None)
+        reported = next((r.get("setting_reported") for r in rows if setting and r.get("setting") == setting), None)
         if setting and reported and paper == "Transformer":  # the setting's figures are for softmax attention
             figures = [reported.get(c) for c in TASKS.values()]
             done = [v for c, v in zip(TASKS.values(), figures) if c in AVERAGED and v is not None]

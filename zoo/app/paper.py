@@ -174,10 +174,8 @@ def format_report(info: dict[str, Any]) -> str:
         f"{t['precision']}, clip {t['clip']}"
     )
     o = info["optim"]
-    lines.append(
-        f"    optim: {o['name']} lr {o['lr']} betas {o['betas']} eps {o['eps']} schedule {o['schedule']} warm-up "
-        f"{o['warmup']}"
-    )
+    moments = f"momentum {o.get('momentum')}" if o["name"] == "sgd" else f"betas {o['betas']} eps {o['eps']}"
+    lines.append(f"    optim: {o['name']} lr {o['lr']} {moments} schedule {o['schedule']} warm-up {o['warmup']}")
     lines.append(
         f"   params: {info['params']:,} (blocks {info['params_blocks']:,}; embeddings/head/positions "
         f"{info['params_embedding_and_head']:,})"

@@ -1,5 +1,11 @@
 """Command-line overrides shared by the tests that run the Hydra app end to end: a CPU-sized run of
-four steps that evaluates and checkpoints every two (test_train, test_checkpoint)."""
+four steps that evaluates and checkpoints every two (test_train, test_checkpoint, test_export); and
+``script(name)``, the module of ``experiments/<name>.py`` (its ``main`` takes an argv list)."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = [
     "experiment=tiny",
@@ -15,3 +21,10 @@ TINY = [
     "model.n_heads=2",
     "trainer.device=cpu",
 ]
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(f"zoo_{name}_script", ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -20,10 +20,10 @@ from zoo.app.schema import LoggerOptions, to_options
 from zoo.data import TASK, Task, create_task
 from zoo.presets.factory import build_model, create_model, model_config_for_task
 from zoo.registry import import_plugins
-from zoo.train.checkpoint import load_checkpoint, seed_everything
+from zoo.train.checkpoint import import_recorded, load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
-from zoo.train.options import OptimOptions, TrainerOptions
+from zoo.train.options import OptimOptions, TrainerOptions, run_device
 from zoo.train.rundir import run_id, write_text
 from zoo.train.trainer import Trainer
 
@@ -92,8 +92,17 @@ def make_loggers(resolved: dict[str, Any], run_dir: Path, name: str, group: str)
     return loggers
 
 
+def check_run(cfg: dict[str, Any]) -> None:
+    """Refuse, naming the key and the fix, a run that cannot run here: a bad ``trainer.*`` or ``optim.*``
+    value, a device this machine lacks, a ``trainer.precision`` its device cannot run. Asked before
+    any data or model is built (``build`` alone, which trains nothing, does not ask)."""
+    run_device(trainer_options(cfg), from_env().local_rank)
+    optim_options(cfg)
+
+
 def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks: tuple = ()) -> float:
     """Train and evaluate one configuration; returns the final validation metric."""
+    check_run(as_dict(cfg))
     resolved, task, model = build(cfg)
     hydra_dir, name, group = hydra_context()
     run_dir = Path(run_dir) if run_dir is not None else hydra_dir
@@ -144,16 +153,3 @@ def load_run(
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt
-
-
-def import_recorded(cfg: dict[str, Any], checkpoint: str | Path) -> list[str]:
-    """Import the modules the run named in ``imports`` (its own parts); a module that is gone is
-    refused naming the checkpoint and what to do."""
-    modules = list(cfg.get("imports") or [])
-    try:
-        return import_plugins(modules)
-    except ImportError as exc:
-        raise ImportError(
-            f"checkpoint {checkpoint} was trained with parts of your own (imports={modules}): {exc}; "
-            "its model can be rebuilt only with that code back"
-        ) from exc

@@ -72,6 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -94,6 +95,7 @@ from zoo.attention.span_band import (  # noqa: F401  (re-exported: the kernel's 
     span_reach,
 )
 from zoo.config import require
+from zoo.train.precision import float32
 
 MODES = ("learned", "dynamic", "fixed")
 
@@ -205,7 +207,9 @@ class AdaptiveSpanAttention(Attention):
             return self.span_param.clamp(0.0, 1.0)
         if o.mode == "fixed":
             return torch.ones(self.n_heads, device=x.device, dtype=x.dtype)
-        return rearrange(torch.sigmoid(self.span_proj(x)), "b t h -> b h t")
+        # float32: z_t = S sigmoid(.) in tokens; a bf16 sigmoid (8 bits) would move z by up to S / 512
+        with float32(x, self.span_proj.weight, self.span_proj.bias) as (x, w, b):
+            return rearrange(torch.sigmoid(F.linear(x, w, b)), "b t h -> b h t")
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:

@@ -88,7 +88,9 @@ def blocked_span_attention(
     kb, vb = blocks(k), blocks(v)
     # distance from query (row) to key (column) inside any block: the same for every block
     rows, columns = torch.arange(a, device=q.device), torch.arange(width, device=q.device)
-    distance = (rows[:, None] + reach - columns[None, :]).to(q.dtype)
+    # float32: distances run to S (8,192); bf16 holds whole numbers exactly only up to 256, so under
+    # autocast the window and the ramp (R = 32 wide) would move by up to 16 tokens
+    distance = (rows[:, None] + reach - columns[None, :]).to(torch.promote_types(q.dtype, torch.float32))
     in_window = (distance >= 1) & (distance <= reach)  # [a, w]: the paper's keys t - S ... t - 1, cropped
     itself = distance == 0  # [a, w]: the query's own key, a stand-in for rows with nothing to see
     if spans.dim() == 1:  # one span per head: a [h, a, w] template

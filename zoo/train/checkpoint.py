@@ -4,6 +4,7 @@ A checkpoint is one ``torch.save`` file holding only tensors and plain Python ty
 tuple, str, int, float, bool, None):
 
 - ``model`` / ``optimizer`` / ``scheduler``: state dicts; ``step``, ``best``, ``world_size``;
+  ``evaluation``: the latest evaluation's step, metric name and value;
 - ``rng``: the Python, NumPy and torch generator states as integer lists and tensors;
 - ``state``: the carried segment memory, its dataclasses turned into tagged dicts
   (:func:`state_to_data`), rebuilt only as dataclasses of the ``zoo`` package (:func:`state_from_data`);
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from zoo.registry import import_plugins
 from zoo.train.rundir import open_exclusive, safe_path
 
 CHECKPOINT_FORMAT = "transformer-zoo/checkpoint/v2"
@@ -249,6 +251,19 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str |
             raise
         raise CheckpointError(f"cannot write checkpoint {path}: {type(exc).__name__}: {exc}") from exc
     return path
+
+
+def import_recorded(cfg: dict[str, Any], checkpoint: str | Path) -> list[str]:
+    """Import the modules a run named in ``imports`` (its own parts; ``cfg`` is the checkpoint's app
+    config), so its model can be rebuilt; a module that is gone is refused naming the checkpoint."""
+    modules = list(cfg.get("imports") or [])
+    try:
+        return import_plugins(modules)
+    except ImportError as exc:
+        raise ImportError(
+            f"checkpoint {checkpoint} was trained with parts of your own (imports={modules}): {exc}; "
+            "its model can be rebuilt only with that code back"
+        ) from exc
 
 
 def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:

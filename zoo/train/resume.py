@@ -80,8 +80,10 @@ def run_payload(
     best: float | None,
     world_size: int,
     config: dict[str, Any],
+    evaluation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoint`)."""
+    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoint`).
+    ``evaluation``: the latest one, ``{"step", "metric", "value"}`` (a shared model's card reports it)."""
     return {
         "format": CHECKPOINT_FORMAT,
         "step": step,
@@ -94,6 +96,7 @@ def run_payload(
         "rng": rng_state(),
         "state": state_to_data(state),
         "best": best,
+        "evaluation": evaluation,
         "world_size": world_size,
         "config": json.loads(json.dumps(config, default=str)),
     }

@@ -1,13 +1,13 @@
 """The training loop of the Hydra application (usable on its own from Python): a built model, a task.
 
 Around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then ``optimizer_step``:
-aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast on
-CUDA and gradient accumulation (:mod:`zoo.train.options`); state carried from step to step on
-contiguous tasks for every model that keeps segment memory, started with ``init_state`` where the
-streams start over; evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged
-(:mod:`zoo.train.loggers`); tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
-checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite weights nor after a
-non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory claimed once, which
+aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast (CUDA
+and CPU: :mod:`zoo.train.precision`) and gradient accumulation (:mod:`zoo.train.options`); state carried
+from step to step on contiguous tasks for every model that keeps segment memory, started with
+``init_state`` where the streams start over; evaluation every N steps with the task metric
+(:mod:`zoo.train.metrics`), logged (:mod:`zoo.train.loggers`); tokens/s, peak and activation memory
+(:mod:`zoo.train.meter`); checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite
+weights nor after a non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory claimed once, which
 checkpoint, whether it fits, what changed) so 2 + 2 steps equal 4 straight, bit for bit; a NaN/inf
 loss stops the run naming the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first
 (:mod:`zoo.train.stop`); ``torchrun`` data parallelism: DDP, each rank reads its own rows, only rank
@@ -35,7 +35,8 @@ from zoo.train import distributed
 from zoo.train.checkpoint import save_checkpoint
 from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
-from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, pick_device
+from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, run_device
+from zoo.train.precision import autocast
 from zoo.train.resume import checked, open_run, restore, run_payload
 from zoo.train.rundir import write_text
 from zoo.train.steps import (
@@ -96,9 +97,7 @@ class Trainer:
         if trainer.threads:
             torch.set_num_threads(trainer.threads)
         self.dist = distributed.from_env()
-        self.device = pick_device(trainer.device, self.dist.local_rank)
-        if trainer.precision == "bf16" and self.device.type != "cuda":
-            raise ValueError("trainer.precision=bf16 autocast needs CUDA here; use fp32 on CPU")
+        self.device = run_device(trainer, self.dist.local_rank)
         check_splits(task, self.dist.world_size)
         self.resume_from = open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
         if self.device.type == "cuda":
@@ -117,6 +116,7 @@ class Trainer:
         self.step = 0
         self.state: Any = None
         self.best: float | None = None
+        self.evaluation: dict[str, Any] | None = None  # the latest: {"step", "metric", "value"} (checkpoints keep it)
         self.last_checkpoint: Path | None = None  # the newest checkpoint known sound (finite, checksummed)
         self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
         self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
@@ -134,6 +134,7 @@ class Trainer:
             optim=self.optim_opts,
             state=self.state,
             best=self.best,
+            evaluation=self.evaluation,
             world_size=self.dist.world_size,
             config=self.config,
         )
@@ -167,6 +168,7 @@ class Trainer:
             optim=self.optim_opts,
             device=self.device,
         )
+        self.evaluation = ckpt.get("evaluation")
         self.last_checkpoint = Path(path)
         for logger in self.loggers:
             if hasattr(logger, "cut"):
@@ -174,9 +176,7 @@ class Trainer:
 
     # -- one optimiser step --------------------------------------------------------------------
     def autocast(self):
-        if self.opts.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.opts.precision)
 
     def forward_context(self, meter: ActivationMeter | None = None) -> contextlib.ExitStack:
         """What the forward pass runs under: autocast, and the activation meter on the first step."""
@@ -321,6 +321,7 @@ class Trainer:
             "attention": self.model.config.attention.get("name"),
             "data": self.task.registry_name,
             "optimizer": self.optim_opts.describe(),
+            "precision": self.opts.precision,
             "metric": self.task.metric,
             "metric_name": metric_key,
             "final_metric": last_eval[metric_key],
@@ -386,6 +387,7 @@ class Trainer:
         if improved:
             self.best = value
         result[f"{metric_key}_best"] = self.best
+        self.evaluation = {"step": self.step, "metric": metric_key, "value": value}
         self.log({**result, **self.peak_memory_mb()})
         payload = self.payload() if self.opts.checkpoints and self.dist.is_main else None
         if improved:

@@ -276,3 +276,12 @@ def test_shared_relative_keys_are_one_parameter_saved_once(tmp_path):
     assert len(keys) == 3 and len({state[k].untyped_storage().data_ptr() for k in keys}) == 1
     with pytest.raises(ValueError, match="relative_keys=false does not build"):
         zoo.create_model("adaptive_span_lm", attention={**span, "relative_keys": False}, **kwargs)
+
+
+def test_describe_asks_xl_rel_for_its_memory_when_the_config_leaves_it_unset():
+    """Issue 24: xl_rel's mem_len was taken as 0 by describe when a config did not set it; the part answers
+    (its default 512), so the keys per query and the memory's activation bytes count it."""
+    info = describe(["model=vanilla_lm", "attention=xl_rel", "trainer.seq_len=256"])
+    assert info["keys_per_query"] == 512 + (256 + 1) / 2  # memory + the causal segment
+    without = describe(["model=vanilla_lm", "attention=xl_rel", "attention.mem_len=0", "trainer.seq_len=256"])
+    assert info["activation_bytes_per_token"] > without["activation_bytes_per_token"]

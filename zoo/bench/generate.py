@@ -219,22 +219,25 @@ def plot_generate(summary: list[dict[str, Any]], path: Path, meta: dict[str, Any
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label in dict.fromkeys(r["variant"] for r in summary):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    labels = list(dict.fromkeys(r["variant"] for r in summary))
+    colours = plt.get_cmap("tab20")(range(len(labels)))
+    for index, label in enumerate(labels):
         points = [r for r in summary if r["variant"] == label and "tokens_per_s" in r]
         if not points:
             continue
         x = [r["context"] for r in points]
-        left.plot(x, [r["tokens_per_s"] for r in points], marker="o", label=label)
-        right.plot(x, [r["cache_mib"] for r in points], marker="o", label=label)
-    for axis, title in ((left, "decoding tokens/s"), (right, "cache MiB (all layers)")):
+        style = dict(marker="os^Dv"[index % 5], color=colours[index], label=label)
+        left.plot(x, [r["tokens_per_s"] for r in points], **style)
+        right.plot(x, [r["cache_mib"] for r in points], **style)
+    for axis, title in ((left, "decoding tokens/s"), (right, "state MiB (all layers)")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("context (tokens already in the state)")
         axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=7, loc="upper left")
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(meta.get("title") or "zoo.bench --generate", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)

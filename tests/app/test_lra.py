@@ -103,10 +103,12 @@ def test_cifar_pixels_interleaved_and_grayscale(cifar_dir):
     dim = 3 * (row * 32 + col)
     assert batch["targets"][0, dim : dim + 3].tolist() == planes[0, :, row, col].tolist()
     gray = create_task("cifar10_gray", batch_size=2, seq_len=1024, path=str(cifar_dir), val_size=4).batch("test", 0)
-    expected = round(
-        0.2989 * planes[0, 0, row, col] + 0.5870 * planes[0, 1, row, col] + 0.1140 * planes[0, 2, row, col]
-    )
-    assert abs(int(gray["tokens"][0, row * 32 + col]) - expected) <= 0 and gray["targets"][0] == raw[b"labels"][0]
+    # TensorFlow's rgb_to_grayscale on uint8 (LRA's pipeline): x / 255 in float32, luma, x 255.5, truncated
+    rgb = planes[0].astype(np.float32) * np.float32(1 / 255)
+    w = [np.float32(v) for v in (0.2989, 0.5870, 0.1140)]
+    luma = (rgb[0] * w[0] + rgb[1] * w[1] + rgb[2] * w[2]) * np.float32(255.5)
+    assert gray["tokens"][0].tolist() == luma.astype(np.uint8).reshape(-1).tolist()
+    assert gray["targets"][0] == raw[b"labels"][0]
 
 
 def test_cifar_bad_input(cifar_dir, tmp_path):

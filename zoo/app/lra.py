@@ -95,10 +95,13 @@ def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
                 and isinstance(value, (int, float))
                 and not math.isnan(value)
             )
+            setting = config.get("lra_setting") or {}
             rows.append(
                 {
                     "experiment": experiment,
                     "attention": attention,
+                    "setting": setting.get("name"),  # lra_setting=<name>, or None for the experiment's own
+                    "setting_reported": setting.get("reported"),  # that setting's published softmax figures
                     "accuracy": 100.0 * value if ok else None,
                     "status": result.get("status"),
                     "steps": result.get("steps"),
@@ -132,12 +135,12 @@ def _cell(value: float | None, failed: bool = False) -> str:
 def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     """(header, rows) in LRA Table 1's layout; ours then the paper's counterpart, per mechanism."""
     header = ["Model", *TASKS.values(), "Avg"]
-    mechanisms = sorted({r["attention"] for r in rows if r["attention"]}, key=lambda m: (m != "vanilla", m))
+    variants = {(r["attention"], r.get("setting")) for r in rows if r["attention"]}
     out = []
-    for mech in mechanisms:
+    for mech, setting in sorted(variants, key=lambda v: (v[1] or "", v[0] != "vanilla", v[0])):
         values, failed = {}, set()
         for r in rows:
-            if r["attention"] == mech and r["experiment"] in TASKS:
+            if r["attention"] == mech and r.get("setting") == setting and r["experiment"] in TASKS:
                 column = TASKS[r["experiment"]]
                 if r["accuracy"] is None:
                     failed.add(column)
@@ -145,8 +148,15 @@ def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
                     values[column] = r["accuracy"]
         scored = [values[c] for c in AVERAGED if c in values]
         average = sum(scored) / len(scored) if len(scored) == len(AVERAGED) else None
-        out.append([f"{mech} (ours)", *(_cell(values.get(c), c in failed) for c in TASKS.values()), _cell(average)])
+        label = f"{mech} (ours, {setting} setting)" if setting else f"{mech} (ours)"
+        out.append([label, *(_cell(values.get(c), c in failed) for c in TASKS.values()), _cell(average)])
         paper = paper_row(mech)
+        reported = next((r.get("setting_reported") for r in rows if setting and r.get("setting") == setting), None)
+        if setting and reported and paper == "Transformer":  # the setting's figures are for softmax attention
+            figures = [reported.get(c) for c in TASKS.values()]
+            done = [v for c, v in zip(TASKS.values(), figures) if c in AVERAGED and v is not None]
+            mean = sum(done) / len(done) if len(done) == len(AVERAGED) else None
+            out.append([f"Transformer ({setting} setting, reported)", *(_cell(v) for v in figures), _cell(mean)])
         if paper in PAPER_TABLE1:
             figures = PAPER_TABLE1[paper]
             out.append([f"{paper} (LRA paper)", *("FAIL" if v is None else f"{v:.2f}" for v in figures)])

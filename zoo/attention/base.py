@@ -227,6 +227,10 @@ class Attention(nn.Module):
         KV cache, the pattern caches, LSH's bucket cache) answers False: training never threads it."""
         return False
 
+    def share_with(self, first: Attention) -> None:
+        """Tie the parameters this mechanism shares across layers to those of ``first`` (the stack's first
+        attention); called by the stack builder for every later attention. Default: nothing is shared."""
+
     # -- what the mechanism sees and costs (None = it does not say: consumers print "unknown") -------------
     def keys_per_query(self, t: int) -> KeysPerQuery | None:
         """Keys a query attends to, averaged over a segment of ``t`` tokens under this layer's
@@ -256,16 +260,17 @@ class Attention(nn.Module):
         return FlopCount({"projections": t * self.projection_flops(), "attention": attention})
 
     @contextlib.contextmanager
-    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0) -> Iterator[bool]:
-        """For the duration of the ``with`` block, keep ``mem_len`` positions of memory in eval mode and
-        clamp relative distances at ``clamp_len`` (the papers' evaluation settings; 0 leaves a setting
-        alone); yields whether anything was set, and restores the old values afterwards. A mechanism
-        without such settings refuses any non-zero one, naming itself."""
-        if mem_len or clamp_len:
+    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0, same_length: bool = False) -> Iterator[bool]:
+        """For the duration of the ``with`` block, keep ``mem_len`` positions of memory in eval mode, clamp
+        relative distances at ``clamp_len`` and give every query the same number of keys (``same_length``;
+        the papers' evaluation settings; 0 / False leaves a setting alone); yields whether anything was set,
+        and restores the old values afterwards. A mechanism without such settings refuses any, naming itself."""
+        if mem_len or clamp_len or same_length:
             name = self.registry_name or type(self).__name__
             raise ValueError(
-                f"attention {name!r} has no evaluation memory or distance clamp to set (asked mem_len={mem_len}, "
-                f"clamp_len={clamp_len}); leave them 0 for it, or use a mechanism with segment memory (xl_rel)"
+                f"attention {name!r} has no evaluation memory, distance clamp or same-length window to set (asked "
+                f"mem_len={mem_len}, clamp_len={clamp_len}, same_length={same_length}); leave them unset for it, "
+                "or use a mechanism with segment memory (xl_rel)"
             )
         yield False
 

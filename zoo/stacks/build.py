@@ -109,4 +109,8 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
             "set position=none (the universal presets do) "
             "or turn the stack's signal off (stack.position_signal=false)"
         )
-    return stack_cls(make_block, n_layers, config.d_model, **stack_options)
+    stack = stack_cls(make_block, n_layers, config.d_model, **stack_options)
+    attentions = [m for m in stack.modules() if isinstance(m, Attention)]
+    for attention in attentions[1:]:  # what a mechanism shares across layers, it says (share_with)
+        attention.share_with(attentions[0])
+    return stack

@@ -127,6 +127,8 @@ class Attention(nn.Module):
     supports_memory: ClassVar[bool] = False  # segment memory / KV cache across calls
     supports_cross: ClassVar[bool] = False  # keys/values from another sequence
     causal_only: ClassVar[bool] = False  # only defined for causal (decoder) use
+    supports_causal: ClassVar[bool] = True  # False: the paper gives no causal form (Linformer's length projection)
+    no_causal_reason: ClassVar[str] = ""  # why supports_causal is False, for the refusal
     remembers_inputs: ClassVar[bool] = False  # state keeps past layer inputs: forward takes layer_input=
     no_cross_reason: ClassVar[str] = ""  # why supports_cross is False, for the builder's error
     content_routed: ClassVar[bool] = False  # which keys a query sees depends on content (LSH buckets):
@@ -159,6 +161,11 @@ class Attention(nn.Module):
         require(d_model % n_heads == 0, f"{name}: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         require(0.0 <= dropout < 1.0, f"{name}: dropout must be in [0, 1), got {dropout}")
         require(causal or not self.causal_only, f"{name} is causal-only: build it with causal=True")
+        require(
+            not causal or self.supports_causal,
+            f"attention {name!r} has no causal form ({self.no_causal_reason or 'supports_causal=False'}); "
+            "build it with causal=False (an encoder), or choose another attention for a decoder",
+        )
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.causal, self.dropout = bool(causal), float(dropout)
         self.layer_index = layer_index  # depth of the block holding this attention (interleaved patterns)

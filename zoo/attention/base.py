@@ -161,15 +161,15 @@ class Attention(nn.Module):
         require(d_model % n_heads == 0, f"{name}: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         require(0.0 <= dropout < 1.0, f"{name}: dropout must be in [0, 1), got {dropout}")
         require(causal or not self.causal_only, f"{name} is causal-only: build it with causal=True")
-        require(
-            not causal or self.supports_causal,
-            f"attention {name!r} has no causal form ({self.no_causal_reason or 'supports_causal=False'}); "
-            "build it with causal=False (an encoder), or choose another attention for a decoder",
-        )
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.causal, self.dropout = bool(causal), float(dropout)
         self.layer_index = layer_index  # depth of the block holding this attention (interleaved patterns)
         self.options = build_options(self.Options, options, f"attention {name!r}")
+        require(  # after the options, so a mistyped option is named first
+            not causal or self.supports_causal,
+            f"attention {name!r} has no causal form ({self.no_causal_reason or 'supports_causal=False'}); "
+            "build it with causal=False (an encoder), or choose another attention for a decoder",
+        )
 
     # -- hooks for the contract suite (tests/contracts/test_attention.py) -----------------------------
     @classmethod
@@ -233,6 +233,10 @@ class Attention(nn.Module):
         evaluation carry from segment to segment (XL memory, span cache). A decoding cache (the
         KV cache, the pattern caches, LSH's bucket cache) answers False: training never threads it."""
         return False
+
+    def share_with(self, first: Attention) -> None:
+        """Tie the parameters this mechanism shares across layers to those of ``first`` (the stack's first
+        attention); called by the stack builder for every later attention. Default: nothing is shared."""
 
     # -- what the mechanism sees and costs (None = it does not say: consumers print "unknown") -------------
     def keys_per_query(self, t: int) -> KeysPerQuery | None:

@@ -59,11 +59,6 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
             f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another "
             f"attention for kind={config.kind!r}"
         )
-    if causal and not attn_cls.supports_causal:
-        raise ValueError(
-            f"attention {attn_name!r} has no causal form ({attn_cls.no_causal_reason}) and cannot serve a "
-            f"decoder; choose another attention for kind={config.kind!r}, or use it in a classifier"
-        )
     cross_name, cross_options = split_part(config.cross_attention)
     if cross and not ATTENTION.get(cross_name).supports_cross:
         capable = [n for n in ATTENTION.list() if ATTENTION.get(n).supports_cross]
@@ -114,4 +109,8 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
             "set position=none (the universal presets do) "
             "or turn the stack's signal off (stack.position_signal=false)"
         )
-    return stack_cls(make_block, n_layers, config.d_model, **stack_options)
+    stack = stack_cls(make_block, n_layers, config.d_model, **stack_options)
+    attentions = [m for m in stack.modules() if isinstance(m, Attention)]
+    for attention in attentions[1:]:  # what a mechanism shares across layers, it says (share_with)
+        attention.share_with(attentions[0])
+    return stack

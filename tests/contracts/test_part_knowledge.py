@@ -35,7 +35,9 @@ NAMES = zoo.list_attention()
 CASES = [
     (n, c)
     for n in NAMES
-    for c in ([True] if ATTENTION.get(n).causal_only else [False, True] if ATTENTION.get(n).supports_causal else [False])
+    for c in (
+        [True] if ATTENTION.get(n).causal_only else [False, True] if ATTENTION.get(n).supports_causal else [False]
+    )
 ]
 IDS = [f"{n}-{'causal' if c else 'bidir'}" for n, c in CASES]
 

@@ -20,9 +20,9 @@ import torch
 from einops import rearrange
 
 import zoo
+from tests.parts.references import mlpen_module
 from zoo.attention.base import causal_allowed, reference_attention
 from zoo.attention.kernelized import KernelState
-from tests.parts.references import mlpen_module
 
 D, H = 32, 4
 

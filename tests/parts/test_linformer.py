@@ -54,9 +54,7 @@ def test_sharing_options_hold_the_parameters_the_paper_names():
             n_layers=layers,
             attention={"name": "linformer", "k": 4, "max_len": 16, "sharing": sharing},
         )
-        return [
-            (name, p.shape) for name, p in model.named_parameters() if "project_" in name
-        ], model.num_parameters
+        return [(name, p.shape) for name, p in model.named_parameters() if "project_" in name], model.num_parameters
 
     assert projections("none")[0] == [
         ("stack.blocks.0.attention.project_k", (H, 4, 16)),

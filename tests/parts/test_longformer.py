@@ -65,10 +65,20 @@ def test_dilated_window_and_global_tokens_follow_the_papers_rule(causal):
     every key (causal: every earlier one). Dense masked reference over the ordinary projections."""
     torch.manual_seed(1)
     w, d, g, t = 3, 3, 2, 41
-    attn = zoo.create_attention(
-        "longformer", d_model=D, n_heads=H, causal=causal, window=2 * w, dilation=d, global_tokens=g,
-        global_projections=False,
-    ).double().eval()
+    attn = (
+        zoo.create_attention(
+            "longformer",
+            d_model=D,
+            n_heads=H,
+            causal=causal,
+            window=2 * w,
+            dilation=d,
+            global_tokens=g,
+            global_projections=False,
+        )
+        .double()
+        .eval()
+    )
     x = torch.randn(2, t, D, dtype=torch.float64)
     q, k, v = (attn.split_heads(p(x)) for p in (attn.to_q, attn.to_k, attn.to_v))
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]

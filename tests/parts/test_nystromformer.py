@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 import zoo
+from tests.parts.references import mlpen_module
 from zoo.attention.base import reference_attention
 from zoo.attention.nystromformer import iterative_pinv
-from tests.parts.references import mlpen_module
 
 D, H = 32, 4
 
@@ -58,7 +58,9 @@ def test_the_pseudo_inverse_converges_and_more_landmarks_approximate_better():
     errors = []
     for m in (4, 16, 48):
         torch.manual_seed(3)  # the same projections for every m
-        attn = zoo.create_attention("nystromformer", d_model=D, n_heads=H, landmarks=m, conv_kernel=0, pinv_iterations=12)
+        attn = zoo.create_attention(
+            "nystromformer", d_model=D, n_heads=H, landmarks=m, conv_kernel=0, pinv_iterations=12
+        )
         attn = attn.double().eval()
         with torch.no_grad():
             q, k, v = (attn.split_heads(p(x)) for p in (attn.to_q, attn.to_k, attn.to_v))

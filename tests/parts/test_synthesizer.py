@@ -33,8 +33,14 @@ def written_out(attn, x, allowed):
             elif o.synthesis == "factorized_dense":  # eq. 5: C_i[j] = A_i[j mod a] * B_i[j div a]
                 a_n, b_n = o.factors, L // o.factors
                 hidden = F.relu(x[:, i] @ attn.hidden.weight.T + attn.hidden.bias)
-                a = hidden @ attn.rows_a.weight[head * a_n : (head + 1) * a_n].T + attn.rows_a.bias[head * a_n : (head + 1) * a_n]
-                bb = hidden @ attn.rows_b.weight[head * b_n : (head + 1) * b_n].T + attn.rows_b.bias[head * b_n : (head + 1) * b_n]
+                a = (
+                    hidden @ attn.rows_a.weight[head * a_n : (head + 1) * a_n].T
+                    + attn.rows_a.bias[head * a_n : (head + 1) * a_n]
+                )
+                bb = (
+                    hidden @ attn.rows_b.weight[head * b_n : (head + 1) * b_n].T
+                    + attn.rows_b.bias[head * b_n : (head + 1) * b_n]
+                )
                 row = torch.stack([a[:, j % a_n] * bb[:, j // a_n] for j in range(L)], dim=-1)
             elif o.synthesis == "random":  # eq. 3: B = R
                 row = attn.random[head, i].expand(b, -1)

@@ -44,7 +44,9 @@ from zoo.config import require
 @ATTENTION.register("bigbird")
 class BigBirdAttention(Attention):
     supports_causal = False
-    no_causal_reason = "its global and random blocks see the whole sequence; the paper's block-sparse ITC attention is an encoder's"
+    no_causal_reason = (
+        "its global and random blocks see the whole sequence; the paper's block-sparse ITC attention is an encoder's"
+    )
     lra_row = "BigBird"
 
     @dataclass
@@ -59,7 +61,9 @@ class BigBirdAttention(Attention):
 
         def __post_init__(self) -> None:
             require(self.block >= 1, f"block must be >= 1, got {self.block}")
-            require(self.window >= 1 and self.window % 2 == 1, f"window must be an odd number of blocks, got {self.window}")
+            require(
+                self.window >= 1 and self.window % 2 == 1, f"window must be an odd number of blocks, got {self.window}"
+            )
             require(self.global_blocks >= 0, f"global_blocks must be >= 0, got {self.global_blocks}")
             require(self.random_blocks >= 0, f"random_blocks must be >= 0, got {self.random_blocks}")
 

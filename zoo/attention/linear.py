@@ -81,7 +81,9 @@ class LinearAttention(Attention):
 
     def forward_flops(self, t: int) -> FlopCount:
         k = self.head_dim
-        return FlopCount({"projections": t * self.projection_flops(), **kernel_flops(t, k, k, self.n_heads, self.causal)})
+        return FlopCount(
+            {"projections": t * self.projection_flops(), **kernel_flops(t, k, k, self.n_heads, self.causal)}
+        )
 
     def forward(
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None

@@ -43,7 +43,9 @@ SHARING = ("none", "headwise", "kv", "layerwise")
 @ATTENTION.register("linformer")
 class LinformerAttention(Attention):
     supports_causal = False
-    no_causal_reason = "Linformer's length projection mixes every position into each projected key; the paper gives no causal form"
+    no_causal_reason = (
+        "Linformer's length projection mixes every position into each projected key; the paper gives no causal form"
+    )
     lra_row = "Linformer"
 
     @dataclass
@@ -79,7 +81,8 @@ class LinformerAttention(Attention):
         if self.options.sharing == "layerwise" and isinstance(first, LinformerAttention):
             require(
                 first.project_k.shape == self.project_k.shape,
-                f"linformer: layerwise sharing needs one k x max_len in every layer; got {tuple(first.project_k.shape)} "
+                "linformer: layerwise sharing needs one k x max_len in every layer; got "
+                f"{tuple(first.project_k.shape)} "
                 f"and {tuple(self.project_k.shape)}",
             )
             self.project_k = first.project_k

@@ -25,9 +25,9 @@ Stabilisers (they cancel in the ratio except through ``feature_eps``): each quer
 by their largest w . q', as in the authors' and performer-pytorch's code; keys, bidirectional, by the
 largest w . k' over the real keys of the row (theirs: over all keys, padded ones included), and, causal,
 by the data-independent bound max_r |w_r|^2 / 2 >= w . x - |x|^2 / 2, so no key's features depend on
-later tokens and a stream keeps one scale. ``feature_eps`` is added to every feature after the exponential (authors' code 1e-6,
-performer-pytorch 1e-4). Deviations: the ReLU "generalized attention" kernel is not offered; there are no
-attention weights, so attention dropout is not applied.
+later tokens and a stream keeps one scale. ``feature_eps`` is added to every feature after the exponential
+(authors' code 1e-6, performer-pytorch 1e-4). Deviations: the ReLU "generalized attention" kernel is not
+offered; there are no attention weights, so attention dropout is not applied.
 """
 
 from __future__ import annotations
@@ -157,7 +157,9 @@ class PerformerAttention(Attention):
             out = kernel_attention(phi_q, phi_k, v, self.options.eps)
         else:
             if state is not None and state.kv is not None and state.kv.shape[0] != x.shape[0]:
-                raise ValueError(f"performer: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}")
+                raise ValueError(
+                    f"performer: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}"
+                )
             out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state)
             if state is not None:
                 new_state = KernelState(kv.detach(), z.detach(), features, state.seen + x.shape[1])

@@ -67,13 +67,16 @@ class SynthesizerAttention(Attention):
         bias: bool = True  # bias in the projections
 
         def __post_init__(self) -> None:
-            require(self.synthesis in SYNTHESES, f"synthesis must be one of {', '.join(SYNTHESES)}; got {self.synthesis!r}")
+            require(
+                self.synthesis in SYNTHESES, f"synthesis must be one of {', '.join(SYNTHESES)}; got {self.synthesis!r}"
+            )
             require(self.mix in MIXES, f"mix must be one of {', '.join(MIXES)}; got {self.mix!r}")
             require(self.max_len >= 1, f"max_len must be >= 1, got {self.max_len}")
             require(self.factors >= 1, f"factors must be >= 1, got {self.factors}")
             require(
                 self.synthesis != "factorized_dense" or self.max_len % self.factors == 0,
-                f"factorized_dense needs max_len divisible by factors (a x b = l); got {self.max_len} and {self.factors}",
+                "factorized_dense needs max_len divisible by factors (a x b = l); "
+                f"got {self.max_len} and {self.factors}",
             )
             require(
                 not self.fixed_random or "random" in self.synthesis,
@@ -86,22 +89,22 @@ class SynthesizerAttention(Attention):
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
-        o, h, d, l = self.options, n_heads, d_model, self.options.max_len
+        o, h, d, width = self.options, n_heads, d_model, self.options.max_len
         self.to_v = nn.Linear(d, d, bias=o.bias)
         self.to_out = nn.Linear(d, d, bias=o.bias)
         if o.synthesis == "dense":
             self.hidden = nn.Linear(d, d, bias=o.bias)
-            self.rows = nn.Linear(d, h * l, bias=o.bias)
+            self.rows = nn.Linear(d, h * width, bias=o.bias)
         elif o.synthesis == "factorized_dense":
             self.hidden = nn.Linear(d, d, bias=o.bias)
             self.rows_a = nn.Linear(d, h * o.factors, bias=o.bias)
-            self.rows_b = nn.Linear(d, h * (l // o.factors), bias=o.bias)
+            self.rows_b = nn.Linear(d, h * (width // o.factors), bias=o.bias)
         elif o.synthesis == "random":
-            self.random = nn.Parameter(torch.randn(h, l, l), requires_grad=not o.fixed_random)
+            self.random = nn.Parameter(torch.randn(h, width, width), requires_grad=not o.fixed_random)
         else:
             scale = o.factors**-0.25  # R_1 R_2^T entries of unit variance
-            self.random_1 = nn.Parameter(torch.randn(h, l, o.factors) * scale, requires_grad=not o.fixed_random)
-            self.random_2 = nn.Parameter(torch.randn(h, l, o.factors) * scale, requires_grad=not o.fixed_random)
+            self.random_1 = nn.Parameter(torch.randn(h, width, o.factors) * scale, requires_grad=not o.fixed_random)
+            self.random_2 = nn.Parameter(torch.randn(h, width, o.factors) * scale, requires_grad=not o.fixed_random)
         if o.mix == "dot":
             self.to_q = nn.Linear(d, d, bias=o.bias)
             self.to_k = nn.Linear(d, d, bias=o.bias)
@@ -132,8 +135,8 @@ class SynthesizerAttention(Attention):
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
-        t, l = x.shape[1], self.options.max_len
-        require(t <= l, f"synthesizer: sequence length {t} is longer than max_len={l}, the width of its score rows")
+        t, width = x.shape[1], self.options.max_len
+        require(t <= width, f"synthesizer: sequence length {t} is longer than max_len={width}, the width of its rows")
         v = self.split_heads(self.to_v(x))
         scores = self.synthesized(x)
         if self.options.mix == "dot":

@@ -394,6 +394,27 @@ def test_lra_tables_layout_average_and_paper_rows(tmp_path):
     assert paths["table1_png"].stat().st_size > 1000 and paths["table2_png"].stat().st_size > 1000
 
 
+def test_every_lra_row_has_the_papers_figures_and_seeds_are_aggregated(tmp_path):
+    """Each of LRA Table 1's eleven rows is named by a registered mechanism (asked of the part, lra_row)
+    and printed beside ours, with the Nyströmformer paper's own-setting row where it has one; two seeds of
+    one mechanism and task become their mean with the range."""
+    from zoo.app.lra import PAPER_NYSTROMFORMER, PAPER_TABLE1, gather_runs, table1
+    from zoo.attention.base import ATTENTION
+
+    named = {ATTENTION.get(n).lra_row for n in zoo.list_attention()} - {None}
+    assert set(PAPER_TABLE1) <= named and len(PAPER_TABLE1) == 11
+    assert set(PAPER_NYSTROMFORMER) <= named
+    assert PAPER_TABLE1["BigBird"] == (36.05, 64.02, 59.29, 40.83, 74.87, None, 55.01)
+    for k, (attention, value) in enumerate([("performer", 0.2), ("performer", 0.3), ("bigbird", 0.25)]):
+        _fake_run(tmp_path / str(k), "lra_listops", attention, value)
+    _, rows = table1(gather_runs([tmp_path]))
+    text = ["| " + " | ".join(r) + " |" for r in rows]
+    assert "| performer (ours) | 25.00 (20.00-30.00, n=2) |  |  |  |  |  |  |" in text
+    assert any(line.startswith("| Performer (LRA paper) | 18.01 | 65.40") for line in text)
+    assert any(line.startswith("| Performer (Nyströmformer paper, its setting) | 18.80 | 63.81") for line in text)
+    assert any(line.startswith("| BigBird (LRA paper) | 36.05") for line in text)
+
+
 @pytest.mark.slow
 def test_sweep_lra_at_toy_size_writes_both_tables(tmp_path, monkeypatch):
     pytest.importorskip("hydra")

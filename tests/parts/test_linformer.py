@@ -65,3 +65,15 @@ def test_sharing_options_hold_the_parameters_the_paper_names():
     layerwise, total = projections("layerwise", layers=3)
     assert [s for _, s in layerwise] == [(1, 4, 16)]  # named_parameters lists a tied tensor once
     assert total == projections("kv", layers=3)[1] - 2 * 4 * 16
+
+
+def test_max_len_left_zero_is_the_models_and_alone_it_must_be_given():
+    """length_option: the stack builder sizes E by the model's max_len (the app raises it to the task's
+    length); a value set is kept; built on its own, max_len=0 is refused with the reason."""
+    common = dict(vocab_size=16, n_classes=2, d_model=D, n_heads=H, n_layers=1, max_len=40)
+    model = zoo.create_model("vanilla_classifier", **common, attention={"name": "linformer", "k": 4})
+    assert model.stack.blocks[0].attention.options.max_len == 40
+    model = zoo.create_model("vanilla_classifier", **common, attention={"name": "linformer", "k": 4, "max_len": 24})
+    assert model.stack.blocks[0].attention.options.max_len == 24
+    with pytest.raises(ValueError, match="max_len=0 means the model's max_len"):
+        zoo.create_attention("linformer", d_model=D, n_heads=H)

@@ -138,6 +138,8 @@ class Attention(nn.Module):
     # what consumers read instead of the registry name
     score_terms: ClassVar[int] = 2  # products of each query with every key it sees: Q K^T and A V (XL adds Q R^T)
     memory_option: ClassVar[str | None] = None  # the option that sizes the memory kept across calls (XL: mem_len)
+    length_option: ClassVar[str | None] = None  # an option sizing parameters by the longest sequence (Linformer's
+    # max_len): left 0, the stack builder sets it to the model's max_len (the app raises that to the task's length)
     lra_row: ClassVar[str | None] = None  # the row of Long Range Arena's tables (Tay et al. 2020) it corresponds to
 
     def __init__(
@@ -370,6 +372,15 @@ def _describe(value: Any) -> str:
     if isinstance(value, Tensor):
         return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     return type(value).__name__
+
+
+def require_length(max_len: int, name: str) -> None:
+    """Refuse a length-sized mechanism built on its own with ``max_len`` left 0 (only a model knows its length)."""
+    require(
+        max_len >= 1,
+        f"{name}: max_len=0 means the model's max_len, filled in when a model is built; built on its own, give "
+        "max_len (the longest sequence it will take)",
+    )
 
 
 def dense_keys(t: int, causal: bool, memory: int = 0) -> KeysPerQuery:

@@ -5,7 +5,8 @@ arXiv:2006.04768, Section 4 (eq. 7) and "Additional Efficiency Techniques".
 
     head_i = softmax(Q_i (E_i K_i)^T / sqrt(d_k)) (F_i V_i),   E_i, F_i in R^{k x n}
 
-where n (``max_len``) is the longest sequence the layer takes: one learned k x n matrix per projection.
+where n (``max_len``) is the longest sequence the layer takes: one learned k x n matrix per projection
+(left 0, it is the model's max_len, which the app raises to the task's sequence length).
 Cost O(t k) scores per head, never t x t. Sharing (``sharing``), as the paper lists them:
 
 - ``none``: E_i and F_i per head;
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.attention.base import ATTENTION, Attention, AttnOutput, FlopCount, KeysPerQuery, dense_keys
+from zoo.attention.base import ATTENTION, Attention, AttnOutput, FlopCount, KeysPerQuery, dense_keys, require_length
 from zoo.config import require
 
 SHARING = ("none", "headwise", "kv", "layerwise")
@@ -46,18 +47,19 @@ class LinformerAttention(Attention):
     no_causal_reason = (
         "Linformer's length projection mixes every position into each projected key; the paper gives no causal form"
     )
+    length_option = "max_len"
     lra_row = "Linformer"
 
     @dataclass
     class Options:
         k: int = 256  # projected length
-        max_len: int = 1024  # n, the longest sequence (columns of E and F)
+        max_len: int = 0  # n, the longest sequence (columns of E and F); 0 = the model's max_len
         sharing: str = "headwise"  # none | headwise | kv | layerwise
         bias: bool = True  # bias in the q/k/v/output projections
 
         def __post_init__(self) -> None:
             require(self.k >= 1, f"k must be >= 1, got {self.k}")
-            require(self.max_len >= 1, f"max_len must be >= 1, got {self.max_len}")
+            require(self.max_len >= 0, f"max_len must be >= 0 (0 = the model's max_len), got {self.max_len}")
             require(self.sharing in SHARING, f"sharing must be one of {', '.join(SHARING)}; got {self.sharing!r}")
 
     @classmethod
@@ -68,6 +70,7 @@ class LinformerAttention(Attention):
         super().__init__(d_model, n_heads, **kwargs)
         self.add_projections(bias=self.options.bias)
         o = self.options
+        require_length(o.max_len, "linformer")
         per_head = n_heads if o.sharing == "none" else 1
 
         def projection() -> nn.Parameter:

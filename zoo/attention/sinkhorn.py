@@ -6,7 +6,8 @@ Paper: "Sparse Sinkhorn Attention", Tay, Bahri, Yang, Metzler, Juan 2020, arXiv:
 The sequence is cut into n blocks of ``block`` positions. Per head:
 
 1. Sorting network: block sums psi(X)_i = sum of block i's tokens (padding left out); R = relu(psi(X) W_P
-   + b_P) [n, n] (W_P: d -> ``max_len`` / block columns, the first n used).
+   + b_P) [n, n] (W_P: d -> ``max_len`` / block columns, the first n used; ``max_len`` left 0 is the
+   model's max_len).
 2. Gumbel-Sinkhorn: S = exp of (R + Gumbel noise in training) / ``temperature``, balanced by
    ``sinkhorn_iterations`` alternating row and column normalisations (in log space): a soft permutation.
 3. Sorted keys and values: block i of the sorted sequence is sum_j S_ij K_j (the same for V).
@@ -40,7 +41,7 @@ import torch
 from einops import rearrange, reduce
 from torch import Tensor, nn
 
-from zoo.attention.base import ATTENTION, Attention, AttnOutput, FlopCount, KeysPerQuery, dense_keys
+from zoo.attention.base import ATTENTION, Attention, AttnOutput, FlopCount, KeysPerQuery, dense_keys, require_length
 from zoo.attention.blocked import attend_masked, pad_time, padded_length
 from zoo.config import require
 
@@ -60,12 +61,13 @@ def sinkhorn(logits: Tensor, allowed: Tensor, iterations: int, columns: bool = T
 
 @ATTENTION.register("sinkhorn")
 class SinkhornAttention(Attention):
+    length_option = "max_len"
     lra_row = "Sinkhorn Trans."
 
     @dataclass
     class Options:
         block: int = 64  # positions per block
-        max_len: int = 1024  # the longest sequence: the sorting network has max_len / block columns
+        max_len: int = 0  # the longest sequence (sorting network: max_len / block columns); 0 = the model's
         sinkhorn_iterations: int = 8  # row + column normalisations (bidirectional)
         temperature: float = 0.75  # tau of the Gumbel-Sinkhorn
         gumbel: bool = True  # Gumbel noise on the sorting logits in training
@@ -75,7 +77,7 @@ class SinkhornAttention(Attention):
 
         def __post_init__(self) -> None:
             require(self.block >= 1, f"block must be >= 1, got {self.block}")
-            require(self.max_len >= self.block, f"max_len must be >= block, got {self.max_len} < {self.block}")
+            require(self.max_len >= 0, f"max_len must be >= 0 (0 = the model's max_len), got {self.max_len}")
             require(self.sinkhorn_iterations >= 1, f"sinkhorn_iterations must be >= 1, got {self.sinkhorn_iterations}")
             require(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
             require(self.sortcut >= 0, f"sortcut must be >= 0 (0 = off), got {self.sortcut}")
@@ -91,6 +93,7 @@ class SinkhornAttention(Attention):
             not (self.causal and o.sortcut),
             "sinkhorn: SortCut attends to the first sorted blocks of the whole sequence; it has no causal form",
         )
+        require_length(o.max_len, "sinkhorn")
         self.add_projections(bias=o.bias)
         self.n_blocks = -(-o.max_len // o.block)
         self.sort_net = nn.Linear(d_model, n_heads * self.n_blocks, bias=o.bias)  # W_P, b_P per head

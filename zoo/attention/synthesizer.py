@@ -12,9 +12,9 @@ Per head, with l = ``max_len`` and the values G(X) = X W_v:
   row C_i = H_A(A_i) * H_B(B_i) (eq. 5), H_A tiling A b times and H_B repeating each entry of B a times;
 - ``factorized_random``: R = R_1 R_2^T with R_1, R_2 in R^{l x k}, k = ``factors`` (eq. 6);
 
-then Y = softmax(B[:t, :t]) G(X). ``mix="dot"`` mixes in dot-product attention (the paper's mixture of
-synthesizers, Section 3.3): Y = softmax(a_1 B + a_2 Q K^T / sqrt(k)) G(X) with learned (a_1, a_2) =
-softmax of two logits per head, so they sum to one.
+then Y = softmax(B[:t, :t]) G(X) (``max_len`` left 0 is the model's max_len). ``mix="dot"`` mixes in
+dot-product attention (the paper's mixture of synthesizers, Section 3.3): Y = softmax(a_1 B + a_2 Q K^T /
+sqrt(k)) G(X) with learned (a_1, a_2) = softmax of two logits per head, so they sum to one.
 
 Cost: the scores are t x t, as in the paper (the synthesizer removes the query-key products, not the
 t x t map; only the factorized forms store fewer parameters). A sequence longer than l is refused.
@@ -46,6 +46,7 @@ from zoo.attention.base import (
     causal_allowed,
     dense_keys,
     guard_empty_rows,
+    require_length,
 )
 from zoo.config import require
 
@@ -55,13 +56,14 @@ MIXES = ("none", "dot")
 
 @ATTENTION.register("synthesizer")
 class SynthesizerAttention(Attention):
+    length_option = "max_len"
     lra_row = "Synthesizer"
 
     @dataclass
     class Options:
         synthesis: str = "dense"  # dense | random | factorized_dense | factorized_random
         mix: str = "none"  # none | dot (mixed with dot-product attention)
-        max_len: int = 512  # l, the longest sequence (the width of a score row)
+        max_len: int = 0  # l, the longest sequence (the width of a score row); 0 = the model's max_len
         factors: int = 8  # factorized_dense: a (l divisible by it); factorized_random: the rank k
         fixed_random: bool = False  # random forms: keep R at its initial draw (not trained)
         bias: bool = True  # bias in the projections
@@ -71,7 +73,7 @@ class SynthesizerAttention(Attention):
                 self.synthesis in SYNTHESES, f"synthesis must be one of {', '.join(SYNTHESES)}; got {self.synthesis!r}"
             )
             require(self.mix in MIXES, f"mix must be one of {', '.join(MIXES)}; got {self.mix!r}")
-            require(self.max_len >= 1, f"max_len must be >= 1, got {self.max_len}")
+            require(self.max_len >= 0, f"max_len must be >= 0 (0 = the model's max_len), got {self.max_len}")
             require(self.factors >= 1, f"factors must be >= 1, got {self.factors}")
             require(
                 self.synthesis != "factorized_dense" or self.max_len % self.factors == 0,
@@ -90,6 +92,7 @@ class SynthesizerAttention(Attention):
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         o, h, d, width = self.options, n_heads, d_model, self.options.max_len
+        require_length(width, "synthesizer")
         self.to_v = nn.Linear(d, d, bias=o.bias)
         self.to_out = nn.Linear(d, d, bias=o.bias)
         if o.synthesis == "dense":

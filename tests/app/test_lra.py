@@ -488,3 +488,25 @@ def test_imdb_partial_evaluation_sees_both_classes(tmp_path):
     for split in ("val", "test"):
         first = torch.cat([task.batch(split, i)["targets"] for i in range(2)])
         assert 0 < int(first.sum()) < len(first), f"{split}: the first batches hold one class only"
+
+
+def test_table2_from_a_paired_bench_run(tmp_path):
+    """experiments/lra_tables.py --bench: zoo.bench --paired's paired.csv laid out as LRA Table 2, the
+    speed-up the median of per-round ratios, the paper's Transformer row beside ours at its lengths."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "zoo_lra_tables_script", Path(__file__).resolve().parents[2] / "experiments" / "lra_tables.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    rows = ["length,variant,baseline,median_ms,speedup,speedup_min,speedup_max,act_mib,rounds,device,threads"]
+    for n in (1024, 2048, 3072, 4096):
+        rows += [f"{n},vanilla,vanilla,100,1.0,1.0,1.0,4.0,3,cpu,1", f"{n},linear,vanilla,50,2.1,1.9,2.2,2.0,3,cpu,1"]
+    (bench / "paired.csv").write_text("\n".join(rows) + "\n")
+    paths = module.main(["--bench", str(bench), "--out", str(tmp_path / "out")])
+    md = paths["table2_md"].read_text()
+    assert "| linear (ours) | 20.00 (2.10x) |" in md and "2 MiB (0.50x)" in md
+    assert "| Transformer (LRA paper) | 8.1 (1.0x)" in md and paths["table2_png"].stat().st_size > 1000

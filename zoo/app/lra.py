@@ -308,7 +308,8 @@ def table2(measured: list[dict[str, Any]], lengths: list[int]) -> tuple[list[str
                 speed.append("error")
                 memory.append("error")
                 continue
-            rel = f" ({m['steps_per_s'] / base['steps_per_s']:.1f}x)" if base.get("steps_per_s") else ""
+            ratio = m.get("speedup") or (m["steps_per_s"] / base["steps_per_s"] if base.get("steps_per_s") else None)
+            rel = f" ({ratio:.2f}x)" if ratio else ""  # zoo.bench --paired: the median of per-round ratios
             speed.append(f"{m['steps_per_s']:.2f}{rel}")
             mb = f"{m['memory_mb']:.3g} MiB"
             memory.append(f"{mb} ({m['memory_mb'] / base['memory_mb']:.2f}x)" if base.get("memory_mb") else mb)
@@ -414,6 +415,24 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
+
+
+def measured_from_bench(paired_csv: str | Path) -> list[dict[str, Any]]:
+    """Table 2's measurements from ``python -m zoo.bench --paired --model vanilla_classifier ... --baseline
+    vanilla`` (its paired.csv): steps per second from the median step, the speed-up as the median of the
+    per-round ratios, memory as the activation MiB (bytes saved for backward; the CUDA peak on a GPU)."""
+    with open(paired_csv, newline="") as f:
+        return [
+            {
+                "attention": r["variant"],
+                "length": int(r["length"]),
+                "steps_per_s": 1000.0 / float(r["median_ms"]),
+                "speedup": float(r["speedup"]),
+                "memory_mb": float(r["act_mib"]),
+                "error": "",
+            }
+            for r in csv.DictReader(f)
+        ]
 
 
 def speed_configs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -134,7 +134,7 @@ def build(
     forward = torch.compile(module) if variant.compile else module
 
     def zoo_loss(tokens: Tensor) -> Tensor:
-        return total_loss(forward(*split_batch(tokens)))
+        return total_loss(forward(**module.training_batch(tokens)))  # the head says what it is trained on
 
     return module, zoo_loss
 

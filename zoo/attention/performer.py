@@ -97,7 +97,8 @@ class PerformerAttention(Attention):
         self.add_projections(bias=self.options.bias)
         o = self.options
         self.register_buffer("features", orthogonal_features(o.n_features, self.head_dim, o.orthogonal))
-        self.calls = 0  # training forward calls since construction (redraw schedule)
+        # training forward calls so far: a buffer, so a resumed run keeps the redraw schedule
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
     def redraw(self) -> None:
         """Fresh random features, drawn from torch's generator."""
@@ -144,7 +145,7 @@ class PerformerAttention(Attention):
         self.check_inputs(x, context, pad_mask, state)
         if self.training:
             self.calls += 1
-            if self.options.redraw_interval and self.calls % self.options.redraw_interval == 0:
+            if self.options.redraw_interval and int(self.calls) % self.options.redraw_interval == 0:
                 self.redraw()
         features = self.features
         if state is not None:  # a stream keeps the features it started with (pinned on its first call)

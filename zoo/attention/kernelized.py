@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import KeysPerQuery, dense_keys
+from zoo.attention.base import Attention, AttnOutput, KeysPerQuery, StateContract, dense_keys
 
 CHUNK = 64  # causal chunk length C: the intra-chunk products are C x C, the carried sums one per chunk
 
@@ -120,3 +120,55 @@ def kernel_flops(t: int, f: int, e: int, heads: int, causal: bool) -> dict[str, 
     readout = 2.0 * t * f * (e + 1)
     intra = 2.0 * t * CHUNK * (f + e) if causal else 0.0
     return {"feature sums": heads * sums, "read-out": heads * (readout + intra)}
+
+
+class KernelizedAttention(Attention):
+    """Base of ``linear`` and ``performer``: q/k/v/output projections around the kernelised product. A
+    subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
+    this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
+
+    supports_memory = True  # causal: the running sums, constant size
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=0)  # sums only: no token kept, exact at any length
+
+    def __init__(self, d_model: int, n_heads: int, **kwargs):
+        super().__init__(d_model, n_heads, **kwargs)
+        self.add_projections(bias=self.options.bias)
+
+    def feature_maps(
+        self, q: Tensor, k: Tensor, pad_mask: Tensor | None, state: KernelState | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(phi(q), phi(k) [b, h, t, f], what a stream must pin to keep this map, or None)."""
+        raise NotImplementedError
+
+    def init_state(self, batch_size: int) -> KernelState:
+        super().init_state(batch_size)  # a bidirectional layer refuses, saying why
+        return KernelState()
+
+    def state_bound(self) -> int:
+        return 0
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        return kernel_keys(t, self.causal)
+
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+    ) -> AttnOutput:
+        self.check_inputs(x, context, pad_mask, state)
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        phi_q, phi_k, pinned = self.feature_maps(q, k, pad_mask, state)
+        phi_k, v = mask_keys(phi_k, v, pad_mask)
+        new_state = None
+        if not self.causal:
+            out = kernel_attention(phi_q, phi_k, v, self.options.eps)
+        else:
+            if state is not None and state.kv is not None and state.kv.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"{self.registry_name}: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}"
+                )
+            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state)
+            if state is not None:
+                new_state = KernelState(kv.detach(), z.detach(), pinned, state.seen + x.shape[1])
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

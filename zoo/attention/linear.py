@@ -31,21 +31,13 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.base import ATTENTION, Attention, AttnOutput, FlopCount, KeysPerQuery, StateContract
-from zoo.attention.kernelized import (
-    KernelState,
-    causal_kernel_attention,
-    kernel_attention,
-    kernel_flops,
-    kernel_keys,
-    mask_keys,
-)
+from zoo.attention.base import ATTENTION, FlopCount
+from zoo.attention.kernelized import KernelizedAttention, KernelState, kernel_flops
 from zoo.config import require
 
 
 @ATTENTION.register("linear")
-class LinearAttention(Attention):
-    supports_memory = True  # causal: the recurrence's sums, constant size
+class LinearAttention(KernelizedAttention):
     lra_row = "Linear Trans."
 
     @dataclass
@@ -56,28 +48,10 @@ class LinearAttention(Attention):
         def __post_init__(self) -> None:
             require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
 
-    @classmethod
-    def contract_state(cls) -> StateContract:
-        return StateContract(bound=0)  # sums only: no token kept, exact at any length
-
-    def __init__(self, d_model: int, n_heads: int, **kwargs):
-        super().__init__(d_model, n_heads, **kwargs)
-        self.add_projections(bias=self.options.bias)
-
     @staticmethod
     def feature_map(x: Tensor) -> Tensor:
         """phi(x) = elu(x) + 1 > 0 (eq. 7)."""
         return F.elu(x) + 1.0
-
-    def init_state(self, batch_size: int) -> KernelState:
-        super().init_state(batch_size)  # a bidirectional layer refuses, saying why
-        return KernelState()
-
-    def state_bound(self) -> int:
-        return 0
-
-    def keys_per_query(self, t: int) -> KeysPerQuery:
-        return kernel_keys(t, self.causal)
 
     def forward_flops(self, t: int) -> FlopCount:
         k = self.head_dim
@@ -85,20 +59,7 @@ class LinearAttention(Attention):
             {"projections": t * self.projection_flops(), **kernel_flops(t, k, k, self.n_heads, self.causal)}
         )
 
-    def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
-    ) -> AttnOutput:
-        self.check_inputs(x, context, pad_mask, state)
-        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
-        phi_q = self.feature_map(q)
-        phi_k, v = mask_keys(self.feature_map(k), v, pad_mask)
-        new_state = None
-        if not self.causal:
-            out = kernel_attention(phi_q, phi_k, v, self.options.eps)
-        else:
-            if state is not None and state.kv is not None and state.kv.shape[0] != x.shape[0]:
-                raise ValueError(f"linear: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}")
-            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state)
-            if state is not None:
-                new_state = KernelState(kv.detach(), z.detach(), None, state.seen + x.shape[1])
-        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
+    def feature_maps(
+        self, q: Tensor, k: Tensor, pad_mask: Tensor | None, state: KernelState | None
+    ) -> tuple[Tensor, Tensor, None]:
+        return self.feature_map(q), self.feature_map(k), None

@@ -94,9 +94,6 @@ class LinformerAttention(Attention):
         keys = dense_keys(t, False)
         return KeysPerQuery(keys.keys, f"every key, through {min(self.options.k, t)} projected keys")
 
-    def projection_flops(self) -> float:
-        return 2.0 * sum(m.weight.numel() for m in (self.to_q, self.to_k, self.to_v, self.to_out))
-
     def forward_flops(self, t: int) -> FlopCount:
         k, d = self.options.k, self.d_model
         return FlopCount(

@@ -94,9 +94,6 @@ class NystromAttention(Attention):
         keys = dense_keys(t, False)
         return KeysPerQuery(keys.keys, f"every key, through {min(self.options.landmarks, t)} landmarks")
 
-    def projection_flops(self) -> float:
-        return 2.0 * sum(m.weight.numel() for m in (self.to_q, self.to_k, self.to_v, self.to_out))
-
     def forward_flops(self, t: int) -> FlopCount:
         m, d, h = min(self.options.landmarks, t), self.d_model, self.n_heads
         flops = {

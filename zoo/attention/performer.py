@@ -38,15 +38,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from zoo.attention.base import ATTENTION, Attention, AttnOutput, FlopCount, KeysPerQuery, StateContract
-from zoo.attention.kernelized import (
-    KernelState,
-    causal_kernel_attention,
-    kernel_attention,
-    kernel_flops,
-    kernel_keys,
-    mask_keys,
-)
+from zoo.attention.base import ATTENTION, FlopCount
+from zoo.attention.kernelized import KernelizedAttention, KernelState, kernel_flops
 from zoo.config import require
 
 
@@ -65,8 +58,7 @@ def orthogonal_features(m: int, k: int, orthogonal: bool = True, device=None) ->
 
 
 @ATTENTION.register("performer")
-class PerformerAttention(Attention):
-    supports_memory = True  # causal: prefix sums under pinned features, constant size
+class PerformerAttention(KernelizedAttention):
     lra_row = "Performer"
 
     @dataclass
@@ -88,13 +80,8 @@ class PerformerAttention(Attention):
     def contract_options(cls) -> dict:
         return {"n_features": 16}
 
-    @classmethod
-    def contract_state(cls) -> StateContract:
-        return StateContract(bound=0)  # sums and the pinned features: no token kept, exact at any length
-
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
-        self.add_projections(bias=self.options.bias)
         o = self.options
         self.register_buffer("features", orthogonal_features(o.n_features, self.head_dim, o.orthogonal))
         # training forward calls so far: a buffer, so a resumed run keeps the redraw schedule
@@ -119,16 +106,6 @@ class PerformerAttention(Attention):
             stabiliser = real.amax(dim=(-1, -2), keepdim=True).clamp_min(-1e30)  # all padding: any finite scale
         return (torch.exp(exponent - stabiliser) + self.options.feature_eps) / math.sqrt(features.shape[0])
 
-    def init_state(self, batch_size: int) -> KernelState:
-        super().init_state(batch_size)  # a bidirectional layer refuses, saying why
-        return KernelState()
-
-    def state_bound(self) -> int:
-        return 0
-
-    def keys_per_query(self, t: int) -> KeysPerQuery:
-        return kernel_keys(t, self.causal)
-
     def forward_flops(self, t: int) -> FlopCount:
         m, k, h = self.options.n_features, self.head_dim, self.n_heads
         return FlopCount(
@@ -139,29 +116,17 @@ class PerformerAttention(Attention):
             }
         )
 
-    def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
-    ) -> AttnOutput:
-        self.check_inputs(x, context, pad_mask, state)
+    def feature_maps(
+        self, q: Tensor, k: Tensor, pad_mask: Tensor | None, state: KernelState | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """FAVOR+ features of q and k under this call's random features: a stream's pinned ones (its first
+        call pins the layer's current draw), else the layer's, redrawn on schedule in training."""
         if self.training:
             self.calls += 1
             if self.options.redraw_interval and int(self.calls) % self.options.redraw_interval == 0:
                 self.redraw()
         features = self.features
-        if state is not None:  # a stream keeps the features it started with (pinned on its first call)
+        if state is not None:
             features = state.features if state.features is not None else self.features.detach().clone()
-        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         phi_q = self.feature_map(q, features, query=True)
-        phi_k, v = mask_keys(self.feature_map(k, features, query=False, pad_mask=pad_mask), v, pad_mask)
-        new_state = None
-        if not self.causal:
-            out = kernel_attention(phi_q, phi_k, v, self.options.eps)
-        else:
-            if state is not None and state.kv is not None and state.kv.shape[0] != x.shape[0]:
-                raise ValueError(
-                    f"performer: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}"
-                )
-            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state)
-            if state is not None:
-                new_state = KernelState(kv.detach(), z.detach(), features, state.seen + x.shape[1])
-        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
+        return phi_q, self.feature_map(k, features, query=False, pad_mask=pad_mask), features

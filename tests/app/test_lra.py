@@ -508,5 +508,5 @@ def test_table2_from_a_paired_bench_run(tmp_path):
     (bench / "paired.csv").write_text("\n".join(rows) + "\n")
     paths = module.main(["--bench", str(bench), "--out", str(tmp_path / "out")])
     md = paths["table2_md"].read_text()
-    assert "| linear (ours) | 20.00 (2.10x) |" in md and "2 MiB (0.50x)" in md
+    assert "| linear (ours) | 20.00 (2.1x) |" in md and "2 MiB (0.50x)" in md
     assert "| Transformer (LRA paper) | 8.1 (1.0x)" in md and paths["table2_png"].stat().st_size > 1000

@@ -309,7 +309,7 @@ def table2(measured: list[dict[str, Any]], lengths: list[int]) -> tuple[list[str
                 memory.append("error")
                 continue
             ratio = m.get("speedup") or (m["steps_per_s"] / base["steps_per_s"] if base.get("steps_per_s") else None)
-            rel = f" ({ratio:.2f}x)" if ratio else ""  # zoo.bench --paired: the median of per-round ratios
+            rel = f" ({ratio:.1f}x)" if ratio else ""  # zoo.bench --paired: the median of per-round ratios
             speed.append(f"{m['steps_per_s']:.2f}{rel}")
             mb = f"{m['memory_mb']:.3g} MiB"
             memory.append(f"{mb} ({m['memory_mb'] / base['memory_mb']:.2f}x)" if base.get("memory_mb") else mb)

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--scale", default="", help="a sentence on the scale of the runs, printed with the tables")
+    parser.add_argument("--table1-only", action="store_true", help="Table 1 only (no Table 2 measurement)")
     parser.add_argument(
         "--bench",
         type=Path,
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
         steps=args.steps,
         device=args.device,
         scale=args.scale,
+        measure=not args.table1_only,
     )
     for key in ("table1_md", "table2_md"):
         if key in paths:

@@ -460,8 +460,10 @@ def write_lra_tables(
     steps: int = 3,
     device: str = "auto",
     scale: str = "",
+    measure: bool = True,
 ) -> dict[str, Path]:
-    """Tables 1 and 2 (markdown, CSV, PNG) for the runs under ``sweep_dirs``, into ``out_dir``."""
+    """Tables 1 and 2 (markdown, CSV, PNG) for the runs under ``sweep_dirs``, into ``out_dir``; with
+    ``measure`` False, Table 1 only (Table 2 then comes from a ``zoo.bench --paired`` run, ``--bench``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = gather_runs(sweep_dirs)
@@ -485,7 +487,7 @@ def write_lra_tables(
     run_keys = ("experiment", "attention", "accuracy", "status", "steps", "seq_len", "tokens_per_s", "wall_s")
     _write_csv(paths["runs_csv"], list(run_keys), [[r.get(k) for k in run_keys] for r in rows])
     plot_table1(rows, paths["table1_png"])
-    configs = speed_configs(rows)
+    configs = speed_configs(rows) if measure else {}
     if configs:
         measured = measure_speed(configs, list(lengths), batch_size=batch_size, steps=steps, device=device)
         header2, body2 = table2(measured, list(lengths))

@@ -189,14 +189,16 @@ def summary_markdown(runs: dict[str, Stream], rows: list[dict], meta: dict) -> s
         f"{meta['threads']} thread(s), load average at the end {meta['load']}. tokens/s: the mode's whole stream, "
         "its chunks interleaved with the other modes' (order rotated per chunk).",
         "",
-        f"| mode | bpc, all | bpc, last {tail:,} tokens | tokens/s | cache MiB at the end |",
-        "|---|---|---|---|---|",
+        f"| mode | bpc, all | bpc, positions {meta['window'] + 1}-{meta['train_len'] - 1} (past the window, inside "
+        f"the training length) | bpc, last {tail:,} tokens | tokens/s | cache MiB at the end |",
+        "|---|---|---|---|---|---|",
     ]
+    inside = slice(meta["window"] + 1, meta["train_len"])
     for mode, run in runs.items():
         nll = np.asarray(run.nll)
         lines.append(
-            f"| {mode} | {nll.mean() / math.log(2):.3f} | {nll[-tail:].mean() / math.log(2):.3f} | "
-            f"{len(nll) / run.seconds:,.0f} | {run.cache_mib():.2f} |"
+            f"| {mode} | {nll.mean() / math.log(2):.3f} | {nll[inside].mean() / math.log(2):.3f} | "
+            f"{nll[-tail:].mean() / math.log(2):.3f} | {len(nll) / run.seconds:,.0f} | {run.cache_mib():.2f} |"
         )
     return "\n".join(lines) + "\n"
 

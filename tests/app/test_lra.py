@@ -418,7 +418,7 @@ def test_every_lra_row_has_the_papers_figures_and_seeds_are_aggregated(tmp_path)
 @pytest.mark.slow
 def test_sweep_lra_at_toy_size_writes_both_tables(tmp_path, monkeypatch):
     pytest.importorskip("hydra")
-    from test_train import _train_main
+    from app_cli import train_main
 
     from zoo.data.layouts import write_lra_data_dir
 
@@ -445,7 +445,7 @@ def test_sweep_lra_at_toy_size_writes_both_tables(tmp_path, monkeypatch):
         "hydra.callbacks.lra_tables.steps=1",
         f"hydra.sweep.dir={sweep}",
     ]
-    _train_main(argv, monkeypatch)
+    assert train_main(argv, monkeypatch) == 0
     table1 = (sweep / "lra_table1.md").read_text()
     assert "vanilla (ours)" in table1 and "Local Attention (LRA paper)" in table1 and "error" not in table1
     assert "local_1d (ours)" in (sweep / "lra_table2.md").read_text() and (sweep / "lra_table2.png").is_file()

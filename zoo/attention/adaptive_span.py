@@ -85,6 +85,7 @@ from zoo.attention.base import (
 )
 from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
+from zoo.train.precision import float32
 
 MODES = ("learned", "dynamic", "fixed")
 
@@ -175,7 +176,9 @@ def blocked_span_attention(
     kb, vb = blocks(k), blocks(v)
     # distance from query (row) to key (column) inside any block: the same for every block
     rows, columns = torch.arange(a, device=q.device), torch.arange(width, device=q.device)
-    distance = (rows[:, None] + reach - columns[None, :]).to(q.dtype)
+    # float32: distances run to S (8,192); bf16 holds whole numbers exactly only up to 256, so under
+    # autocast the window and the ramp (R = 32 wide) would move by up to 16 tokens
+    distance = (rows[:, None] + reach - columns[None, :]).to(torch.promote_types(q.dtype, torch.float32))
     in_window = (distance >= 1) & (distance <= reach)  # [a, w]: the paper's keys t - S ... t - 1, cropped
     itself = distance == 0  # [a, w]: the query's own key, a stand-in for rows with nothing to see
     if spans.dim() == 1:  # one span per head: a [h, a, w] template
@@ -309,7 +312,9 @@ class AdaptiveSpanAttention(Attention):
             return self.span_param.clamp(0.0, 1.0)
         if o.mode == "fixed":
             return torch.ones(self.n_heads, device=x.device, dtype=x.dtype)
-        return rearrange(torch.sigmoid(self.span_proj(x)), "b t h -> b h t")
+        # float32: z_t = S sigmoid(.) in tokens; a bf16 sigmoid (8 bits) would move z by up to S / 512
+        with float32(x, self.span_proj.weight, self.span_proj.bias) as (x, w, b):
+            return rearrange(torch.sigmoid(F.linear(x, w, b)), "b t h -> b h t")
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:

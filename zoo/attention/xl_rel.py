@@ -237,6 +237,8 @@ class XLRelativeAttention(Attention):
         keep = self.memory_length
         if keep == 0:
             return XLMemory()
+        # float32: the memory keeps the layer's inputs as they are, float32 under bf16 autocast (only
+        # their projections run in bf16), so carried from segment to segment it is never rounded to bf16
         states = keys_in[:, -keep:].detach()
         memory = XLMemory(states, None if key_pad is None else key_pad[:, -keep:])
         if cache is not None:

@@ -78,6 +78,9 @@ def rss_child(payload: str) -> None:
 
 # -- the sweeps -------------------------------------------------------------------------------
 
+# label suffixes of a twin measured beside its plain variant (--compile, --precision fp32,bf16)
+TWINS = ("compile", "bf16")
+
 
 def run(
     variants: list[Variant],
@@ -132,6 +135,7 @@ def run(
                     heads=heads,
                     threads=threads,
                     device=str(device),
+                    precision=variant.precision,
                 )
                 if stop_reason[variant.label]:
                     rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
@@ -230,15 +234,19 @@ def run_paired(
                 rounds=len(recorded),
                 device=str(device),
                 threads=threads,
+                precision=next(v.precision for v in variants if v.label == label),
             )
-            eager = label.removesuffix("+compile")
-            if label != eager and eager in built:  # --compile: the compiled twin against its own eager run
-                own = paired_ratios(recorded, eager)[label]
-                entry.update(
-                    compile_speedup=own["ratio"],
-                    compile_speedup_min=own["ratio_min"],
-                    compile_speedup_max=own["ratio_max"],
-                )
+            for twin in TWINS:  # --compile, --precision fp32,bf16: the twin against its own plain run
+                plain = label.removesuffix(f"+{twin}")
+                if label != plain and plain in built:
+                    own = paired_ratios(recorded, plain)[label]
+                    entry.update(
+                        {
+                            f"{twin}_speedup": own["ratio"],
+                            f"{twin}_speedup_min": own["ratio_min"],
+                            f"{twin}_speedup_max": own["ratio_max"],
+                        }
+                    )
             count = step_flops(module, length, shape) if flops else None
             if count is not None:  # bound = FLOPs at the round's matmul rate; share = bound / step time
                 shares = [count["total"] / (probe_flops / r["matmul_probe"]) / r[label] for r in recorded]

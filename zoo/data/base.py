@@ -108,7 +108,7 @@ class Task:
 
     @property
     def higher_is_better(self) -> bool:
-        return self.metric == "accuracy"
+        return metric_higher_is_better(self.metric)
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -185,6 +185,11 @@ def check_split(split: str, *, index: int | None = None, rank: int = 0, world_si
     if index is not None:
         check_type(index, int, "index")
         require(index >= 0, f"batch index must be >= 0, got {index}")
+
+
+def metric_higher_is_better(metric: str) -> bool:
+    """Whether a larger value of the task metric is better (accuracy; bpc, bpd, ppl and loss are lower-better)."""
+    return metric == "accuracy"
 
 
 def metric_value(metric: str, nll_sum: float, correct: float, count: float) -> float:

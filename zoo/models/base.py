@@ -24,6 +24,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -232,6 +233,26 @@ class ZooModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    # -- sharing (zoo/hub, through SHARING): Hugging Face's PyTorchModelHubMixin names --------------
+    def save_pretrained(self, save_directory: str | Path, *, training: dict[str, Any] | None = None) -> Path:
+        """Write ``model.safetensors`` + ``config.json`` + ``README.md`` (the model card) into a folder."""
+        return SHARING["save_pretrained"](self, save_directory, training=training)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload that folder to Hugging Face Hub repository ``repo_id`` (needs ``huggingface_hub``)."""
+        return SHARING["push_to_hub"](self, repo_id, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> ZooModel:
+        """``zoo.from_pretrained`` (a folder or a Hub repository id), refusing a model of another head."""
+        model = SHARING["from_pretrained"](name_or_path, **kwargs)
+        if not isinstance(model, cls):
+            raise TypeError(
+                f"{name_or_path} holds a {type(model).__name__} ({model.config.kind}), not a {cls.__name__}: "
+                "load it with zoo.from_pretrained"
+            )
+        return model
+
 
 @dataclass
 class Seq2SeqState:
@@ -247,3 +268,7 @@ class Seq2SeqState:
 
 # the heads, by ``ModelConfig.kind``: each head file registers its class (``@HEAD.register("lm")``)
 HEAD: Registry[type[ZooModel]] = Registry("head", ZooModel)
+
+# ZooModel's save_pretrained / push_to_hub / from_pretrained, filled in by zoo.hub when it is imported
+# (``import zoo`` does): the folder format needs the preset registry, which needs this module
+SHARING: dict[str, Callable[..., Any]] = {}

@@ -22,6 +22,7 @@ from zoo.presets.factory import register_preset
     "adaptive_span_lm",
     "Causal LM with learned per-head attention spans (Sukhbaatar et al. 2019), small model, S = 8192",
     tiny={"attention": {"max_span": 16, "ramp": 4, "block_size": 8}, "dropout": 0.0},
+    paper="Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers, arXiv:1905.07799",
 )
 def _adaptive_span_lm() -> dict[str, Any]:
     return dict(

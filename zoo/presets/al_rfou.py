@@ -13,6 +13,7 @@ from zoo.presets.factory import register_preset
     "Al-Rfou et al. 2018 T64 character LM: 64 layers, d 512, d_ff 2048, context 512, intermediate-layer and "
     "multiple-target losses on",
     tiny=dict(n_layers=4, max_len=64),
+    paper="Al-Rfou et al. 2018, Character-Level Language Modeling with Deeper Self-Attention, arXiv:1808.04444",
 )
 def _al_rfou_lm() -> dict[str, Any]:
     # Section 3: hidden 512, filter 2048, 512-character context, dropout 0.55, learned positions

@@ -26,20 +26,27 @@ class Preset:
     description: str
     tiny: dict[str, Any]  # overrides giving a CPU-second-sized version (tests, demo)
     example_length: int  # a sequence length the tiny version accepts
+    paper: str = ""  # the paper it follows: "Authors year, Title, arXiv:NNNN.NNNNN" (the model card cites it)
 
 
 MODEL: Registry[Preset] = Registry("model", Preset)
 
 
 def register_preset(
-    name: str, description: str, *, tiny: dict[str, Any] | None = None, example_length: int = 24
+    name: str,
+    description: str,
+    *,
+    tiny: dict[str, Any] | None = None,
+    example_length: int = 24,
+    paper: str = "",
 ) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
     """Register a preset: a function returning the config values that differ from ModelConfig's.
 
-    ``tiny`` is merged over the generic tiny size (:data:`TINY`) for tests and the demo."""
+    ``tiny`` is merged over the generic tiny size (:data:`TINY`) for tests and the demo; ``paper``
+    cites what it follows ("Authors year, Title, arXiv:NNNN.NNNNN"), for the model card."""
 
     def add(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-        MODEL.register(name, Preset(name, fn, description, {**TINY, **(tiny or {})}, example_length))
+        MODEL.register(name, Preset(name, fn, description, {**TINY, **(tiny or {})}, example_length, paper))
         return fn
 
     return add

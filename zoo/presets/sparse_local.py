@@ -20,6 +20,7 @@ from zoo.presets.factory import register_preset
     "Sparse Transformer LM: fixed factorised pattern, stride 128, c = 32, merged heads, pre-norm (Child et al. 2019)",
     tiny=dict(attention={"stride": 4, "c": 2}, max_len=512),  # a small position table keeps it tiny
     example_length=24,
+    paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers, arXiv:1904.10509",
 )
 def _sparse_transformer() -> dict[str, Any]:
     return dict(
@@ -43,6 +44,7 @@ def _sparse_transformer() -> dict[str, Any]:
         attention={"height": 0, "width": 8, "query_height": 2, "query_width": 4, "flange_height": 1, "flange_width": 2}
     ),
     example_length=24,
+    paper="Parmar et al. 2018, Image Transformer, arXiv:1802.05751",
 )
 def _image_transformer() -> dict[str, Any]:
     return dict(

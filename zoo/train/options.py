@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from zoo.config import require
+from zoo.train.precision import PRECISIONS, check_precision
 from zoo.train.steps import adam
 
 
@@ -29,7 +30,7 @@ class TrainerOptions:
     checkpoint_every: int = 0  # steps between last.pt saves besides each evaluation (0 = at evaluations)
     checkpoints: bool = True  # write last.pt / best.pt
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "fp32"  # fp32 | bf16 (autocast; CUDA)
+    precision: str = "fp32"  # fp32 | bf16 (autocast, on CUDA and CPU: zoo/train/precision.py)
     carry_state: bool = True  # carry segment memory across steps on contiguous data
     max_time_s: float = 0.0  # stop (and evaluate) after this many seconds of training (0 = no limit)
     resume: str = ""  # a checkpoint path, or "auto" = last.pt of this run directory if present
@@ -38,14 +39,30 @@ class TrainerOptions:
     # train under torch.compile (compiled on the first step; evaluation stays eager). Measured with
     # ``python -m zoo.bench --paired --compile``: on CPU it helped LSH, slowed dense and local attention
     compile: bool = False
+    # stop after this many evaluations in a row without a better validation metric (0 = off)
+    early_stop_patience: int = 0
+    # debugging aids (conf/debug/): train on the first N training batches over and over and evaluate
+    # on them (0 = off); a torch.profiler trace of N steps into <run dir>/profile/ (0 = off);
+    # autograd anomaly detection (the backward op that made a NaN, named with its forward trace)
+    overfit_batches: int = 0
+    profile_steps: int = 0
+    detect_anomaly: bool = False
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):
             value = getattr(self, key)
             require(isinstance(value, int) and value > 0, f"trainer.{key} must be a positive int, got {value!r}")
-        for key in ("eval_every", "eval_batches", "checkpoint_every", "threads"):
+        for key in (
+            "eval_every",
+            "eval_batches",
+            "checkpoint_every",
+            "threads",
+            "early_stop_patience",
+            "overfit_batches",
+            "profile_steps",
+        ):
             require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)!r}")
-        require(self.precision in ("fp32", "bf16"), f"trainer.precision must be fp32 or bf16, got {self.precision!r}")
+        require(self.precision in PRECISIONS, f"trainer.precision must be fp32 or bf16, got {self.precision!r}")
         require(self.eval_split in ("val", "test"), f"trainer.eval_split must be val or test, got {self.eval_split!r}")
         require(self.clip >= 0 and self.max_time_s >= 0, "trainer.clip and trainer.max_time_s must be >= 0")
 
@@ -103,6 +120,15 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
             raise ValueError(f"trainer.device={name!r} but CUDA is not available here; use trainer.device=auto or cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"trainer.device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def run_device(options: TrainerOptions, local_rank: int = 0) -> torch.device:
+    """The device a run with ``options`` trains on; refuses, naming the key and the fix, a device this
+    machine lacks or a ``trainer.precision`` it cannot run. The app asks before building any data or
+    model (:func:`zoo.app.run.build`), the trainer again when it starts."""
+    device = pick_device(options.device, local_rank)
+    check_precision(options.precision, device)
     return device
 
 

@@ -34,6 +34,7 @@ LRA_TEXT = dict(
     "longformer_classifier",
     "Longformer encoder (window 256, the first token global) pooling that token, LRA Text size (Beltagy et al. 2020)",
     tiny=dict(attention={"window": 4}, max_len=64),
+    paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer, arXiv:2004.05150",
 )
 def _longformer_classifier() -> dict[str, Any]:
     return dict(LRA_TEXT, attention={"name": "longformer", "window": 256, "global_tokens": 1})
@@ -44,6 +45,7 @@ def _longformer_classifier() -> dict[str, Any]:
     "BigBird ITC encoder (blocks of 64, 3 random) pooling the first token of its global block, LRA Text size "
     "(Zaheer et al. 2020)",
     tiny=dict(attention={"block": 4, "random_blocks": 1}, max_len=64),
+    paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences, arXiv:2007.14062",
 )
 def _bigbird_classifier() -> dict[str, Any]:
     return dict(LRA_TEXT, attention={"name": "bigbird", "block": 64, "random_blocks": 3})

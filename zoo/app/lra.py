@@ -377,7 +377,7 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
 def measured_from_bench(paired_csv: str | Path) -> list[dict[str, Any]]:
     """Table 2's measurements from ``python -m zoo.bench --paired --model vanilla_classifier ... --baseline
     vanilla`` (its paired.csv): steps per second from the median step, the speed-up as the median of the
-    per-round ratios, memory as the activation MiB (bytes saved for backward; the CUDA peak on a GPU)."""
+    per-round ratios, memory as its activation MiB (bytes saved for backward, on any device)."""
     with open(paired_csv, newline="") as f:
         return [
             {

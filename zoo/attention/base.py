@@ -127,6 +127,8 @@ class Attention(nn.Module):
     supports_memory: ClassVar[bool] = False  # segment memory / KV cache across calls
     supports_cross: ClassVar[bool] = False  # keys/values from another sequence
     causal_only: ClassVar[bool] = False  # only defined for causal (decoder) use
+    supports_causal: ClassVar[bool] = True  # False: the paper gives no causal form (Linformer's length projection)
+    no_causal_reason: ClassVar[str] = ""  # why supports_causal is False, for the refusal
     remembers_inputs: ClassVar[bool] = False  # state keeps past layer inputs: forward takes layer_input=
     no_cross_reason: ClassVar[str] = ""  # why supports_cross is False, for the builder's error
     content_routed: ClassVar[bool] = False  # which keys a query sees depends on content (LSH buckets):
@@ -136,6 +138,8 @@ class Attention(nn.Module):
     # what consumers read instead of the registry name
     score_terms: ClassVar[int] = 2  # products of each query with every key it sees: Q K^T and A V (XL adds Q R^T)
     memory_option: ClassVar[str | None] = None  # the option that sizes the memory kept across calls (XL: mem_len)
+    length_option: ClassVar[str | None] = None  # an option sizing parameters by the longest sequence (Linformer's
+    # max_len): left 0, the stack builder sets it to the model's max_len (the app raises that to the task's length)
     lra_row: ClassVar[str | None] = None  # the row of Long Range Arena's tables (Tay et al. 2020) it corresponds to
 
     def __init__(
@@ -163,6 +167,11 @@ class Attention(nn.Module):
         self.causal, self.dropout = bool(causal), float(dropout)
         self.layer_index = layer_index  # depth of the block holding this attention (interleaved patterns)
         self.options = build_options(self.Options, options, f"attention {name!r}")
+        require(  # after the options, so a mistyped option is named first
+            not causal or self.supports_causal,
+            f"attention {name!r} has no causal form ({self.no_causal_reason or 'supports_causal=False'}); "
+            "build it with causal=False (an encoder), or choose another attention for a decoder",
+        )
 
     # -- hooks for the contract suite (tests/contracts/test_attention.py) -----------------------------
     @classmethod
@@ -364,6 +373,15 @@ def _describe(value: Any) -> str:
     if isinstance(value, Tensor):
         return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     return type(value).__name__
+
+
+def require_length(max_len: int, name: str) -> None:
+    """Refuse a length-sized mechanism built on its own with ``max_len`` left 0 (only a model knows its length)."""
+    require(
+        max_len >= 1,
+        f"{name}: max_len=0 means the model's max_len, filled in when a model is built; built on its own, give "
+        "max_len (the longest sequence it will take)",
+    )
 
 
 def dense_keys(t: int, causal: bool, memory: int = 0) -> KeysPerQuery:

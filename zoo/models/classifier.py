@@ -47,6 +47,10 @@ class SequenceClassifier(ZooModel):
         self.norm = self.final_norm()
         self.head = classifier_head(config, config.d_model)
 
+    def training_batch(self, tokens: Tensor) -> dict[str, Tensor]:
+        """[b, t + 1] random ids -> t tokens and one class per row (the last id, modulo n_classes)."""
+        return {"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, -1] % self.config.n_classes}
+
     def output_flops(self, t: int) -> tuple[float, str]:
         if self.head is None:
             return 0.0, "no output head"

@@ -67,6 +67,9 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
             f"cross_attention {cross_name!r} cannot attend to another sequence "
             f"(supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}"
         )
+    length = attn_cls.length_option
+    if length and attn_options.get(length, 0) == 0:  # 0 / unset: sized by the model's longest sequence
+        attn_options = {**attn_options, length: config.max_len}
     make_residual = residual_factory(config)
 
     def make_block(layer_index: int) -> Block:

@@ -54,6 +54,10 @@ class Position(nn.Module):
         """Options under which tests/contracts/test_position_contract.py exercises this signal (d_model 16)."""
         return {}
 
+    def attach(self, stack: nn.Module) -> None:
+        """Called by the model once its stack is built: a signal that enters every layer's input (not only
+        the embedding's) hooks into the stack's blocks here. Default: nothing to attach."""
+
     def sequence_length(self, x: Tensor) -> int:
         """Positions in the sequence ``x`` [b, t, d] belongs to: t, or the whole sequence's length while it
         is split over ranks."""

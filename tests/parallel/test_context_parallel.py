@@ -74,6 +74,12 @@ DEFAULT = [
     Case("sparse_transformer", "sparse_transformer", {"attention": FIXED}),
     Case("transformer_xl", "transformer_xl", {"attention": XL}, segments=2),
     Case("adaptive_span_lm", "adaptive_span_lm", {"attention": SPAN}, segments=2),
+    Case("linear", "vanilla_lm", {"attention": {"name": "linear"}}),
+    Case(
+        "longformer",
+        "vanilla_lm",
+        {"attention": {"name": "longformer", "window": 4, "dilation": 2, "global_tokens": 2}},
+    ),
     Case("vanilla_padded", "vanilla_lm", pad=True),
     Case("short_halo", "vanilla_lm", {"attention": LOCAL}, short_halo=True),
 ]
@@ -99,6 +105,30 @@ MATRIX = [
     Case("adaptive_span_dynamic", "adaptive_span_lm", {"attention": {**SPAN, "mode": "dynamic"}}, segments=2),
     Case("adaptive_span_padded", "adaptive_span_lm", {"attention": SPAN}, segments=2, pad=True),
     Case("adaptive_span_fixed_long", "adaptive_span_lm", {"attention": {**SPAN, "mode": "fixed"}}, segments=2),
+    Case(
+        "xl_shared_biases_same_length",
+        "transformer_xl",
+        {"attention": {**XL, "share_biases": True, "same_length": True}},
+    ),
+    Case(
+        "performer",
+        "vanilla_lm",
+        {"attention": {"name": "performer", "n_features": 8, "redraw_interval": 2}},
+        segments=3,
+    ),
+    Case("linear_padded", "vanilla_lm", {"attention": {"name": "linear"}}, pad=True),
+    Case(
+        "longformer_padded",
+        "vanilla_lm",
+        {"attention": {"name": "longformer", "window": 6, "global_tokens": 1}},
+        pad=True,
+    ),
+    Case("learned_positions_every_layer", "vanilla_lm", {"position": {"name": "learned", "every_layer": True}}),
+    Case(
+        "factorized_positions",
+        "sparse_transformer",
+        {"attention": FIXED, "position": {"name": "factorized", "stride": 4}},
+    ),
 ]
 
 

@@ -47,6 +47,7 @@ PATTERNS = [
     ("sparse_fixed", {"stride": 4, "c": 2, "combine": "union"}),
     ("sparse_fixed", {"stride": 4, "c": 2, "combine": "interleaved", "layer_index": 0}),
     ("sparse_fixed", {"stride": 4, "c": 2, "combine": "per_head"}),
+    ("longformer", {"window": 6, "dilation": 2, "global_tokens": 2}),
 ]
 
 
@@ -159,6 +160,8 @@ def tiny(name, **overrides):
         ("vanilla_lm", {"attention_dropout": 0.1}, "ring attention merges blocks of the fused kernel without"),
         ("vanilla_lm", {"attention": {"name": "vanilla", "max_cache": 8}}, "carries a KV cache"),
         ("sparse_transformer", {"attention": {"name": "sparse_fixed", "stride": 0}}, "stride=0 picks l"),
+        ("vanilla_lm", {"attention": {"name": "synthesizer"}}, "attention 'synthesizer' gives each query a score row"),
+        ("vanilla_lm", {"attention": {"name": "sinkhorn"}}, "attention 'sinkhorn' sorts blocks by a learned"),
     ],
 )
 def test_what_cannot_be_split_is_refused_with_the_parts_reason(name, overrides, reason):
@@ -176,6 +179,9 @@ def test_what_cannot_be_split_is_refused_with_the_parts_reason(name, overrides, 
         ("adaptive_span_lm", {}),
         ("sparse_transformer", {}),
         ("image_transformer", {}),
+        ("vanilla_lm", {"attention": {"name": "linear"}}),
+        ("vanilla_lm", {"attention": {"name": "performer"}}),
+        ("vanilla_lm", {"attention": {"name": "longformer"}}),
         ("vanilla_lm", {"attention": {"name": "local_1d"}, "stack": "reversible", "residual": "pre_norm"}),
     ],
 )

@@ -156,6 +156,20 @@ class Chunk:
         joined = None if valid is None else gather_earlier(routes[1], valid)
         return out, torch.cat([*positions, mine]), joined
 
+    def sum_before(self, x: Tensor) -> Tensor:
+        """The sum of ``x`` (this rank's contribution: the running sums of its chunk, [...]) over the earlier
+        ranks, with the gradient returned to them: an exclusive prefix sum over the group (contiguous
+        layout). Every rank sends its ``x`` to every later rank; zeros on the first rank."""
+        rows = x.unsqueeze(-2)  # [..., 1, F]: one row per rank
+        dim, first = rows.dim() - 2, torch.zeros(1, dtype=torch.long, device=x.device)
+        sends = tuple((self.peers[r], first) for r in range(self.rank + 1, self.size))
+        receives = tuple((self.peers[r], 1) for r in range(self.rank))
+        gathered = gather_earlier(Route(self.group, sends, receives, dim), rows)
+        own = gathered.narrow(dim, self.rank, 1).squeeze(dim)
+        # the own row joins the result times 0 (exact), so its node runs backward on every rank, also on the
+        # first: the later ranks' gradients of what it sent come back there
+        return gathered.narrow(dim, 0, self.rank).sum(dim) + 0 * own
+
     def tail(self, x: Tensor, keep: int, *, dim: int = 1) -> Tensor:
         """The last ``keep`` positions of the whole sequence of ``x`` (this rank's rows along ``dim``),
         on every rank, in position order, detached: a segment's memory for the next one."""

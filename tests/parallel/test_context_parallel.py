@@ -17,11 +17,12 @@ import pytest
 import torch
 
 import zoo
+from zoo.attention.base import ATTENTION
 from zoo.attention.local import Local1DAttention
 from zoo.models.base import map_tensors
 from zoo.parallel import ring
 from zoo.parallel.chunk import Layout
-from zoo.parallel.context import ContextParallel, context_mesh
+from zoo.parallel.context import ContextParallel, context_mesh, context_refusal
 from zoo.parallel.launch import run_ranks
 from zoo.train.steps import detach_state, initial_state, total_loss
 
@@ -224,6 +225,31 @@ def check_cases(world: int, cases: list[Case], context: int | None = None) -> No
 @pytest.mark.parametrize("world", [2, 4])
 def test_split_over_ranks_equals_one_process(world):
     check_cases(world, DEFAULT)
+
+
+def every_attention_that_splits() -> list[Case]:
+    """A causal LM on each registered mechanism, under its contract options, that does not refuse a split."""
+    cases = []
+    for name in zoo.list_attention():
+        cls = ATTENTION.get(name)
+        case = Case(f"contract_{name}", "vanilla_lm", {"attention": {"name": name, **cls.contract_options()}})
+        try:
+            model = case.build()
+        except ValueError:  # no causal form (linformer, bigbird, nystromformer): the LM refuses it at build
+            continue
+        if context_refusal(model) is None:
+            cases.append(case)
+    return cases
+
+
+def test_every_mechanism_that_does_not_refuse_a_split_equals_one_process():
+    """The guard for parts added or changed later (a mechanism of your own through ``imports=``, new
+    options inside a mechanism): whatever does not refuse must equal one process."""
+    cases = every_attention_that_splits()
+    assert {"contract_local_1d", "contract_sparse_fixed", "contract_xl_rel", "contract_linear"} <= {
+        c.name for c in cases
+    }
+    check_cases(2, cases)
 
 
 @pytest.mark.slow

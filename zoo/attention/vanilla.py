@@ -161,7 +161,9 @@ class VanillaAttention(Attention):
     def attend_chunk(
         self, x: Tensor, chunk, *, pad_mask: Tensor | None = None, state: KVCache | None = None, **kwargs
     ) -> AttnOutput:
-        """Ring attention (Liu et al. 2023): each rank's keys and values go around the ring once."""
+        """Ring attention (Liu et al. 2023): each rank's keys and values go around the ring once. q and k
+        enter as ``forward`` projects them: a position scheme applied inside the mechanism (a rotation, a
+        distance bias) must be applied here too, at this rank's ``chunk.positions``, or refused."""
         self.check_inputs(x, None, pad_mask, None)
         self.refuse_chunk_state(state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))

@@ -221,7 +221,7 @@ class Trainer(CheckpointedRun):
         if max_batches is None:
             max_batches = self.opts.overfit_batches or self.opts.eval_batches
         return evaluate_model(
-            self.context or self.model,
+            self.context if self.context is not None else self.model,
             self.task,
             split,
             max_batches,

@@ -445,3 +445,17 @@ def test_trainer_step_is_the_library_step(tmp_path):
         assert torch.equal(value, trained[key]), key
     assert bench.ActivationMeter is meter.ActivationMeter
     assert not hasattr(bench, "SavedTensorMeter")
+
+
+def test_a_data_option_added_since_the_checkpoint_counts_as_its_default():
+    """A checkpoint written before a task option existed ran with what is now its default, so it resumes;
+    a saved value other than the default still refuses."""
+    from zoo.data import TASK
+    from zoo.train.resume import config_diff, task_info, with_new_defaults
+
+    task = TASK.get("listops")(seq_len=64, batch_size=2, max_length=60, min_length=10)
+    saved = task_info(task)
+    older = {**saved, "options": {k: v for k, v in saved["options"].items() if k != "path"}}
+    assert config_diff(older, saved) and not config_diff(with_new_defaults(older, task), saved)
+    other = {**saved, "options": {**saved["options"], "path": "elsewhere"}}
+    assert config_diff(with_new_defaults(other, task), saved)

@@ -215,6 +215,7 @@ class RootSchema:
     data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
     experiment: str | None = None  # set by experiment/* configs, for the record
     paper: Any = None  # experiment/paper/* configs: the paper's figures and protocol (zoo/app/paper.py)
+    lra_setting: Any = None  # lra_setting/* configs: whose LRA setting a run follows, its per-task table
 
 
 def is_zoo_part(obj: Any) -> bool:

@@ -141,7 +141,7 @@ def build(
 
     def zoo_loss(tokens: Tensor) -> Tensor:
         with autocast(tokens.device, variant.precision):
-            return total_loss(forward(*split_batch(tokens)))
+            return total_loss(forward(**module.training_batch(tokens)))  # the head says what it is trained on
 
     return module, zoo_loss
 

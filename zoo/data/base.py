@@ -113,6 +113,17 @@ class Task:
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         raise NotImplementedError
 
+    def file_rows(self, n: int, split: str, index: int, rank: int = 0, world_size: int = 1) -> torch.Tensor:
+        """Row indices of batch ``index`` over ``n`` examples read from files: in training a seeded
+        permutation per epoch walked batch by batch (each example once per epoch), else in order (wrapping)."""
+        rows = self.batch_size * world_size
+        offset = torch.arange(self.batch_size) + rank * self.batch_size
+        if split == "train":
+            epoch, position = divmod(index, max(1, n // rows))
+            perm = torch.randperm(n, generator=seeded_generator(self.seed, f"{self.registry_name}-train", epoch))
+            return perm[(offset + position * rows) % n]
+        return (offset + index * rows) % n
+
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
         """Batches in one pass over ``split`` (None: unbounded, e.g. generated on the fly)."""
         return None

@@ -155,6 +155,12 @@ class ZooModel(nn.Module):
         if targets is not None:
             self.require_head("targets were given")
 
+    def training_batch(self, tokens: Tensor) -> dict[str, Tensor]:
+        """A training call's keyword arguments made from random ids ``tokens`` [b, t + 1] (the benchmark
+        steps every model on them): a language model predicts each next token; a head with other targets
+        says so by overriding this."""
+        return {"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
+
     def output_flops(self, t: int) -> tuple[float, str] | None:
         """(matmul FLOPs of the output layer over a sequence of t tokens, the rule), asked by the cost
         model (zoo/models/costs.py); None when the head does not say."""

@@ -16,7 +16,7 @@ from zoo.presets.factory import register_preset
     paper="Al-Rfou et al. 2018, Character-Level Language Modeling with Deeper Self-Attention, arXiv:1808.04444",
 )
 def _al_rfou_lm() -> dict[str, Any]:
-    # Section 3: hidden 512, filter 2048, 512-character context, dropout 0.55, learned positions
+    # Section 3: hidden 512, filter 2048, 512-character context, dropout 0.55, learned positions at every layer
     return dict(
         kind="lm",
         n_layers=64,
@@ -25,6 +25,6 @@ def _al_rfou_lm() -> dict[str, Any]:
         d_ff=2048,
         dropout=0.55,
         max_len=512,
-        position={"name": "learned"},
+        position={"name": "learned", "every_layer": True},
         aux_losses={"intermediate": True, "multi_target": PAPER_MULTI_TARGET_WEIGHT, "layer_heads": True},
     )

@@ -60,7 +60,10 @@ def resolve_preset(name: str, *layers: dict[str, Any], min_len: int = 0) -> Mode
     """Preset ``name``'s values with ``layers`` merged on top in order (see
     :func:`zoo.config.resolve_model_config`); nothing built."""
     config = resolve_model_config(name, MODEL.get(name).build_config(), layers, min_len=min_len)
-    HEAD.get(config.kind)  # kind names a registered head (a plugin's too): an unknown one fails here, listing them
+    head = HEAD.get(config.kind)  # a registered head (a plugin's too): an unknown one fails here, listing them
+    offered = getattr(head, "output_heads", ("linear", "none"))  # the head class says which outputs it builds
+    if config.head not in offered:
+        raise ValueError(f"head={config.head!r}: kind={config.kind!r} builds one of {', '.join(offered)}")
     return config
 
 

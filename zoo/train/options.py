@@ -11,7 +11,7 @@ from torch import nn
 
 from zoo.config import require
 from zoo.train.precision import PRECISIONS, check_precision
-from zoo.train.steps import adam
+from zoo.train.steps import adam, schedule
 
 
 @dataclass
@@ -72,22 +72,33 @@ class OptimOptions:
     """``optim.*`` keys: the optimiser and the learning-rate schedule.
 
     ``name=adam`` is Adam, its ``weight_decay`` an L2 penalty added to the gradient;
-    ``name=adamw`` is AdamW, its ``weight_decay`` decoupled from the gradient."""
+    ``name=adamw`` is AdamW, its ``weight_decay`` decoupled from the gradient; ``name=sgd`` is SGD
+    with ``momentum`` (Al-Rfou et al. 2018 train with momentum 0.99; ``betas`` and ``eps`` unused)."""
 
-    name: str = "adam"  # adam | adamw
+    name: str = "adam"  # adam | adamw | sgd
     lr: float = 1e-3  # peak rate (a multiplier of the paper's rate for schedule=noam: use 1.0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
     weight_decay: float = 0.0
-    schedule: str = "cosine"  # noam | cosine | constant
+    schedule: str = "cosine"  # noam | cosine | constant | one_cycle (zoo/train/one_cycle.py)
     warmup: int = 100
+    min_lr_ratio: float = 0.1  # cosine: the rate's floor at the last step, a fraction of lr (Transformer-XL: 0)
+    momentum: float = 0.0  # sgd only: heavy-ball momentum
+    nesterov: bool = False  # sgd only
 
     def __post_init__(self) -> None:
-        require(self.name in ("adam", "adamw"), f"optim.name must be adam or adamw, got {self.name!r}")
+        require(self.name in OPTIMIZERS, f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}")
         require(
-            self.schedule in ("noam", "cosine", "constant"),
-            f"optim.schedule must be noam, cosine or constant, got {self.schedule!r}",
+            self.schedule in SCHEDULES,
+            f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}",
         )
+        require(0.0 <= self.min_lr_ratio <= 1.0, f"optim.min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+        require(0.0 <= self.momentum < 1.0, f"optim.momentum must lie in [0, 1), got {self.momentum}")
+        require(
+            self.name == "sgd" or (self.momentum == 0.0 and not self.nesterov),
+            f"optim.momentum / optim.nesterov are SGD's; optim.name={self.name} has betas instead",
+        )
+        require(not self.nesterov or self.momentum > 0, "optim.nesterov needs optim.momentum > 0")
         require(
             self.lr > 0 and self.warmup >= 0 and len(self.betas) == 2,
             f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; got {self.lr}, {self.warmup}, {list(self.betas)}",
@@ -98,13 +109,18 @@ class OptimOptions:
         """What runs, in words (logged at the start and stored in result.json)."""
         if self.name == "adamw":
             return f"AdamW (decoupled weight decay {self.weight_decay})"
+        if self.name == "sgd":
+            nesterov = ", Nesterov" if self.nesterov else ""
+            return f"SGD (momentum {self.momentum}{nesterov}, L2 weight decay {self.weight_decay})"
         return f"Adam (L2 weight decay {self.weight_decay})" if self.weight_decay else "Adam"
 
 
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("noam", "cosine", "constant", "one_cycle")
 # optimiser settings its saved state (moment estimates) depends on: a change is refused on resume
 OPTIM_STATE_KEYS = ("name", "betas")
 # settings applied on resume (the schedule is rebuilt from the current options at every start)
-OPTIM_APPLIED_KEYS = ("lr", "schedule", "warmup", "weight_decay", "eps")
+OPTIM_APPLIED_KEYS = ("lr", "schedule", "warmup", "weight_decay", "eps", "min_lr_ratio", "momentum", "nesterov")
 
 
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
@@ -133,6 +149,14 @@ def run_device(options: TrainerOptions, local_rank: int = 0) -> torch.device:
 
 
 def make_optimizer(model: nn.Module, options: OptimOptions) -> torch.optim.Optimizer:
+    if options.name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=options.lr,
+            momentum=options.momentum,
+            nesterov=options.nesterov,
+            weight_decay=options.weight_decay,
+        )
     return adam(
         model,
         lr=options.lr,
@@ -140,4 +164,16 @@ def make_optimizer(model: nn.Module, options: OptimOptions) -> torch.optim.Optim
         eps=options.eps,
         weight_decay=options.weight_decay,
         decoupled=options.name == "adamw",
+    )
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, options: OptimOptions, *, d_model: int, total: int):
+    """The learning-rate schedule ``optim.schedule`` names, over ``total`` optimiser steps."""
+    return schedule(
+        optimizer,
+        options.schedule,
+        d_model=d_model,
+        warmup=options.warmup,
+        total=total,
+        min_ratio=options.min_lr_ratio,
     )

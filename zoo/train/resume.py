@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +131,27 @@ def config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
     return out
 
 
+def with_new_defaults(saved: dict[str, Any], task: Task) -> dict[str, Any]:
+    """The saved task info with each data option added since it was written set to that option's default,
+    which is what the run used then (e.g. listops ``path``, added with reading the released files)."""
+    if not saved or not isinstance(saved.get("options"), dict):
+        return saved
+    defaults = {
+        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields(task.options)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
+    added = {k: v for k, v in defaults.items() if k not in saved["options"]}
+    return {**saved, "options": {**added, **saved["options"]}}
+
+
 def checked(path: str | Path, *, model: nn.Module, task: Task, world_size: int, optim: OptimOptions) -> dict:
     """The checkpoint at ``path``, refused (:class:`CheckpointError`) unless it continues this run."""
     ckpt = load_checkpoint(path)
     diff = config_diff(ckpt["model_config"], model.config.to_dict())
     if diff:
         raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
-    diff = config_diff(ckpt.get("task", {}), task_info(task))
+    diff = config_diff(with_new_defaults(ckpt.get("task", {}), task), task_info(task))
     if diff:
         raise CheckpointError(
             f"checkpoint {path} was trained on different data (the data position would be "
@@ -198,11 +212,14 @@ def apply_optim_options(optimizer: torch.optim.Optimizer, scheduler: Any, o: Opt
     """``load_state_dict`` brought back the checkpoint's rate, decay and eps: put the current
     options in their place (the schedule is already today's) and say what changed."""
     for group in optimizer.param_groups:
-        group.update(initial_lr=o.lr, weight_decay=o.weight_decay, eps=o.eps)
+        group.update(initial_lr=o.lr, weight_decay=o.weight_decay)
+        group.update({"eps": o.eps} if "eps" in group else {"momentum": o.momentum, "nesterov": o.nesterov})
     scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
     for group, base, rate in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * rate(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    if hasattr(scheduler, "set_momentum"):  # one_cycle: beta1 / momentum follow the step, not the options
+        scheduler.set_momentum()
     for key in OPTIM_APPLIED_KEYS:
         if key in saved and saved[key] != getattr(o, key):
             now = getattr(o, key)

@@ -37,7 +37,7 @@ from zoo.train.checkpointing import CheckpointedRun
 from zoo.train.debug import StepProfiler, anomaly_detection
 from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
-from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, run_device
+from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, run_device
 from zoo.train.precision import autocast
 from zoo.train.resume import open_run
 from zoo.train.rundir import write_text
@@ -46,7 +46,6 @@ from zoo.train.steps import (
     forward_backward,
     initial_state,
     optimizer_step,
-    schedule,
     set_training_progress,
 )
 from zoo.train.stop import ImmediateInterrupt, StopSignals
@@ -119,10 +118,7 @@ class Trainer(CheckpointedRun):
         if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
             self.net = torch.compile(self.net)
         self.optimizer = make_optimizer(self.model, optim)
-        warmup = max(1, optim.warmup) if optim.schedule == "noam" else optim.warmup
-        self.scheduler = schedule(
-            self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup, total=trainer.max_steps
-        )
+        self.scheduler = make_schedule(self.optimizer, optim, d_model=model.config.d_model, total=trainer.max_steps)
         self.step = 0
         self.state: Any = None
         self.best: float | None = None

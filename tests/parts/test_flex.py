@@ -106,3 +106,22 @@ def test_the_block_mask_skips_empty_blocks_and_is_built_once_per_shape(monkeypat
     assert bool(has_key.all())
     flex.block_mask(rule, positions, positions, None, 1, 1, ("test",))
     assert len(built) == 1
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="FlexAttention's backward needs a GPU (torch 2.13 has none on CPU)"
+)
+@pytest.mark.parametrize("name", FLEX)
+def test_flex_gradients_equal_the_native_path_on_cuda(name):
+    """On a GPU: the flex backend's gradients (inputs and every weight) equal the native path's in float32."""
+    options = VARIANTS.get(name, [{}])[0]
+    native, flexed = (m.cuda().train() for m in pair(name, options, True))
+    x = torch.randn(2, 300, D, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    grads = []
+    for attn in (native, flexed):
+        attn.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        attn(xi).out.square().sum().backward()
+        grads.append([xi.grad, *(p.grad for p in attn.parameters())])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)

@@ -103,7 +103,7 @@ class PatternAttention(Attention):
 
     def on_flex(self, device: torch.device) -> bool:
         """Option ``backend``: flex (FlexAttention), native (the blocked path) or auto (flex on CUDA)."""
-        return use_flex(self.options.backend, device, self.registry_name)
+        return use_flex(self.options.backend, device, self.registry_name, self.attn_dropout)
 
     def attend_flex(
         self, q: Tensor, positions: Tensor, k: Tensor, v: Tensor, key_positions: Tensor, valid: Tensor | None
@@ -174,7 +174,8 @@ class PatternAttention(Attention):
             keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
             key_positions = torch.cat([cache.position, positions])
             valid = join_key_padding(cache.valid, cache.length, pad_mask, q.transpose(1, 2))
-            if self.on_flex(q.device):
+            # a cache grows every call, and each new shape compiles FlexAttention again: only when asked by name
+            if self.options.backend == "flex" and self.on_flex(q.device):
                 out = self.attend_flex(q, positions, keys, values, key_positions, valid)
             else:
                 out = self.attend_cached(q, positions, keys, values, key_positions, valid)

@@ -34,10 +34,17 @@ BACKENDS = ("auto", "native", "flex")
 Rule = Callable[[Tensor, Tensor, Tensor], Tensor]  # (head, query position, key position) -> may attend
 
 
+RECOMPILES = 64  # compiled variants of FlexAttention kept per process (one per shape and per mask rule)
+
+
 @functools.cache
 def compiled_flex() -> Callable[..., Tensor]:
     """FlexAttention compiled once per process: its eager form is a slow dense reference (0.29 s against
-    0.005 s compiled for local_1d at 2,048 tokens, 4 heads of 32, measured here on one CPU thread)."""
+    0.005 s compiled for local_1d at 2,048 tokens, 4 heads of 32, measured here on one CPU thread).
+    Every layer's rule and every shape is a variant of the one compiled function; past torch's default
+    limit of 8 it would fall back to the eager reference silently (measured: 3.8 s instead of 0.05 s for a
+    2-layer local_2d model at 4K once a benchmark had compiled 8 others), so the limit is raised here."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILES)
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -46,11 +53,18 @@ def check_backend(backend: str, name: str) -> None:
         raise ValueError(f"{name}: backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
 
 
-def use_flex(backend: str, device: torch.device, name: str) -> bool:
+def use_flex(backend: str, device: torch.device, name: str, dropout: float = 0.0) -> bool:
     """Whether this call runs on FlexAttention: ``flex`` always (refused where it cannot run),
-    ``auto`` on CUDA only (the mechanism's own path elsewhere), ``native`` never."""
-    if backend == "native" or (backend == "auto" and device.type != "cuda"):
+    ``auto`` on CUDA only (the mechanism's own path elsewhere; also for calls over a growing cache, where
+    every decoding step would be a new shape to compile), ``native`` never. ``dropout``: the
+    attention dropout this call would apply (FlexAttention has none: ``auto`` keeps the native path then)."""
+    if backend == "native" or (backend == "auto" and (device.type != "cuda" or dropout > 0)):
         return False
+    if dropout > 0:
+        raise ValueError(
+            f"{name}: backend='flex' has no dropout on the attention weights; set attention_dropout=0 or "
+            "backend=native (auto picks native while dropout is on)"
+        )
     if device.type == "cpu" and torch.is_grad_enabled():
         raise ValueError(
             f"{name}: backend='flex' needs gradients here, and FlexAttention does not support backward on CPU "

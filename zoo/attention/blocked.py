@@ -101,9 +101,15 @@ class PatternAttention(Attention):
         over absolute positions, causal or not. Default: ``allowed`` (the same for every head)."""
         return (lambda h, i, j: self.allowed(i, j)), False
 
+    @property
+    def backend(self) -> str:
+        """Option ``backend``: flex (FlexAttention), native (the blocked path) or auto (flex on CUDA). A
+        pattern whose Options has no such option (longformer: its global rows have their own projections,
+        which no single rule expresses) keeps its own path."""
+        return getattr(self.options, "backend", "native")
+
     def on_flex(self, device: torch.device) -> bool:
-        """Option ``backend``: flex (FlexAttention), native (the blocked path) or auto (flex on CUDA)."""
-        return use_flex(self.options.backend, device, self.registry_name, self.attn_dropout)
+        return use_flex(self.backend, device, self.registry_name, self.attn_dropout)
 
     def attend_flex(
         self, q: Tensor, positions: Tensor, k: Tensor, v: Tensor, key_positions: Tensor, valid: Tensor | None
@@ -175,7 +181,7 @@ class PatternAttention(Attention):
             key_positions = torch.cat([cache.position, positions])
             valid = join_key_padding(cache.valid, cache.length, pad_mask, q.transpose(1, 2))
             # a cache grows every call, and each new shape compiles FlexAttention again: only when asked by name
-            if self.options.backend == "flex" and self.on_flex(q.device):
+            if self.backend == "flex" and self.on_flex(q.device):
                 out = self.attend_flex(q, positions, keys, values, key_positions, valid)
             else:
                 out = self.attend_cached(q, positions, keys, values, key_positions, valid)

@@ -39,13 +39,15 @@ class Case:
     pad: bool = False  # the last 5 tokens of row 1 are padding
     short_halo: bool = False  # local_1d's halo one key short: must NOT match
     fused: bool = True  # the ring's fused CPU kernel (False: plain matmuls)
+    grad: bool = True  # False: evaluation mode, forward only under no_grad (FlexAttention on CPU)
+    dtype: torch.dtype = torch.float64  # FlexAttention on CPU runs float32 only
 
     def build(self) -> torch.nn.Module:
         torch.manual_seed(0)
         model = zoo.create_model(
             self.preset, vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0, **self.overrides
         )
-        return model.double()
+        return model.to(self.dtype)
 
     def data(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         gen = torch.Generator().manual_seed(1)
@@ -132,14 +134,35 @@ MATRIX = [
     ),
 ]
 
+# FlexAttention (main's backend for the patterns) over a split sequence: forward only on CPU, in float32
+FLEX = [
+    Case(
+        "local_1d_flex_forward",
+        "vanilla_lm",
+        {"attention": {**LOCAL, "backend": "flex"}},
+        grad=False,
+        dtype=torch.float32,
+    ),
+    Case(
+        "sparse_fixed_flex_forward",
+        "sparse_transformer",
+        {"attention": {**FIXED, "backend": "flex"}},
+        grad=False,
+        dtype=torch.float32,
+    ),
+]
+
 
 def run_model(case: Case, model, forward) -> tuple[list, Any]:
     """Every segment through ``forward`` with the state carried; gradients accumulate over the segments."""
     state = initial_state(model, B)
     outs = []
+    model.train(case.grad)
     for tokens, targets, pad in case.data():
-        out = forward(tokens, targets, pad, state)
-        total_loss(out).backward()
+        with torch.set_grad_enabled(case.grad):
+            out = forward(tokens, targets, pad, state)
+        if case.grad:
+            total_loss(out).backward()
         state = detach_state(out.state)
         outs.append((out.logits.detach(), float(out.loss.detach())))
     return outs, state
@@ -173,7 +196,7 @@ def _cases_on_ranks(rank: int, world: int, cases: list[Case], context: int) -> l
                 {
                     "logits": [o[0] for o in outs],
                     "loss": [o[1] for o in outs],
-                    "grads": {n: p.grad for n, p in model.named_parameters()} if rank == 0 else None,
+                    "grads": {n: p.grad for n, p in model.named_parameters()} if rank == 0 and case.grad else None,
                     "state": state,
                     "layout": cp.layout_kind,
                 }
@@ -213,8 +236,8 @@ def check_cases(world: int, cases: list[Case], context: int | None = None) -> No
         if case.short_halo:
             assert max(diffs) > 1e-3, f"{case.name}: a halo one key short went unnoticed ({max(diffs)})"
             continue
-        assert max(diffs) < 1e-10, (case.name, world, diffs)
-        for name, p in model.named_parameters():
+        assert max(diffs) < (1e-10 if case.dtype == torch.float64 else 1e-5), (case.name, world, diffs)
+        for name, p in model.named_parameters() if case.grad else ():
             torch.testing.assert_close(group[0]["grads"][name], p.grad, rtol=1e-6, atol=1e-7, msg=f"{case.name} {name}")
         for g in group:  # the state handed on is the whole sequence's, the same on every rank
             assert len(flat_state(g["state"])) == len(flat_state(ref_state)), case.name
@@ -256,6 +279,14 @@ def test_every_mechanism_that_does_not_refuse_a_split_equals_one_process():
 @pytest.mark.parametrize("world", [2, 4])
 def test_split_over_ranks_equals_one_process_for_the_whole_matrix(world):
     check_cases(world, MATRIX)
+
+
+@pytest.mark.slow
+def test_flex_backend_over_a_split_sequence_equals_one_process():
+    """backend=flex: the chunk's queries over [received ; own] keys by absolute position, compiled by
+    FlexAttention. 2 ranks: with 4 forked ranks compiling at once the run did not finish within the
+    harness's 240 s, with the ranks mostly idle (not investigated)."""
+    check_cases(2, FLEX)
 
 
 @pytest.mark.slow

@@ -159,6 +159,7 @@ def tiny(name, **overrides):
         ("al_rfou_lm", {}, "aux_losses"),
         ("vanilla_lm", {"attention_dropout": 0.1}, "ring attention merges blocks of the fused kernel without"),
         ("vanilla_lm", {"attention": {"name": "vanilla", "max_cache": 8}}, "carries a KV cache"),
+        ("vanilla_lm", {"attention": {"name": "vanilla", "backend": "flex"}}, "ring attention runs its own blocks"),
         ("sparse_transformer", {"attention": {"name": "sparse_fixed", "stride": 0}}, "stride=0 picks l"),
         ("vanilla_lm", {"attention": {"name": "synthesizer"}}, "attention 'synthesizer' gives each query a score row"),
         ("vanilla_lm", {"attention": {"name": "sinkhorn"}}, "attention 'sinkhorn' sorts blocks by a learned"),

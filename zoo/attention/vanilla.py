@@ -38,6 +38,7 @@ from zoo.attention.base import (
     guard_empty_rows,
     join_key_padding,
 )
+from zoo.attention.flex import check_backend, flex_attend, use_flex
 from zoo.config import require
 
 
@@ -84,8 +85,10 @@ class VanillaAttention(Attention):
         bias: bool = True  # bias in the q/k/v/output projections
         max_cache: int = 0  # keep at most this many cached tokens (0 = unbounded)
         sinks: int = 0  # of those, the stream's first k stay (attention sinks); needs max_cache > k
+        backend: str = "auto"  # auto (flex on CUDA) | native (fused SDPA) | flex (FlexAttention; CPU: forward only)
 
         def __post_init__(self) -> None:
+            check_backend(self.backend, "backend")
             require(self.max_cache >= 0, f"max_cache must be >= 0 (0 = unbounded), got {self.max_cache}")
             require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
             require(
@@ -133,11 +136,34 @@ class VanillaAttention(Attention):
             k, v, key_pad, new_state = self._self_keys(x, pad_mask, state)
             causal = self.causal
         t, s = q.shape[2], k.shape[2]
-        mask, is_causal = _sdpa_mask(t, s, causal, key_pad, x.device)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
-        )
+        dropout = self.dropout if self.training else 0.0
+        cached = state is not None and s > t  # a growing cache: a new shape (a new compilation) every call
+        if (self.options.backend == "flex" or not cached) and use_flex(
+            self.options.backend, x.device, "vanilla", dropout
+        ):
+            out = self.attend_flex(q, k, v, key_pad, causal)
+        else:
+            mask, is_causal = _sdpa_mask(t, s, causal, key_pad, x.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout)
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
+
+    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool) -> Tensor:
+        """The same attention through FlexAttention: keys numbered 0 ... s - 1 in cache order, the t
+        queries the last t of them (a cache's keys all precede them, sinks included), so causality is j <= i."""
+        t, s = q.shape[2], k.shape[2]
+        keys = torch.arange(s, device=q.device)
+        rule = (lambda h, i, j: j <= i) if causal else (lambda h, i, j: j >= 0)
+        return flex_attend(
+            q,
+            k,
+            v,
+            rule,
+            query_positions=keys[s - t :],
+            key_positions=keys,
+            valid=key_pad,
+            heads_differ=False,
+            cache_key=("vanilla", causal),
+        )
 
     # -- context parallelism (zoo/parallel): ring attention over the split sequence --------------------
     def context_refusal(self) -> str | None:
@@ -152,6 +178,11 @@ class VanillaAttention(Attention):
             return (
                 f"attention 'vanilla' with max_cache={self.options.max_cache} carries a KV cache from segment to "
                 "segment, which is not continued over a split sequence; set max_cache=0"
+            )
+        if self.options.backend == "flex":
+            return (
+                "attention 'vanilla' has backend=flex: ring attention runs its own blocks (the fused CPU kernel, "
+                "plain matmuls elsewhere), not FlexAttention; set backend=auto or native"
             )
         return None
 

@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=5, help="--paired / --generate: recorded rounds")
     parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="--paired: time one forward in eval mode under no_grad (evaluation's cost; FlexAttention's only path on "
+        "a CPU) instead of a training step",
+    )
+    parser.add_argument(
         "--flops",
         action="store_true",
         help="--paired: the share of the matmul FLOP bound each step reaches, where the count is "
@@ -210,7 +216,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"--baseline {baseline}"
             )
         round_rows, summary = run_paired(
-            variants, lengths, baseline, rounds=args.rounds, layers=layers[0], flops=args.flops, **sizes
+            variants,
+            lengths,
+            baseline,
+            rounds=args.rounds,
+            layers=layers[0],
+            flops=args.flops,
+            forward_only=args.forward_only,
+            **sizes,
         )
         meta.update(title=args.title, layers=layers[0], load=load_average())
         paths = write_paired(round_rows, summary, Path(args.out), meta)

@@ -166,9 +166,10 @@ class Chunk:
         receives = tuple((self.peers[r], 1) for r in range(self.rank))
         gathered = gather_earlier(Route(self.group, sends, receives, dim), rows)
         own = gathered.narrow(dim, self.rank, 1).squeeze(dim)
-        # the own row joins the result times 0 (exact), so its node runs backward on every rank, also on the
-        # first: the later ranks' gradients of what it sent come back there
-        return gathered.narrow(dim, 0, self.rank).sum(dim) + 0 * own
+        # the own row joins the result as zeros (masked, so exact whatever it holds): its node then runs
+        # backward on every rank, also on the first, where the later ranks' gradients of what it sent arrive
+        nothing = own.masked_fill(own.new_ones((), dtype=torch.bool), 0.0)
+        return gathered.narrow(dim, 0, self.rank).sum(dim) + nothing
 
     def tail(self, x: Tensor, keep: int, *, dim: int = 1) -> Tensor:
         """The last ``keep`` positions of the whole sequence of ``x`` (this rank's rows along ``dim``),

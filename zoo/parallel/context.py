@@ -16,7 +16,10 @@ the same rows of data (a data-parallel replica) and each holds one chunk of ever
 - :meth:`ContextParallel.sync_gradients` sums the gradients over the context ranks and averages them
   over the data replicas (one all-reduce over the world, in place of DDP's);
 - a state (XL memory, the adaptive-span cache) goes in and comes out as the whole sequence's, the same
-  on every rank, so checkpoints and evaluation carry it as one process would.
+  on every rank, so checkpoints and evaluation carry it as one process would;
+- random draws are the same on every rank of a group (one seed, the same calls): draws made per sequence
+  (random position offsets) agree as they must, and a dropout mask repeats at the same offset of every
+  chunk, which one process would not do (the equality tests run without dropout).
 
 Refused up front, with the part's reason (``context_refusal``): heads other than the LM, Al-Rfou
 et al.'s auxiliary losses (their extra targets lie in the next chunk), a stack that does not say it runs

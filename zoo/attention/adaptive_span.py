@@ -45,6 +45,11 @@ same band as q . k and added with log m, so it costs what q . k costs. Without i
 signal is used; on a copy from 200 characters back that made ours miss what the authors' code
 learns in a few hundred steps (results/adaptive_span_range).
 
+Positions inside attention (``zoo/position``): without ``relative_keys`` the layer takes rope (q and k
+rotated at their absolute positions; the span cache knows where the stream stands) and a pair bias
+(ALiBi, T5: b_h(x) for the distances x = 1 ... reach of the band, added with log m). With
+``relative_keys`` it refuses them: the score already has a learned term per distance.
+
 Deviations: (1) the relative key table is per layer, the authors' is shared across layers. (2) The
 span is parameterised as in the authors' code, z = S z' with z' in [0, 1] (clamped after each
 optimiser step), so Adam moves it at a useful rate; the paper writes the penalty on z.
@@ -91,10 +96,12 @@ MODES = ("learned", "dynamic", "fixed")
 
 @dataclass
 class SpanCache:
-    """Inputs of the last ``cache_size`` tokens of this layer. x: [b, m, d]; pad_mask: [b, m] or None."""
+    """Inputs of the last ``cache_size`` tokens of this layer. x: [b, m, d]; pad_mask: [b, m] or None;
+    ``next``: the absolute position of the next token (the cached inputs sit just before it)."""
 
     x: Tensor | None = None
     pad_mask: Tensor | None = None
+    next: int = 0
 
     @property
     def length(self) -> int:
@@ -142,6 +149,7 @@ def blocked_span_attention(
     block_size: int = 0,
     dropout: float = 0.0,
     key_position: Tensor | None = None,
+    distance_bias: Tensor | None = None,
 ) -> Tensor:
     """Causal soft-masked attention of t queries over the keys 1 ... ``reach`` positions before each.
 
@@ -151,7 +159,8 @@ def blocked_span_attention(
     span_reach guarantees); key_valid: bool [b, s] (True = real key) or None. A query with no key
     to see gets the zero vector (the empty sum of eq. (4)). key_position: [k, >= reach] or None, the
     paper's learned relative key embeddings (column x - 1 for distance x): q . p_x / sqrt(k) is added
-    to the score s_tr, as q . k is. Returns [b, h, t, k]."""
+    to the score s_tr, as q . k is. distance_bias: [h, >= reach] or None, a position part's pair bias
+    b_h(x) (column x - 1), added likewise. Returns [b, h, t, k]."""
     b, h, t, _ = q.shape
     s = k.shape[2]
     m = s - t
@@ -187,6 +196,9 @@ def blocked_span_attention(
     if key_position is not None:  # q . p_x over the band: [b, h, n, a, w], as large as the band's scores
         index = distance.long().clamp(1, max(reach, 1)) - 1  # outside the window: masked below anyway
         relative = torch.einsum("bhnak,kaw->bhnaw", qb, key_position[:, index]) * q.shape[-1] ** -0.5
+    if distance_bias is not None:  # one [1, h, 1, a, w] template, the band's distances being the same per block
+        index = distance.long().clamp(1, max(reach, 1)) - 1
+        mask_bias = distance_bias[:, index][None, :, None]
     neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
     tiny = torch.finfo(q.dtype).tiny  # log(m) with -inf where m = 0; the clamp keeps log's gradient finite there
 
@@ -198,6 +210,8 @@ def blocked_span_attention(
         score = mask.clamp_min(tiny).log()  # log m(0) = 0 on the stand-in key
         if key_position is not None:
             score = score + relative[:, :, part]
+        if distance_bias is not None:
+            score = score + mask_bias
         bias = torch.where(allowed, score, neg_inf)
         out = F.scaled_dot_product_attention(
             qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout
@@ -234,6 +248,7 @@ class AdaptiveSpanAttention(Attention):
     supports_cross = False
     causal_only = True
     remembers_inputs = True  # the cache holds past layer inputs, normalised by the block on every call
+    position_kinds = ("rotary", "pair_bias")  # refused with relative_keys (position_refusal)
     memory_option = "cache_size"
 
     @dataclass
@@ -320,6 +335,15 @@ class AdaptiveSpanAttention(Attention):
     def init_state(self, batch_size: int) -> SpanCache:
         return SpanCache()
 
+    def position_refusal(self, position) -> str | None:
+        if self.options.relative_keys:
+            return (
+                "relative_keys=True already scores each distance with learned relative key embeddings (q . p_x); a "
+                "second relative scheme would add another term per distance. Set attention.relative_keys=false to use "
+                "the position part instead"
+            )
+        return super().position_refusal(position)
+
     # -- what it sees and costs ----------------------------------------------------------------------
     def keys_per_query(self, t: int) -> KeysPerQuery:
         """At most the S keys before the query (the window; learned spans start at 0 and stay shorter)."""
@@ -382,10 +406,20 @@ class AdaptiveSpanAttention(Attention):
         key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
+        start = state.next if state is not None else 0  # absolute position of x[:, 0]
+        q = self.rotate(q, torch.arange(start, start + t, device=x.device))
+        k = self.rotate(k, torch.arange(start - kept, start + t, device=x.device))
+        position_bias = self.pair_bias(torch.arange(1, max(reach, 1) + 1, device=x.device), q.dtype)  # [h, reach]
         dropout = self.dropout if self.training else 0.0
 
         def attend(
-            q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None, table: Tensor | None
+            q: Tensor,
+            k: Tensor,
+            v: Tensor,
+            fractions: Tensor,
+            key_valid: Tensor | None,
+            table: Tensor | None,
+            position_bias: Tensor | None,
         ) -> Tensor:
             spans = fractions * o.max_span
             return blocked_span_attention(
@@ -399,11 +433,12 @@ class AdaptiveSpanAttention(Attention):
                 block_size=o.block_size,
                 dropout=dropout,
                 key_position=table,
+                distance_bias=position_bias,
             )
 
         # the band's weights (and its blocked key copies) are recomputed in backward, not kept
         table = self.key_position if o.relative_keys else None
-        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, table, stochastic=dropout > 0)
+        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, table, position_bias, stochastic=dropout > 0)
         out = self.to_out(self.merge_heads(out))
 
         aux, stats = {}, {}
@@ -429,14 +464,16 @@ class AdaptiveSpanAttention(Attention):
                 "span_max": spans_real.max().detach(),
                 "span_reach": torch.tensor(float(reach)),
             }
-        cache = None if state is None else self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask)
+        cache = None
+        if state is not None:
+            cache = self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask, start + t)
         return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
     def _next_cache(
-        self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None
+        self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None, next_position: int
     ) -> SpanCache:
         """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""
         keep = self.options.cache_size
         xs = x.detach() if past is None else torch.cat([past, x.detach()], dim=1)
         pad = join_key_padding(past_pad, 0 if past is None else past.shape[1], pad_mask, x)
-        return SpanCache(xs[:, -keep:], None if pad is None else pad[:, -keep:])
+        return SpanCache(xs[:, -keep:], None if pad is None else pad[:, -keep:], next=next_position)

@@ -25,6 +25,7 @@ Shapes: b batch, h heads, R rounds, N = n_buckets x c cached slots, L = N + t it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -70,10 +71,13 @@ def stream_lsh(
     chunk: int,
     n_buckets: int,
     dropout: float = 0.0,
+    bias_of: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, LSHCache]:
     """Continue LSH attention over new tokens: qk, v [b, h, t, k] (shared query-key projections and
-    values), buckets [b, h, R, t] (padding in bucket n_buckets). Returns the outputs [b, h, t, k]
-    before the output projection, and the cache to carry on (detached)."""
+    values, already rotated when the layer uses rope), buckets [b, h, R, t] (padding in bucket
+    n_buckets). ``bias_of(distance, head)`` -> the pair bias of each entry (the layer's ``pair_bias``),
+    or None. Returns the outputs [b, h, t, k] before the output projection, and the cache to carry
+    on (detached)."""
     b, h, t, k = qk.shape
     rounds = buckets.shape[2]
     if cache.keys is None:
@@ -84,13 +88,22 @@ def stream_lsh(
     outs = []
     for start in range(0, t, PIECE):
         piece = slice(start, start + PIECE)
-        out, cache = _piece(qk[:, :, piece], v[:, :, piece], buckets[..., piece], cache, chunk, n_buckets, dropout)
+        out, cache = _piece(
+            qk[:, :, piece], v[:, :, piece], buckets[..., piece], cache, chunk, n_buckets, dropout, bias_of
+        )
         outs.append(out)
     return torch.cat(outs, dim=2), cache
 
 
 def _piece(
-    qk: Tensor, v: Tensor, buckets: Tensor, cache: LSHCache, c: int, n_buckets: int, dropout: float
+    qk: Tensor,
+    v: Tensor,
+    buckets: Tensor,
+    cache: LSHCache,
+    c: int,
+    n_buckets: int,
+    dropout: float,
+    bias_of: Callable[[Tensor, Tensor], Tensor] | None,
 ) -> tuple[Tensor, LSHCache]:
     b, h, t, k = qk.shape
     rounds, slots = buckets.shape[2], cache.keys.shape[3]
@@ -118,6 +131,10 @@ def _piece(
     window_keys = keys.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
     window_values = values.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
     scores = torch.einsum("bhtk,bhrtwk->bhrtw", qk * k**-0.5, window_keys)
+    if bias_of is not None:  # the positions travel with the cached items
+        key_position = sorted_position.gather(-1, window.flatten(-2)).view_as(window)
+        head = torch.arange(h, device=qk.device).view(1, h, 1, 1, 1)
+        scores = scores + bias_of(positions.view(1, 1, 1, t, 1) - key_position, head)
     scores = scores.masked_fill(~visible, MASKED_SCORE)
     scores[..., -1] = SELF_SCORE  # oneself: only when nothing else is visible (the paper's rule)
     lse = torch.logsumexp(scores, dim=-1)  # [b, h, R, t]

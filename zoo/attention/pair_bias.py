@@ -1,0 +1,191 @@
+"""Attention under a pair bias b_h(i - j) (ALiBi, T5 buckets) without a [t, s] bias tensor.
+
+Not a mechanism (nothing registers here). :func:`attend_groups_biased` and :func:`banded_biased` are
+the blocked patterns' kernels (``blocked.py``) with a bias; :func:`biased_sdpa` is dense attention's.
+
+Dense: ``vanilla`` calls :func:`biased_sdpa` when its position part adds a bias. The fused SDPA
+kernel takes an additive float mask; the whole [h, t, s] mask would be a t x t tensor that dense
+attention never builds otherwise (its causal kernel needs no mask at all). So the queries go in
+blocks of ``QUERY_BLOCK``; a causal block reads only the keys up to its last query; and when the
+queries and keys sit at consecutive positions (no eviction) every block's bias is a view of one
+strip [h, c, s + P] (P = the last block's first query) holding b_h(d) for the distances the blocks
+meet, with -inf where a key lies in the query's future: a distance-only bias is the same along
+each diagonal, so block p reads the strip from column P - p on. The strip is computed once per
+call, at the cost of its distinct distances (``Position.distance_bias``).
+
+A bias with a gradient (T5's table) cannot go through the fused kernel's backward: each block is
+then recomputed in backward (``recompute.py``), so no block's weights are kept.
+
+Shapes: q [b, h, t, k] at absolute positions q_pos long [t]; k, v [b, h, s, k] at k_pos long [s]
+(ascending); key_pad [b, s] bool (True = real) or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from zoo.attention.recompute import recompute_in_backward
+
+QUERY_BLOCK = 256  # queries per block: measured faster than 512 or 1,024 at 4K on this CPU (DESIGN notes)
+
+
+def consecutive(positions: Tensor) -> bool:
+    """True when ascending positions [n] are n consecutive integers."""
+    return positions.numel() <= 1 or int(positions[-1] - positions[0]) == positions.numel() - 1
+
+
+def biased_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias_of: Callable[[Tensor], Tensor],
+    *,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    causal: bool,
+    key_pad: Tensor | None = None,
+    dropout: float = 0.0,
+    block: int = QUERY_BLOCK,
+) -> Tensor:
+    """softmax(q k^T / sqrt(k) + b(q_pos - k_pos) [+ -inf for future or padded keys]) v -> [b, h, t, k].
+
+    ``bias_of(distance long [...]) -> [h, ...]`` in q's dtype (the layer's ``pair_bias``). A query with no
+    key to see (every key padded) returns 0."""
+    t, s = q.shape[2], k.shape[2]
+    strip = None
+    last = (t - 1) // block * block  # P: the first query of the last block
+    if t > 1 and consecutive(q_pos) and consecutive(k_pos):
+        # distance of row i of block p to key j: (q0 - k0) + p + i - j = delta + P + i - u, u = j + P - p
+        delta = int(q_pos[0] - k_pos[0])
+        rows = torch.arange(min(block, t), device=q.device)[:, None]
+        distance = delta + last + rows - torch.arange(s + last, device=q.device)[None, :]  # [c, s + P]
+        strip = bias_of(distance)
+        if causal:
+            strip = strip.masked_fill(distance < 0, float("-inf"))
+    outs = []
+    for p in range(0, t, block):
+        rows = min(block, t - p)
+        # a causal block sees no key after its last query: keys are ascending, so a prefix of them
+        end = int(torch.searchsorted(k_pos, q_pos[p + rows - 1], right=True)) if causal else s
+        end = max(end, 1)
+        if strip is not None:
+            mask = strip[None, :, :rows, last - p : last - p + end]  # [1, h, c, e], a view
+        else:
+            distance = q_pos[p : p + rows, None] - k_pos[None, :end]
+            mask = bias_of(distance)[None]
+            if causal:
+                mask = mask.masked_fill(distance < 0, float("-inf"))
+        if key_pad is not None:
+            mask = mask.masked_fill(~key_pad[:, None, None, :end], float("-inf"))  # [b, h, c, e]
+        outs.append(_attend(q[:, :, p : p + rows], k[:, :, :end], v[:, :, :end], mask, dropout))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float) -> Tensor:
+    """One block through SDPA under an additive float mask; a row with no finite entry attends to
+    every key instead (no NaN) and returns 0."""
+    has_key = torch.isfinite(mask).any(-1, keepdim=True)
+    empty = not bool(has_key.all())
+    if empty:
+        mask = mask.masked_fill(~has_key, 0.0)
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+    # a mask with a gradient (T5's table) keeps SDPA off its fused backward: recompute the block there
+    out = (
+        recompute_in_backward(attend, q, k, v, mask, stochastic=dropout > 0)
+        if mask.requires_grad
+        else attend(q, k, v, mask)
+    )
+    return out * has_key.to(out.dtype) if empty else out
+
+
+def attend_groups_biased(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor | None = None, *, dropout: float = 0.0
+) -> Tensor:
+    """``blocked.attend_groups`` under an additive bias: every query group attends to its own key set.
+
+    q [b, h, g, l, k]; k, v [b, h, g, w, k], or [b, h, 1, w, k] for one key set shared by all groups
+    (``enable_gqa``); bias float broadcastable to [b, h, g, l, w] (-inf = may not attend); mask bool
+    broadcastable to [b, g, l, w] (True = may attend) or None. Only the shape the bias and mask need is
+    built: a bias shared by the groups ([h, 1, l, w], one block's worth per head) stays that size when
+    every key is valid. A row with no allowed key returns 0. Returns [b, h, g, l, k]."""
+    b, h, g, rows, _ = q.shape
+    bias = bias.reshape((1,) * (5 - bias.dim()) + tuple(bias.shape))  # [b|1, h|1, g|1, l, w]
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))[:, None]  # [b|1, 1, g|1, l, w]
+        if not bool(mask.all()):
+            bias = bias.masked_fill(~mask, float("-inf"))
+    has_key = torch.isfinite(bias).any(-1, keepdim=True)
+    empty = not bool(has_key.all())
+    if empty:
+        bias = bias.masked_fill(~has_key, 0.0)
+    groups = bias.shape[2]
+    bias = rearrange(bias.expand(b, h, groups, rows, bias.shape[-1]), "b h g l w -> (b h) g l w")
+    shared = k.shape[2] == 1 and g > 1
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+        flat = [rearrange(x, "b h g l k -> (b h) g l k") for x in (q, k, v)]
+        out = F.scaled_dot_product_attention(*flat, attn_mask=bias, dropout_p=dropout, enable_gqa=shared)
+        return rearrange(out, "(b h) g l k -> b h g l k", b=b)
+
+    # a bias with a gradient (T5's table) keeps SDPA off its fused backward: recompute in backward
+    out = (
+        recompute_in_backward(attend, q, k, v, bias, stochastic=dropout > 0)
+        if bias.requires_grad
+        else attend(q, k, v, bias)
+    )
+    return out * has_key.to(out.dtype) if empty else out
+
+
+def banded_biased(
+    qb: Tensor,
+    kw: Tensor,
+    vw: Tensor,
+    valid_w: Tensor,
+    static: Tensor,
+    template: Tensor,
+    *,
+    shared: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+    dropout: float = 0.0,
+) -> Tensor:
+    """The blocked band of ``blocked.banded_attention`` under a distance bias. Every block sees its
+    keys at the same distances, so the bias is one template [h, s, w] (-inf outside the static pattern
+    ``static`` [s, w]); only the blocks whose window holds a missing key (before the sequence, past its
+    end, padding) need a mask of their own: the leading and trailing ones get it, the blocks between
+    share the template. qb [b, h, n, s, k]; kw, vw [b, h, n, w, k]; valid_w [b|1, n, w]. ``shared`` =
+    (k_s, v_s [b, h, e, k], allowed_s [b|1, n, e], bias_s [h, n, s, e]): extra keys behind every
+    window (attention sinks) with their own bias; then every block's mask is built. -> [b, h, n, s, k]."""
+    template = template.masked_fill(~static, float("-inf"))[:, None]  # [h, 1, s, w]
+    n = qb.shape[2]
+    if shared is not None:
+        k_s, v_s, allowed_s, bias_s = shared
+        kw, vw = (torch.cat([w, x[:, :, None].expand(-1, -1, n, -1, -1)], dim=3) for w, x in ((kw, k_s), (vw, v_s)))
+        bias = torch.cat([template.expand(-1, n, -1, -1), bias_s], dim=-1)  # [h, n, s, w + e]
+        mask = torch.cat(
+            [
+                valid_w[:, :, None, :].expand(-1, -1, bias.shape[2], -1),
+                allowed_s[:, :, None, :].expand(-1, -1, bias.shape[2], -1),
+            ],
+            dim=-1,
+        )
+        return attend_groups_biased(qb, kw, vw, bias, mask, dropout=dropout)
+    clean = valid_w.all(-1).all(0)  # [n]: every key of the block's window is real, in every row
+    inside = clean.nonzero().squeeze(1)
+    if inside.numel() == 0 or not bool(clean[int(inside[0]) : int(inside[-1]) + 1].all()):
+        return attend_groups_biased(qb, kw, vw, template, valid_w[:, :, None, :], dropout=dropout)
+    first, last = int(inside[0]), int(inside[-1]) + 1
+    parts = []
+    for part in (slice(0, first), slice(first, last), slice(last, n)):
+        if part.stop > part.start:
+            mask = None if part.start == first else valid_w[:, part, None, :]
+            parts.append(
+                attend_groups_biased(qb[:, :, part], kw[:, :, part], vw[:, :, part], template, mask, dropout=dropout)
+            )
+    return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]

@@ -1,0 +1,90 @@
+"""The schemes acting inside attention, part by part: their papers' numbers, their options, and
+StreamingLLM's numbering inside a cache (``cache_positions``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from zoo.position.alibi import slopes
+from zoo.position.base import POSITION
+from zoo.position.t5_bias import relative_bucket
+
+D, H = 32, 4
+
+
+def test_alibi_slopes_follow_the_paper():
+    """8 heads: 1/2 ... 1/256 (Section 3); 16: the geometric means in between; a head count that is not a
+    power of two: the lower power's slopes, then every other slope of the next power (the paper's code)."""
+    assert slopes(8) == pytest.approx([2.0**-i for i in range(1, 9)])
+    assert slopes(16) == pytest.approx([2.0 ** (-i / 2) for i in range(1, 17)])
+    assert slopes(6) == pytest.approx([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
+    alibi = POSITION.get("alibi")(D, 64, n_heads=H)
+    bias = alibi.bias(torch.tensor([[0, 3], [-3, 7]]), causal=False)
+    torch.testing.assert_close(bias[1], -torch.tensor([[0.0, 3.0], [3.0, 7.0]]) / 16)  # symmetric, slope 1/16
+
+
+def test_t5_buckets_are_exact_near_then_logarithmic_then_capped():
+    distance = torch.arange(0, 300)
+    causal = relative_bucket(distance, causal=True, buckets=32, max_distance=128)
+    assert torch.equal(causal[:16], torch.arange(16))  # B/2 exact buckets
+    assert bool((causal.diff() >= 0).all()) and int(causal[128:].min()) == 31 == int(causal.max())
+    both = relative_bucket(torch.cat([-distance, distance]), causal=False, buckets=32, max_distance=128)
+    later, earlier = both[1:300], both[300:]  # keys after the query take the upper half, earlier ones the lower
+    assert int(later.min()) == 17 and int(later.max()) == 31 and int(earlier.max()) == 15
+    assert torch.equal(relative_bucket(-distance, causal=True, buckets=32, max_distance=128), torch.zeros(300).long())
+
+
+def test_rope_options_are_checked_and_the_layouts_are_one_rotation_on_permuted_dimensions():
+    with pytest.raises(ValueError, match="rotates no pair"):
+        POSITION.get("rope")(D, 64, n_heads=H, fraction=0.1)
+    with pytest.raises(ValueError, match="layout"):
+        POSITION.get("rope")(D, 64, n_heads=H, layout="interleaved")
+    pairs, halves = (POSITION.get("rope")(D, 64, n_heads=H, layout=layout) for layout in ("pairs", "halves"))
+    x, positions = torch.randn(2, H, 5, D // H), torch.arange(3, 8)
+    order = torch.arange(D // H).view(2, -1).t().flatten()  # pair index -> halves index
+    torch.testing.assert_close(pairs.rotate(x[..., order], positions), halves.rotate(x, positions)[..., order])
+
+
+def test_the_universal_stack_refuses_a_second_owner_of_positions():
+    with pytest.raises(ValueError, match="positions would be added twice"):
+        zoo.create_model("universal_transformer", vocab_size=16, d_model=D, n_heads=H, position={"name": "rope"})
+
+
+def attention(scheme: str, cache_positions: bool):
+    part = POSITION.get(scheme)(D, 64, n_heads=H, cache_positions=cache_positions)
+    return zoo.create_attention("vanilla", d_model=D, n_heads=H, causal=True, max_cache=8, sinks=2, position=part)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5_bias"])
+def test_cache_positions_number_the_keys_by_their_place_in_the_cache(scheme):
+    """StreamingLLM (Xiao et al. 2023, Section 3.2): after eviction the next token is scored as if the cache
+    (2 sinks + the 6 most recent keys) and itself were a fresh sequence at positions 0 ... 8 (one layer:
+    the keys are the layer's own projections, so recomputing the kept tokens gives the same keys). Before
+    eviction it equals one call; without the option the stream's own positions are kept instead."""
+    torch.manual_seed(0)
+    attn = attention(scheme, True).eval()
+    plain = attention(scheme, False).eval()
+    plain.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 30, D)
+    with torch.no_grad():
+        state, outs = attn.init_state(2), []
+        for i in range(30):
+            result = attn(x[:, i : i + 1], state=state)
+            state = result.state
+            outs.append(result.out)
+        torch.testing.assert_close(torch.cat(outs[:8], 1), attn(x[:, :8]).out, atol=1e-5, rtol=1e-4)
+        kept = [0, 1, *range(23, 29), 29]  # what the cache held when token 29 came, and token 29
+        torch.testing.assert_close(outs[-1][:, 0], attn(x[:, kept]).out[:, -1], atol=1e-5, rtol=1e-4)
+        state, last = plain.init_state(2), None
+        for i in range(30):
+            result = plain(x[:, i : i + 1], state=state)
+            state, last = result.state, result.out
+        assert not torch.allclose(last[:, 0], outs[-1][:, 0], atol=1e-4), "the stream's positions differ here"
+
+
+def test_cache_positions_is_refused_where_a_state_does_not_number_its_keys():
+    part = POSITION.get("rope")(D, 64, n_heads=H, cache_positions=True)
+    with pytest.raises(ValueError, match="cache_positions"):
+        zoo.create_attention("local_1d", d_model=D, n_heads=H, causal=True, position=part)

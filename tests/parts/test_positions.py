@@ -88,3 +88,39 @@ def test_cache_positions_is_refused_where_a_state_does_not_number_its_keys():
     part = POSITION.get("rope")(D, 64, n_heads=H, cache_positions=True)
     with pytest.raises(ValueError, match="cache_positions"):
         zoo.create_attention("local_1d", d_model=D, n_heads=H, causal=True, position=part)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5_bias"])
+def test_adaptive_span_with_the_scheme_and_a_cache_equals_the_dense_reference(scheme):
+    """Eq. (4) of Sukhbaatar et al. over every pair, with the scheme: keys at distances 1 ... S weighted
+    m_z(x) exp(s), s = q . k / sqrt(k) + b(x) (or rotated q, k at their positions in the stream); across a
+    cache of 15 inputs, blocks not dividing t; forward and the T5 table's gradient."""
+    from zoo.attention.adaptive_span import SpanCache, soft_mask
+
+    part = POSITION.get(scheme)(D, 64, n_heads=H).double()
+    attn = zoo.create_attention(
+        "adaptive_span", d_model=D, n_heads=H, causal=True, max_span=12, ramp=4, block_size=5, position=part
+    ).double()
+    with torch.no_grad():
+        attn.span_param.copy_(torch.tensor([0.0, 2.5, 7.0, 12.0]) / 12)
+    g = torch.Generator().manual_seed(1)
+    past, x = (torch.randn(2, n, D, generator=g, dtype=torch.float64) for n in (15, 20))
+    out = attn(x, state=SpanCache(past, next=15)).out
+
+    inputs = torch.cat([past, x], 1)
+    q, k, v = attn.split_heads(attn.to_q(x)), attn.split_heads(attn.to_k(inputs)), attn.split_heads(attn.to_v(inputs))
+    distance = torch.arange(20)[:, None] + 15 - torch.arange(35)[None, :]  # [t, s]
+    scores = torch.einsum("bhtk,bhsk->bhts", attn.rotate(q, torch.arange(15, 35)), attn.rotate(k, torch.arange(35)))
+    scores = scores * (D // H) ** -0.5
+    if part.pair_bias:
+        scores = scores + part.bias(distance, causal=True).double()
+    mask = soft_mask(distance.double(), attn.spans(x)[:, None, None], 4) * (distance >= 1) * (distance <= 12)
+    weights = mask * torch.exp(scores - scores.amax(-1, keepdim=True))
+    weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-300)
+    reference = attn.to_out(attn.merge_heads(torch.einsum("bhts,bhsk->bhtk", weights, v)))
+    torch.testing.assert_close(out, reference, atol=1e-10, rtol=1e-8)
+    if scheme == "t5_bias":
+        (ours,) = torch.autograd.grad(out.square().sum(), part.table, retain_graph=True)
+        (theirs,) = torch.autograd.grad(reference.square().sum(), part.table)
+        assert ours.abs().sum() > 0
+        torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=1e-8)

@@ -62,6 +62,6 @@ class ALiBiPosition(Position):
         self.register_buffer("slopes", torch.tensor(slopes(self.n_heads), dtype=torch.float32), persistent=False)
 
     def bias(self, distance: Tensor, *, causal: bool) -> Tensor:
-        """-m_h |i - j|: distance long [...] -> float32 [h, ...] (the same rule causal or not)."""
-        magnitude = distance.abs().to(device=self.slopes.device, dtype=torch.float32)
+        """-m_h |i - j|: distance long [...] -> [h, ...] in the slopes' dtype (the same rule causal or not)."""
+        magnitude = distance.abs().to(self.slopes)
         return -self.slopes.view(-1, *([1] * distance.dim())) * magnitude

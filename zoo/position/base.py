@@ -98,9 +98,9 @@ class Position(nn.Module):
         raise NotImplementedError(f"position {self.registry_name!r} does not rotate queries and keys")
 
     def bias(self, distance: Tensor, *, causal: bool) -> Tensor:
-        """b_h(i - j) for distances i - j (query position minus key position, long [...]) -> float32
-        [h, ...]. ``causal``: the layer sees no later key (T5's causal bucket rule). Only for a part
-        with ``pair_bias``."""
+        """b_h(i - j) for distances i - j (query position minus key position, long [...]) -> float
+        [h, ...] (in the part's dtype). ``causal``: the layer sees no later key (T5's causal bucket
+        rule). Only for a part with ``pair_bias``."""
         raise NotImplementedError(f"position {self.registry_name!r} adds no pair bias")
 
     def distance_bias(

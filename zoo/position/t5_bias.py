@@ -86,8 +86,8 @@ class T5RelativeBias(Position):
         return {"buckets": 8, "max_distance": 20}  # log-spaced buckets within the contract lengths
 
     def bias(self, distance: Tensor, *, causal: bool) -> Tensor:
-        """table[bucket(i - j)]: distance long [...] -> float32 [h, ...] (differentiable in the table)."""
+        """table[bucket(i - j)]: distance long [...] -> [h, ...] in the table's dtype (differentiable in it)."""
         o = self.options
         bucket = relative_bucket(distance, causal=causal, buckets=o.buckets, max_distance=o.max_distance)
-        values = self.table.float()[bucket.to(self.table.device)]  # [..., h]
+        values = self.table[bucket.to(self.table.device)]  # [..., h]
         return values.movedim(-1, 0)

@@ -124,3 +124,29 @@ def test_adaptive_span_with_the_scheme_and_a_cache_equals_the_dense_reference(sc
         (theirs,) = torch.autograd.grad(reference.square().sum(), part.table)
         assert ours.abs().sum() > 0
         torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_dense_attention_with_t5_in_query_blocks_gives_the_dense_gradients(causal):
+    """vanilla's blocked pair bias (each block's mask a view of one distance vector, recomputed in backward)
+    against softmax(q k^T / sqrt(k) + table[bucket(i - j)]) v over the whole [t, t], float64, with padding:
+    the output, and the gradients of the table and of the projections."""
+    part = POSITION.get("t5_bias")(D, 512, n_heads=H).double()
+    attn = zoo.create_attention("vanilla", d_model=D, n_heads=H, causal=causal, position=part).double()
+    x = torch.randn(2, 300, D, dtype=torch.float64)  # two query blocks of 256
+    pad = torch.ones(2, 300, dtype=torch.bool)
+    pad[1, :40] = False
+    q, k, v = (attn.split_heads(proj(x)) for proj in (attn.to_q, attn.to_k, attn.to_v))
+    i = torch.arange(300)
+    scores = torch.einsum("bhtk,bhsk->bhts", q, k) * (D // H) ** -0.5 + part.bias(i[:, None] - i[None, :], causal=causal)
+    allowed = pad[:, None, None, :] & ((i[:, None] >= i[None, :]) if causal else True)
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+    reference = attn.to_out(attn.merge_heads(torch.einsum("bhts,bhsk->bhtk", weights, v)))
+    out = attn(x, pad_mask=pad).out
+    real = pad if causal else torch.ones_like(pad)  # a causal padded query sees nothing: both give bias-only rows
+    torch.testing.assert_close(out[real], reference[real], atol=1e-10, rtol=1e-8)
+    weight = torch.randn_like(out) * real[..., None]
+    ours = torch.autograd.grad((out * weight).sum(), (part.table, attn.to_q.weight), retain_graph=True)
+    theirs = torch.autograd.grad((reference * weight).sum(), (part.table, attn.to_q.weight))
+    for got, want in zip(ours, theirs):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)

@@ -21,9 +21,10 @@ The stream is cut into chunks; each chunk is run by every mode, in an order rota
 their tokens/s are compared under the same load. Positions: the model must use ``position=none``
 (no absolute signal: a stream of 20K tokens runs past any trained table), the setting of the
 command below. Deviation from the paper: a small character-level model (d 128, 4 layers, trained at
-256 tokens on Tiny Shakespeare) in place of Llama-2 on PG19; no RoPE (the zoo's relative positions
-inside attention are issue 23); the paper re-numbers positions inside the cache, which a model
-without positions does not need.
+256 tokens on Tiny Shakespeare) in place of Llama-2 on PG19; no RoPE in the command below (since
+issue 23, ``position=rope position.cache_positions=true`` is the paper's setting: rotary positions
+re-numbered inside the cache, ``zoo/position/rotary.py``; not re-run here); a model without positions
+does not need the re-numbering.
 
     python experiments/train.py experiment=shakespeare model=vanilla_lm position=none \\
         trainer.max_steps=2000 trainer.threads=1 logger=csv hydra.run.dir=runs/streaming/train

@@ -138,7 +138,9 @@ def test_dense_attention_with_t5_in_query_blocks_gives_the_dense_gradients(causa
     pad[1, :40] = False
     q, k, v = (attn.split_heads(proj(x)) for proj in (attn.to_q, attn.to_k, attn.to_v))
     i = torch.arange(300)
-    scores = torch.einsum("bhtk,bhsk->bhts", q, k) * (D // H) ** -0.5 + part.bias(i[:, None] - i[None, :], causal=causal)
+    scores = torch.einsum("bhtk,bhsk->bhts", q, k) * (D // H) ** -0.5 + part.bias(
+        i[:, None] - i[None, :], causal=causal
+    )
     allowed = pad[:, None, None, :] & ((i[:, None] >= i[None, :]) if causal else True)
     weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
     reference = attn.to_out(attn.merge_heads(torch.einsum("bhts,bhsk->bhtk", weights, v)))
@@ -150,3 +152,24 @@ def test_dense_attention_with_t5_in_query_blocks_gives_the_dense_gradients(causa
     theirs = torch.autograd.grad((reference * weight).sum(), (part.table, attn.to_q.weight))
     for got, want in zip(ours, theirs):
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5_bias"])
+def test_a_bounded_cache_keeps_every_key_at_its_true_distance(scheme):
+    """The recurrence x-transformers' users saw break with rotary and ALiBi (lucidrains/x-transformers#223,
+    #242): a bounded cache carried past its size. With one layer, token i fed after a stream sees the 8
+    most recent keys; with a relative scheme that is exactly one call over x[i - 8 ... i], wherever the
+    stream started (positions in the stream, distances preserved)."""
+    part = POSITION.get(scheme)(D, 64, n_heads=H)
+    attn = zoo.create_attention("vanilla", d_model=D, n_heads=H, causal=True, max_cache=8, position=part).eval()
+    x = torch.randn(2, 40, D)
+    with torch.no_grad():
+        state = attn.init_state(2)
+        for start in range(0, 40, 5):  # segments of 5: the cache evicts in the middle of them
+            result = attn(x[:, start : start + 5], state=state)
+            state = result.state
+            for offset in range(5):  # query start + offset sees the 8 keys before it (cache of 8 + its segment)
+                i = start + offset
+                window = attn(x[:, max(0, i - 8 - offset) : i + 1]).out[:, -1]
+                if i >= 8 + offset:
+                    torch.testing.assert_close(result.out[:, offset], window, atol=1e-5, rtol=1e-4)

@@ -99,21 +99,30 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float, guard
     """One block through SDPA under an additive float mask; with ``guard``, a row with no finite entry
     attends to every key instead (no NaN) and returns 0 (the check reads the whole mask: skipped where
     no row can be empty)."""
-    has_key = torch.isfinite(mask).any(-1, keepdim=True) if guard else None
-    empty = guard and not bool(has_key.all())
-    if empty:
-        mask = mask.masked_fill(~has_key, 0.0)
+    mask, has_key = _guard_rows(mask) if guard else (mask, None)
 
     def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
 
-    # a mask with a gradient (T5's table) keeps SDPA off its fused backward: recompute the block there
-    out = (
-        recompute_in_backward(attend, q, k, v, mask, stochastic=dropout > 0)
-        if mask.requires_grad
-        else attend(q, k, v, mask)
-    )
-    return out * has_key.to(out.dtype) if empty else out
+    out = _fused(attend, q, k, v, mask, dropout)
+    return out if has_key is None else out * has_key.to(out.dtype)
+
+
+def _guard_rows(bias: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(the bias with every all -inf row set to 0, so softmax has no NaN; which rows have a key, or None
+    when all do): the rows set to 0 must then be zeroed in the output."""
+    has_key = torch.isfinite(bias).any(-1, keepdim=True)
+    if bool(has_key.all()):
+        return bias, None
+    return bias.masked_fill(~has_key, 0.0), has_key
+
+
+def _fused(attend, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout: float) -> Tensor:
+    """``attend(q, k, v, bias)``; a bias with a gradient (T5's table) keeps SDPA off its fused backward, so
+    then only the inputs are kept and the call is recomputed in backward (``recompute.py``)."""
+    if bias.requires_grad:
+        return recompute_in_backward(attend, q, k, v, bias, stochastic=dropout > 0)
+    return attend(q, k, v, bias)
 
 
 def attend_groups_biased(
@@ -132,10 +141,7 @@ def attend_groups_biased(
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))[:, None]  # [b|1, 1, g|1, l, w]
         if not bool(mask.all()):
             bias = bias.masked_fill(~mask, float("-inf"))
-    has_key = torch.isfinite(bias).any(-1, keepdim=True)
-    empty = not bool(has_key.all())
-    if empty:
-        bias = bias.masked_fill(~has_key, 0.0)
+    bias, has_key = _guard_rows(bias)
     groups = bias.shape[2]
     bias = rearrange(bias.expand(b, h, groups, rows, bias.shape[-1]), "b h g l w -> (b h) g l w")
     shared = k.shape[2] == 1 and g > 1
@@ -145,13 +151,8 @@ def attend_groups_biased(
         out = F.scaled_dot_product_attention(*flat, attn_mask=bias, dropout_p=dropout, enable_gqa=shared)
         return rearrange(out, "(b h) g l k -> b h g l k", b=b)
 
-    # a bias with a gradient (T5's table) keeps SDPA off its fused backward: recompute in backward
-    out = (
-        recompute_in_backward(attend, q, k, v, bias, stochastic=dropout > 0)
-        if bias.requires_grad
-        else attend(q, k, v, bias)
-    )
-    return out * has_key.to(out.dtype) if empty else out
+    out = _fused(attend, q, k, v, bias, dropout)
+    return out if has_key is None else out * has_key.to(out.dtype)
 
 
 def banded_biased(

@@ -43,7 +43,7 @@ from einops import rearrange
 from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, guard_empty_rows, join_key_padding
-from zoo.attention.pair_bias import attend_groups_biased, banded_biased
+from zoo.attention.pair_bias import attend_groups_biased, banded_biased, guard_rows
 
 STREAM_CHUNK = 256  # queries scored together against the cache: bounds the [chunk, keys] mask
 
@@ -243,11 +243,9 @@ def attend_masked(
     mask broadcastable to [b, h, t, s] (True = may attend); ``bias`` [h, t, s] added to the scores, or
     None. A query row with no allowed key returns 0, as the dense reference and :func:`attend_groups` do."""
     if bias is not None:  # the mask goes into the bias: -inf where a key may not be seen
-        mask = bias[None].masked_fill(~mask, float("-inf"))  # [b|1, h, t, s]
-        has_key = torch.isfinite(mask).any(-1, keepdim=True)
-        mask = mask.masked_fill(~has_key, 0.0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        return out * has_key.to(out.dtype)
+        biased, has_key = guard_rows(bias[None].masked_fill(~mask, float("-inf")))  # [b|1, h, t, s]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=biased, dropout_p=dropout)
+        return out if has_key is None else out * has_key.to(out.dtype)
     has_key = mask.any(-1, keepdim=True)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=guard_empty_rows(mask), dropout_p=dropout)
     return out if bool(has_key.all()) else out * has_key.to(out.dtype)

@@ -99,7 +99,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float, guard
     """One block through SDPA under an additive float mask; with ``guard``, a row with no finite entry
     attends to every key instead (no NaN) and returns 0 (the check reads the whole mask: skipped where
     no row can be empty)."""
-    mask, has_key = _guard_rows(mask) if guard else (mask, None)
+    mask, has_key = guard_rows(mask) if guard else (mask, None)
 
     def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
@@ -108,9 +108,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float, guard
     return out if has_key is None else out * has_key.to(out.dtype)
 
 
-def _guard_rows(bias: Tensor) -> tuple[Tensor, Tensor | None]:
-    """(the bias with every all -inf row set to 0, so softmax has no NaN; which rows have a key, or None
-    when all do): the rows set to 0 must then be zeroed in the output."""
+def guard_rows(bias: Tensor) -> tuple[Tensor, Tensor | None]:
+    """(the additive mask with every all -inf row set to 0, so softmax has no NaN; which rows have a key,
+    or None when all do): the caller zeroes the output of the rows that had none."""
     has_key = torch.isfinite(bias).any(-1, keepdim=True)
     if bool(has_key.all()):
         return bias, None
@@ -141,7 +141,7 @@ def attend_groups_biased(
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))[:, None]  # [b|1, 1, g|1, l, w]
         if not bool(mask.all()):
             bias = bias.masked_fill(~mask, float("-inf"))
-    bias, has_key = _guard_rows(bias)
+    bias, has_key = guard_rows(bias)
     groups = bias.shape[2]
     bias = rearrange(bias.expand(b, h, groups, rows, bias.shape[-1]), "b h g l w -> (b h) g l w")
     shared = k.shape[2] == 1 and g > 1

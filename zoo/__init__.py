@@ -7,17 +7,18 @@ Public API::
     model = zoo.create_model("vanilla_lm", vocab_size=256, d_model=64, n_layers=2, n_heads=4)
     zoo.list_attention()                   # mechanisms
     attn = zoo.create_attention("vanilla", d_model=64, n_heads=4, causal=True)
-    zoo.save(model, "my-model/"); zoo.load("my-model/")   # model.safetensors + config.json
+    model.save_pretrained("my-model/")     # model.safetensors + config.json + README.md (zoo.save: the same)
+    zoo.from_pretrained("my-model/")       # or a Hugging Face Hub id; model.push_to_hub("user/my-model")
     zoo.load_checkpoint("run/checkpoints/last.pt")       # a training checkpoint, read as data only
 """
 
 from zoo import data as _data  # noqa: F401  (registers every task)
 from zoo.attention import ATTENTION, Attention, AttnOutput, create_attention
 from zoo.config import ModelConfig
+from zoo.hub import from_pretrained, load, save
 from zoo.models.base import ModelOutput, ModelState
 from zoo.position import POSITION
 from zoo.presets import create_model, list_models, preset_config
-from zoo.presets.export import load, save
 from zoo.registry import UnknownNameError, import_plugins, load_entry_points
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
@@ -54,6 +55,7 @@ __all__ = [
     "UnknownNameError",
     "create_attention",
     "create_model",
+    "from_pretrained",
     "import_plugins",
     "list_attention",
     "list_models",

@@ -161,7 +161,9 @@ class ModelConfig:
 
     name: str = "vanilla_lm"
     kind: str = "lm"
-    head: str = "linear"  # "none": no output projection, logits None; use ModelOutput.hidden as a backbone
+    # "none": no output projection, logits None; use ModelOutput.hidden as a backbone. Classifiers also take
+    # "mlp": Linear(d, d_ff) -> ReLU -> Linear(d_ff, n_classes), the PyTorch LRA code's head (zoo/models/classifier.py)
+    head: str = "linear"
     vocab_size: int = 256
     d_model: int = 512
     n_layers: int = 6
@@ -208,8 +210,8 @@ class ModelConfig:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         check_field_types(ModelConfig, values, "model config")
         require(
-            self.head in ("linear", "none"),
-            f"head must be linear (output projection) or none (hidden states only), got {self.head!r}",
+            self.head in ("linear", "mlp", "none"),
+            f"head must be linear (output projection), mlp (classifiers) or none (hidden states), got {self.head!r}",
         )
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
             require(getattr(self, key) > 0, f"{key} must be a positive int, got {getattr(self, key)!r}")

@@ -39,6 +39,7 @@ GROUPS = [
     "logger",
     "experiment",
     "sweep",
+    "debug",
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,89 @@ def test_evaluate_cli_takes_the_paper_protocol_from_the_checkpoint(tmp_path):
     assert result["settings"]["seq_len"] == 8 and result["settings"]["mem_len"] == 24
     assert result["settings"]["clamp_len"] == 820 and result["settings"]["attentions_set"] == 2  # the paper's clamp
     assert result["val/scored"] == 3 * 2 * 8
+
+
+REF_DIR = Path(os.environ.get("ZOO_REF_DIR", PAPER_DIR.parents[3] / "ref"))
+WITH_REFERENCE = sorted(
+    name for name in PAPERS if as_dict(compose([f"experiment=paper/{name}"]))["paper"].get("reference_params")
+)
+
+
+@pytest.mark.parametrize("name", WITH_REFERENCE)
+def test_parameter_count_equals_the_authors_code(name):
+    """Where the authors' code exists, ours is within 0.5% of the count it builds (paper.reference_params)."""
+    info = describe([f"experiment=paper/{name}"])
+    assert abs(info["paper"]["reference_diff"]) < 0.005, (name, info["params"], info["paper"]["reference_params"])
+
+
+@pytest.mark.skipif(not (REF_DIR / "adaptive-span").is_dir(), reason="facebookresearch/adaptive-span not in ../ref")
+@pytest.mark.parametrize("name", [n for n in WITH_REFERENCE if n.startswith("adaptive_span")])
+def test_adaptive_span_reference_count_is_what_their_model_builds(name):
+    """The recorded figure is the authors' TransformerSeq built here on the meta device with the row's settings."""
+    from zoo.bench.peers import import_checkout
+
+    (models,) = import_checkout(REF_DIR / "adaptive-span", "models")
+    info = describe([f"experiment=paper/{name}"])
+    size, span = info["size"], info["axes"]["attention"]
+    with torch.device("meta"):
+        theirs = models.TransformerSeq(
+            vocab_size=size["vocab_size"],
+            hidden_size=size["d_model"],
+            nb_heads=size["n_heads"],
+            nb_layers=size["n_layers"],
+            attn_span=span["max_span"],
+            emb_dropout=0.0,
+            adapt_io_params={"adapt_io_enabled": False},
+            inner_hidden_size=size["d_ff"],
+            dropout=size["dropout"],
+            adapt_span_params={
+                "adapt_span_enabled": True,
+                "adapt_span_loss": span["l1"],
+                "adapt_span_ramp": span["ramp"],
+                "adapt_span_init": 0,
+                "adapt_span_cache": True,
+            },
+            pers_mem_params={"pers_mem_size": 0},
+        )
+    assert sum(p.numel() for p in theirs.parameters()) == info["paper"]["reference_params"]
+
+
+def test_shared_relative_keys_are_one_parameter_saved_once(tmp_path):
+    """adaptive span's shared key table: one Parameter in every layer, trained as one, stored once by zoo.save
+    and by torch.save (its storage), and tied again after loading."""
+    import zoo
+
+    span = {"max_span": 16, "ramp": 4, "block_size": 8}
+    kwargs = dict(vocab_size=32, d_model=16, n_layers=3, n_heads=2, d_ff=32, dropout=0.0)
+    model = zoo.create_model("adaptive_span_lm", attention=span, **kwargs)
+    tables = [block.attention.key_position for block in model.stack.blocks]
+    assert all(t is tables[0] for t in tables)
+    per_layer = zoo.create_model("adaptive_span_lm", attention={**span, "share_relative_keys": False}, **kwargs)
+    extra = sum(p.numel() for p in per_layer.parameters()) - sum(p.numel() for p in model.parameters())
+    assert extra == 2 * tables[0].numel()
+    tokens = torch.randint(0, 32, (2, 12))
+    model(tokens, tokens).loss.backward()
+    assert tables[0].grad is not None and tables[0].grad.abs().sum() > 0  # every layer's use lands in one grad
+    zoo.save(model, tmp_path / "shared")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "shared" / "model.safetensors"), "pt") as f:
+        assert sum("key_position" in key for key in f.keys()) == 1
+    loaded = zoo.load(tmp_path / "shared")
+    loaded_tables = [block.attention.key_position for block in loaded.stack.blocks]
+    assert all(t is loaded_tables[0] for t in loaded_tables) and torch.equal(loaded_tables[0], tables[0])
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    state = torch.load(tmp_path / "sd.pt", weights_only=True)
+    keys = [k for k in state if k.endswith("key_position")]
+    assert len(keys) == 3 and len({state[k].untyped_storage().data_ptr() for k in keys}) == 1
+    with pytest.raises(ValueError, match="relative_keys=false does not build"):
+        zoo.create_model("adaptive_span_lm", attention={**span, "relative_keys": False}, **kwargs)
+
+
+def test_describe_asks_xl_rel_for_its_memory_when_the_config_leaves_it_unset():
+    """Issue 24: xl_rel's mem_len was taken as 0 by describe when a config did not set it; the part answers
+    (its default 512), so the keys per query and the memory's activation bytes count it."""
+    info = describe(["model=vanilla_lm", "attention=xl_rel", "trainer.seq_len=256"])
+    assert info["keys_per_query"] == 512 + (256 + 1) / 2  # memory + the causal segment
+    without = describe(["model=vanilla_lm", "attention=xl_rel", "attention.mem_len=0", "trainer.seq_len=256"])
+    assert info["activation_bytes_per_token"] > without["activation_bytes_per_token"]

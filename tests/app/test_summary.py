@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("hydra")
 
+from app_cli import train_main  # noqa: E402
+
 from zoo.app.summary import write_summary  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "experiment=tiny",
     "logger=csv",
@@ -30,25 +30,19 @@ TINY = [
 
 
 def train_multirun(argv: list[str], monkeypatch) -> None:
-    """experiments/train.py's Hydra main in this process, as ``python experiments/train.py -m ...``."""
-    import importlib.util
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    spec = importlib.util.spec_from_file_location("zoo_train_script", ROOT / "experiments" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(sys, "argv", ["train.py", "-m", *argv])
-    GlobalHydra.instance().clear()
-    try:
-        module.main()
-    finally:
-        GlobalHydra.instance().clear()
+    """``python experiments/train.py -m ARGV`` in this process; every job must finish."""
+    assert train_main(["-m", *argv], monkeypatch) == 0
 
 
-def read_rows(sweep: Path) -> list[dict[str, str]]:
-    with open(sweep / "summary.csv") as f:
+def read_rows(sweep: Path, name: str = "summary.csv") -> list[dict[str, str]]:
+    with open(sweep / name) as f:
         return list(csv.DictReader(f))
+
+
+def job_table_header(md: str) -> str:
+    """The header line of the summary's table of every job."""
+    lines = md.splitlines()
+    return lines[lines.index("## Every job (best first)") + 2]
 
 
 def plant_job(job_dir: Path, overrides: list[str], result: dict, multirun_id: str | None = "an-earlier-sweep") -> None:
@@ -92,7 +86,7 @@ def test_rerun_into_the_same_sweep_dir_summarises_this_multirun_only(tmp_path, m
         config = json.loads((Path(r["dir"]) / "config.json").read_text())
         assert config["model_config"]["residual"]["name"] == r["residual"]
     md = (sweep / "summary.md").read_text()
-    assert " residual |" in md.splitlines()[4] and "varied: `residual`" in md
+    assert " residual |" in job_table_header(md) and "varied: `residual`" in md
 
 
 def test_sweep_over_an_option_runs_each_value(tmp_path, monkeypatch):
@@ -165,18 +159,20 @@ def test_every_varied_key_is_a_column(tmp_path):
     ]
     assert [r["seed"] for r in rows] == ["1", "0", "2"]
     assert "optim.lr" not in rows[0] and "experiment" not in rows[0]  # the same in every job
-    header = paths["md"].read_text().splitlines()[4]
+    header = job_table_header(paths["md"].read_text())
     assert (
         all(f" {k} " in header for k in ("residual", "stack", "attention.max_span", "position", "seed"))
         and "optim.lr" not in header
     )
 
 
-def test_stale_jobs_alone_leave_no_summary(tmp_path):
+def test_stale_jobs_alone_make_no_summary_and_delete_none(tmp_path):
+    """A directory holding only another multirun's results: no summary of them, and the files there
+    are left alone (before, the earlier sweep's summary was deleted)."""
     plant_job(tmp_path / "0", ["seed=0"], {"final_metric": 1.0})
     (tmp_path / "multirun_id").write_text("this-sweep\n")
-    (tmp_path / "summary.csv").write_text("stale\n")
-    assert write_summary(tmp_path) is None and not (tmp_path / "summary.csv").exists()
+    (tmp_path / "summary.csv").write_text("an earlier summary\n")
+    assert write_summary(tmp_path) is None and (tmp_path / "summary.csv").read_text() == "an earlier summary\n"
     assert write_summary(tmp_path, multirun_id="an-earlier-sweep") is not None  # an explicit id picks that multirun
 
 

@@ -247,3 +247,17 @@ def test_compiled_twin_is_compared_with_its_own_eager_run(monkeypatch):
         load="0",
     )
     assert "| vanilla | " in bench.paired_markdown(summary, meta).split("torch.compile against eager")[1]
+
+
+def test_paired_steps_a_classifier_on_one_class_per_row(tmp_path):
+    """LRA Table 2's shape: a classifier skeleton (each head says what it trains on: one class per row)
+    with mechanisms that have no causal form, so the LM skeleton could not hold them."""
+    out = tmp_path / "paired"
+    args = "--paired --model vanilla_classifier --attention vanilla,linformer --baseline vanilla --lengths 48"
+    args += " --d-model 32 --heads 2 --vocab 257 --set n_classes=2 --rounds 1 --device cpu --threads 1"
+    assert bench.main([*args.split(), "--out", str(out)]) == 0
+    rows = {r["variant"]: r for r in csv.DictReader(open(out / "paired.csv"))}
+    assert set(rows) == {"vanilla", "linformer"} and float(rows["linformer"]["act_mib"]) > 0
+    model = zoo.create_model("vanilla_classifier", vocab_size=257, n_classes=2, d_model=32, n_heads=2, n_layers=1)
+    batch = model.training_batch(torch.randint(0, 257, (3, 9)))
+    assert batch["tokens"].shape == (3, 8) and batch["targets"].shape == (3,) and int(batch["targets"].max()) < 2

@@ -22,8 +22,9 @@ NAMES = zoo.list_attention()
 
 
 def modes(name):
+    """The causalities a mechanism is built with, by its flags: causal-only, bidirectional-only, or both."""
     cls = ATTENTION.get(name)
-    return [True] if cls.causal_only else [False, True]
+    return [True] if cls.causal_only else [False, True] if cls.supports_causal else [False]
 
 
 CASES = [(n, c) for n in NAMES for c in modes(n)]
@@ -69,6 +70,16 @@ def test_batch_rows_are_independent(name, causal):
     together = attn(x).out
     alone = torch.cat([attn(x[i : i + 1]).out for i in range(3)])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not ATTENTION.get(n).supports_causal])
+def test_a_mechanism_without_a_causal_form_refuses_causal_with_the_reason(name):
+    cls = ATTENTION.get(name)
+    with pytest.raises(ValueError, match="no causal form") as info:
+        zoo.create_attention(name, d_model=D, n_heads=H, causal=True, **cls.contract_options())
+    assert cls.no_causal_reason and cls.no_causal_reason in str(info.value)
+    with pytest.raises(ValueError, match="no causal form"):
+        zoo.create_model("vanilla_lm", vocab_size=16, d_model=D, n_heads=H, n_layers=1, attention=name)
 
 
 @pytest.mark.parametrize("name", [n for n, c in CASES if c])
@@ -167,7 +178,7 @@ def test_a_layer_that_cannot_continue_a_stream_refuses_a_state_with_the_reason(n
     whose state is a decoding cache, refuses init_state and a state passed to forward, saying why."""
     cls = ATTENTION.get(name)
     cases = [] if cls.causal_only else [build(name, False)]
-    if not cls.supports_memory:
+    if not cls.supports_memory and cls.supports_causal:
         cases.append(build(name, True))
     for attn in cases:
         if attn.carries_segment_memory():

@@ -10,7 +10,8 @@ import torch
 
 import zoo
 from zoo.presets.factory import get_preset
-from zoo.train.steps import adam, total_loss
+from zoo.train.precision import autocast
+from zoo.train.steps import adam, forward_backward, optimizer_step, total_loss
 
 MODELS = zoo.list_models()
 
@@ -58,6 +59,32 @@ def test_tiny_preset_learns_a_fixed_batch(name):
         zoo.train.steps.after_optimizer_step(model)
         losses.append(out.loss.item())
     assert losses[-1] < 0.8 * losses[0], f"{name}: loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tiny_preset_trains_under_bf16_autocast(name):
+    """trainer.precision=bf16's step (zoo.train.precision.autocast, the trainer's) on the CPU: the linear
+    layers really run in bfloat16, every loss is finite and the loss falls."""
+    torch.manual_seed(0)
+    model = tiny(name)
+    batch = batch_for(model, name)
+    opt = adam(model, lr=3e-3)
+    dtypes = set()
+    hooks = [
+        m.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    losses = []
+    for _ in range(8):
+        opt.zero_grad()
+        _, loss = forward_backward(model, batch, context=lambda: autocast("cpu", "bf16"))  # refuses a NaN/inf loss
+        optimizer_step(model, opt)
+        losses.append(loss.item())
+    for hook in hooks:
+        hook.remove()
+    assert dtypes == {torch.bfloat16}, f"{name}: linear outputs {dtypes}"
+    assert losses[-1] < 0.9 * losses[0], f"{name}: loss did not fall under bf16 ({losses[0]:.3f} -> {losses[-1]:.3f})"
 
 
 @pytest.mark.parametrize("name", MODELS)

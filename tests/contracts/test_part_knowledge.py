@@ -32,7 +32,13 @@ from zoo.stacks.base import STACK
 D, H = 32, 4
 T = 96  # long beside every contract pattern (blocks, strides, chunks of 4-8), short enough for a second
 NAMES = zoo.list_attention()
-CASES = [(n, c) for n in NAMES for c in ([True] if ATTENTION.get(n).causal_only else [False, True])]
+CASES = [
+    (n, c)
+    for n in NAMES
+    for c in (
+        [True] if ATTENTION.get(n).causal_only else [False, True] if ATTENTION.get(n).supports_causal else [False]
+    )
+]
 IDS = [f"{n}-{'causal' if c else 'bidir'}" for n, c in CASES]
 
 
@@ -109,7 +115,7 @@ def test_forward_flops_follow_the_keys_unless_the_mechanism_counts_its_own(name,
 
 @pytest.mark.parametrize("name", NAMES)
 def test_evaluation_memory_is_set_and_restored_or_refused(name):
-    attn = build(name, True)
+    attn = build(name, ATTENTION.get(name).supports_causal)
     before = dataclasses.asdict(attn.options)
     with attn.evaluation_memory(0, 0) as changed:  # nothing asked: every mechanism accepts
         assert changed is False

@@ -36,7 +36,8 @@ def part(name: str, **options):
 
 
 def modes(name: str) -> list[bool]:
-    return [True] if ATTENTION.get(name).causal_only else [False, True]
+    cls = ATTENTION.get(name)
+    return [True] if cls.causal_only else [False, True] if cls.supports_causal else [False]
 
 
 def build(name: str, causal: bool, position):

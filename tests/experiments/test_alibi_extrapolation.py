@@ -34,8 +34,19 @@ def test_report_from_rows(tmp_path):
     for seed, offset in ((0, 0.0), (1, 0.2)):
         for length, bpc in ((128, 3.0), (512, 3.5)):
             for protocol in experiment.PROTOCOLS:
-                rows.append(dict(position="rope", seed=seed, protocol=protocol, eval_len=length, bpc=bpc + offset,
-                                 scored=10, step=5, seconds=0.1, load_1min=0.0))
+                rows.append(
+                    dict(
+                        position="rope",
+                        seed=seed,
+                        protocol=protocol,
+                        eval_len=length,
+                        bpc=bpc + offset,
+                        scored=10,
+                        step=5,
+                        seconds=0.1,
+                        load_1min=0.0,
+                    )
+                )
     experiment.append_rows(table, rows[:3])
     experiment.append_rows(table, rows[3:])  # appending keeps one header
     read = experiment.read_rows(table)
@@ -43,8 +54,19 @@ def test_report_from_rows(tmp_path):
     stats = experiment.aggregate(read)
     mean, low, high, seeds = stats[("segment", "rope", 512)]
     assert (mean, low, high, seeds) == (pytest.approx(3.6), pytest.approx(3.5), pytest.approx(3.7), 2)
-    experiment.main(["--summary-only", "--positions", "rope,alibi", "--seeds", "0,1", "--lengths", "128,512",
-                     "--out", str(tmp_path)])
+    experiment.main(
+        [
+            "--summary-only",
+            "--positions",
+            "rope,alibi",
+            "--seeds",
+            "0,1",
+            "--lengths",
+            "128,512",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     summary = (tmp_path / "summary.md").read_text()
     assert "| rope | 3.100 (3.000-3.200) | 3.600 (3.500-3.700) |" in summary
     assert "segment: rope +0.500" in summary and "alibi" not in summary.split("## segment")[1].split("##")[0]

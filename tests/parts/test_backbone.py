@@ -63,8 +63,9 @@ def test_hidden_is_what_the_head_reads(name):
     ids = token_ids(model, name)
     with torch.no_grad():
         out = call(model, ids)
-        if model.config.kind == "classifier":
-            expected = model.head(out.hidden.mean(1))  # the preset pools by mean
+        if model.config.kind == "classifier":  # pooled as the preset says: the first position or the mean
+            pooled = out.hidden[:, 0] if model.config.pooling == "first" else out.hidden.mean(1)
+            expected = model.head(pooled)
         else:
             expected = out.hidden @ model.head.weight.T
     torch.testing.assert_close(out.logits, expected)

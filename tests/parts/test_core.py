@@ -41,7 +41,7 @@ def test_config_errors_name_the_key_and_valid_values():
         zoo.create_model("vanilla_lm", d_modle=64)
     with pytest.raises(ValueError, match="divisible by n_heads"):
         zoo.create_model("vanilla_lm", d_model=30, n_heads=4)
-    with pytest.raises(KeyError, match="valid: bias, max_cache"):
+    with pytest.raises(KeyError, match="valid: backend, bias, max_cache"):
         zoo.create_model("vanilla_lm", attention={"bais": False})
     with pytest.raises(KeyError, match="unknown residual"):
         zoo.create_model("vanilla_lm", residual="post_nrom")

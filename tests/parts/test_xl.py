@@ -15,7 +15,7 @@ D, H = 32, 4
 XL_PRESETS = ["transformer_xl", "trxl_i", "gtrxl"]
 
 
-def naive_xl(attn, x, memory=None, pad=None):
+def naive_xl(attn, x, memory=None, pad=None, allowed=None):
     """The four-term score a_ij = (q_i + u) k_j + (q_i + v) W_R r_{i-j} written position by position
     (a loop over query/key pairs), then a masked softmax: the reference for the shifted, blocked,
     SDPA-backed implementation."""
@@ -41,6 +41,8 @@ def naive_xl(attn, x, memory=None, pad=None):
             scores[:, :, i, j] = ((q[:, i] + attn.u) * k[:, j]).sum(-1) + ((q[:, i] + attn.v) * r).sum(-1)
     if pad is not None:
         scores = scores.masked_fill(~pad[:, None, None, :], float("-inf"))
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores * hk**-0.5, -1)
     out = torch.einsum("bhts,bshk->bthk", weights, v).reshape(b, t, d)
     return attn.to_out(out)
@@ -76,6 +78,33 @@ def test_attention_equals_naive_four_term_score(causal, clamp_len):
         with torch.set_grad_enabled(grad):
             got = attn(x, state=XLMemory(mem, mem_pad), pad_mask=pad).out
         torch.testing.assert_close(got[pad], want[pad], atol=1e-5, rtol=1e-4)
+
+
+def reference_same_length_mask(t: int, m: int, mem_len: int) -> torch.Tensor:
+    """kimiyoung/transformer-xl's dec_attn_mask with same_length, restated: with s = m + t keys and
+    mask_len = s - mem_len, query row i hides keys j > m + i (the future) and keys j <= i - shift, where
+    shift = t - mask_len if mask_len > 0 else t. Returns the keys it keeps, bool [t, s]."""
+    s = m + t
+    mask_len = s - mem_len
+    shift = t - mask_len if mask_len > 0 else t
+    rows, cols = torch.arange(t)[:, None], torch.arange(s)[None, :]
+    return ~((cols > m + rows) | (cols <= rows - shift))
+
+
+@pytest.mark.parametrize("t, m, mem_len", [(7, 5, 5), (7, 0, 5), (4, 3, 9), (7, 6, 6)])
+def test_same_length_equals_the_reference_mask(t, m, mem_len):
+    """Each query sees the last mem_len keys up to itself, as the reference's same_length evaluation."""
+    attn = zoo.create_attention("xl_rel", d_model=D, n_heads=H, causal=True, mem_len=mem_len, block_size=3).eval()
+    x, mem = torch.randn(2, t, D), torch.randn(2, m, D) if m else None
+    state = XLMemory(mem) if m else XLMemory()
+    want = naive_xl(attn, x, mem, allowed=reference_same_length_mask(t, m, mem_len))
+    with attn.evaluation_memory(same_length=True):
+        for grad in (True, False):  # the written-out path and the fused one
+            with torch.set_grad_enabled(grad):
+                torch.testing.assert_close(attn(x, state=state).out, want, atol=1e-5, rtol=1e-4)
+    assert not attn.options.same_length  # restored after the block
+    if m + t > mem_len:  # it changes something only where some query would see more than mem_len keys
+        assert not torch.allclose(attn(x, state=state).out, want, atol=1e-4)
 
 
 def test_block_size_does_not_change_the_maths():
@@ -215,3 +244,14 @@ def test_delayed_recall_batch_layout():
     assert (is_cue[:, :7].sum(1) == 1).all() and not is_cue[:, 8:].any(), "one cue, in segment 0 only"
     with pytest.raises(ValueError, match="segment_len"):
         delayed_recall_batch(2, segment_len=1)
+
+
+def test_share_biases_ties_u_and_v_across_layers():
+    """The paper's and the reference code's one (u, v) pair for the model (``share_biases``)."""
+    tiny = get_preset("transformer_xl").tiny
+    shared = zoo.create_model("transformer_xl", **{**tiny, "attention": {**tiny["attention"], "share_biases": True}})
+    own = zoo.create_model("transformer_xl", **tiny)
+    layers = [block.attention for block in shared.stack.blocks]
+    assert all(a.u is layers[0].u and a.v is layers[0].v for a in layers)
+    saved = sum(p.numel() for p in own.parameters()) - sum(p.numel() for p in shared.parameters())
+    assert saved == (len(layers) - 1) * 2 * layers[0].u.numel()

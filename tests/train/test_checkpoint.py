@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import errno
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -24,7 +23,7 @@ import zoo
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
+from app_overrides import TINY, script  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
@@ -36,13 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def train(run_dir, *overrides, callbacks=()):
     return run(compose(TINY + list(overrides)), run_dir=run_dir, callbacks=callbacks)
-
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(f"zoo_{name}_script", ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def stop_at(step):
@@ -107,27 +99,6 @@ def test_checkpoint_holds_only_tensors_and_plain_types(tmp_path, text_file):
     payload = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert payload["state"]["__dataclass__"] == "zoo.models.base:ModelState" and payload["step"] == 4
     assert isinstance(payload["rng"]["numpy"]["key"], torch.Tensor)
-
-
-@pytest.mark.parametrize("preset", zoo.list_models())
-def test_save_load_safetensors_round_trip(tmp_path, preset):
-    """zoo.save / zoo.load: model.safetensors + config.json rebuild the same model (same outputs)."""
-    from zoo.presets.factory import get_preset
-
-    p = get_preset(preset)
-    torch.manual_seed(0)
-    model = zoo.create_model(preset, **p.tiny).eval()
-    zoo.save(model, tmp_path / "export")
-    assert sorted(f.name for f in (tmp_path / "export").iterdir()) == ["config.json", "model.safetensors"]
-    loaded = zoo.load(tmp_path / "export").eval()
-    assert loaded.config == model.config
-    pair = model.config.kind == "pair_classifier"  # two documents per row: [b, 2, t]
-    tokens = torch.randint(0, p.tiny["vocab_size"], (2, 2, p.example_length) if pair else (2, p.example_length))
-    args = (tokens, tokens) if model.config.kind == "seq2seq" else (tokens,)
-    with torch.no_grad():
-        assert torch.equal(model(*args).logits, loaded(*args).logits)
-    for key, value in model.state_dict().items():
-        assert torch.equal(value, loaded.state_dict()[key]), key
 
 
 # -- 7. corruption is refused -------------------------------------------------------------------------
@@ -476,29 +447,15 @@ def test_trainer_step_is_the_library_step(tmp_path):
     assert not hasattr(bench, "SavedTensorMeter")
 
 
-def test_a_sweep_rerun_into_the_same_directory_leaves_the_earlier_jobs_alone(tmp_path, monkeypatch, capsys):
-    """Before: re-running a sweep into its hydra.sweep.dir trained again into the old job directories."""
-    from hydra.core.global_hydra import GlobalHydra
+def test_a_data_option_added_since_the_checkpoint_counts_as_its_default():
+    """A checkpoint written before a task option existed ran with what is now its default, so it resumes;
+    a saved value other than the default still refuses."""
+    from zoo.data import TASK
+    from zoo.train.resume import config_diff, task_info, with_new_defaults
 
-    train_script = script("train")
-    sweep = tmp_path / "sweep"
-    argv = [
-        "train.py",
-        "-m",
-        *TINY,
-        "trainer.max_steps=1",
-        "trainer.eval_every=0",
-        "seed=0",
-        f"hydra.sweep.dir={sweep}",
-    ]
-    results = []
-    for _ in range(2):
-        monkeypatch.setattr(sys, "argv", argv)
-        GlobalHydra.instance().clear()
-        try:
-            train_script.main()
-        finally:
-            GlobalHydra.instance().clear()
-        results.append((sweep / "0" / "result.json").read_text())
-    assert results[0] == results[1] and json.loads(results[0])["status"] == "finished"
-    assert f"run refused: run directory {sweep / '0'} already holds a run" in capsys.readouterr().err
+    task = TASK.get("listops")(seq_len=64, batch_size=2, max_length=60, min_length=10)
+    saved = task_info(task)
+    older = {**saved, "options": {k: v for k, v in saved["options"].items() if k != "path"}}
+    assert config_diff(older, saved) and not config_diff(with_new_defaults(older, task), saved)
+    other = {**saved, "options": {**saved["options"], "path": "elsewhere"}}
+    assert config_diff(with_new_defaults(other, task), saved)

@@ -19,6 +19,7 @@ import torch
 
 pytest.importorskip("hydra")
 
+from app_cli import train_main  # noqa: E402
 from app_overrides import TINY  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
@@ -159,7 +160,12 @@ def test_corrupt_and_mismatched_checkpoints_are_refused(tmp_path):
         train(tmp_path / "b", "data.eval_size=50", f"trainer.resume={good}")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(good.read_bytes()[:1000])
-    with pytest.raises(CheckpointError, match="no checksum file corrupt.pt.sha256"):
+    write_checksum(good)
+    Path(f"{corrupt}.sha256").write_text(Path(f"{good}.sha256").read_text())  # the sound file's digest
+    with pytest.raises(CheckpointError, match="its SHA-256 is .* but corrupt.pt.sha256 records"):
+        train(tmp_path / "c", f"trainer.resume={corrupt}")
+    Path(f"{corrupt}.sha256").unlink()  # no sidecar: read (with a warning), and refused for what it holds
+    with pytest.warns(UserWarning, match="no checksum file"), pytest.raises(CheckpointError, match="cannot read"):
         train(tmp_path / "c", f"trainer.resume={corrupt}")
     write_checksum(corrupt)  # a truncated file whose checksum was (wrongly) refreshed: the reader still refuses it
     with pytest.raises(CheckpointError, match="cannot read"):
@@ -186,26 +192,9 @@ def _subprocess_env():
     return env
 
 
-def _train_main(argv, monkeypatch):
-    """experiments/train.py's Hydra main, in this process (no second torch import)."""
-    import importlib.util
-
-    from hydra.core.global_hydra import GlobalHydra
-
-    spec = importlib.util.spec_from_file_location("zoo_train_script", ROOT / "experiments" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
-    GlobalHydra.instance().clear()
-    try:
-        module.main()
-    finally:
-        GlobalHydra.instance().clear()
-
-
 def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
-    _train_main(
+    code = train_main(
         [
             "-m",
             *TINY,
@@ -216,6 +205,7 @@ def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
         ],
         monkeypatch,
     )
+    assert code == 0
     with open(sweep / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["attention"] for r in rows} == {"vanilla", "additive"} and all(r["status"] == "finished" for r in rows)
@@ -234,12 +224,14 @@ def test_tiny_multirun_writes_summary(tmp_path, monkeypatch, capsys):
     assert "val/accuracy" in md and "additive" in md and "summary.png" in capsys.readouterr().out
 
 
-def test_multirun_survives_a_failing_variant(tmp_path, monkeypatch):
+def test_multirun_survives_a_failing_variant(tmp_path, monkeypatch, capsys):
+    """The other jobs run and the summary is written; the launch then exits 1 naming the failed job
+    (before: exit 0, as if every job had finished)."""
     sweep = tmp_path / "sweep"
-    _train_main(
-        ["-m", *TINY, "trainer.max_steps=1", "trainer.eval_every=0", "model.n_heads=2,3", f"hydra.sweep.dir={sweep}"],
-        monkeypatch,
-    )
+    argv = ["-m", *TINY, "trainer.max_steps=1", "trainer.eval_every=0", "model.n_heads=2,3", f"hydra.sweep.dir={sweep}"]
+    assert train_main(argv, monkeypatch) == 1
+    error = capsys.readouterr().err
+    assert "1 job(s) of the sweep" in error and "job 1 (" in error and "model.n_heads=3): failed: ValueError" in error
     with open(sweep / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted(r["status"][:6] for r in rows) == ["failed", "finis"] or {

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from zoo.app.schema import PART_GROUPS, register_schemas
+from zoo.app.sweep_dir import LaunchRefused, SweepIncomplete
 from zoo.presets import preset_config
 from zoo.registry import did_you_mean, import_plugins
 
@@ -166,9 +167,11 @@ def hydra_overrides(argv: list[str]) -> list[str]:
 
 def launch(hydra_main: Callable[[], Any], argv: list[str]) -> Any:
     """Run a ``@hydra.main`` function for the command line ``argv``: ``imports=`` first, then
-    Hydra composes and runs (nothing composes ahead of it). An unknown key ends the
-    launch with ``error: <what to write instead>`` (exit status 2); any other failure is reported
-    as Hydra reports it (the trace from the job on, exit status 1)."""
+    Hydra composes and runs (nothing composes ahead of it). An unknown key, or a multirun
+    refused for its sweep directory, ends the launch with ``error: <what to write instead>`` (exit
+    status 2); a multirun whose jobs did not all finish ends with their list (exit status 1, after
+    its summary); any other failure is reported as Hydra reports it (the trace from the job on,
+    exit status 1)."""
     try:
         prepare(hydra_overrides(argv))
     except ImportError as exc:
@@ -178,6 +181,12 @@ def launch(hydra_main: Callable[[], Any], argv: list[str]) -> Any:
     os.environ[FULL_ERROR] = "1"
     try:
         return hydra_main()
+    except LaunchRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except SweepIncomplete as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
         message = explain(exc)
         if message:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from zoo.app.lra_papers import PAPER_LENGTHS, PAPER_NYSTROMFORMER, PAPER_TABLE1, PAPER_TABLE2
 from zoo.attention.base import ATTENTION
 from zoo.bench.timing import ActivationMeter, clocked, paired_ratios, paired_rounds
 from zoo.presets.factory import create_model
@@ -58,22 +59,6 @@ def paper_row(mechanism: str) -> str | None:
     return ATTENTION.get(mechanism).lra_row if mechanism in ATTENTION else None
 
 
-# LRA Table 1 (test accuracy, %); None = FAIL (chance)
-PAPER_TABLE1 = {
-    "Transformer": (36.37, 64.27, 57.46, 42.44, 71.40, None, 54.39),
-    "Local Attention": (15.82, 52.98, 53.39, 41.46, 66.63, None, 46.06),
-    "Sparse Trans.": (17.07, 63.58, 59.59, 44.24, 71.71, None, 51.24),
-    "Reformer": (37.27, 56.10, 53.40, 38.07, 68.50, None, 50.67),
-}
-# LRA Table 2 (Text, TPU v3): steps per second, and peak memory in GB, at 1K, 2K, 3K, 4K
-PAPER_TABLE2 = {
-    "Transformer": ((8.1, 4.9, 2.3, 1.4), (0.85, 2.65, 5.51, 9.48)),
-    "Local Attention": ((9.2, 8.4, 7.4, 7.4), (0.42, 0.76, 1.06, 1.37)),
-    "Reformer": ((4.4, 2.2, 1.5, 1.1), (0.48, 0.99, 1.53, 2.28)),
-}
-PAPER_LENGTHS = (1024, 2048, 3072, 4096)
-
-
 def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
     """One row per finished or failed run: experiment, attention, accuracy (None if failed), config."""
     rows = []
@@ -95,10 +80,13 @@ def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
                 and isinstance(value, (int, float))
                 and not math.isnan(value)
             )
+            setting = config.get("lra_setting") or {}
             rows.append(
                 {
                     "experiment": experiment,
                     "attention": attention,
+                    "setting": setting.get("name"),  # lra_setting=<name>, or None for the experiment's own
+                    "setting_reported": setting.get("reported"),  # that setting's published softmax figures
                     "accuracy": 100.0 * value if ok else None,
                     "status": result.get("status"),
                     "steps": result.get("steps"),
@@ -132,25 +120,47 @@ def _cell(value: float | None, failed: bool = False) -> str:
 def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     """(header, rows) in LRA Table 1's layout; ours then the paper's counterpart, per mechanism."""
     header = ["Model", *TASKS.values(), "Avg"]
-    mechanisms = sorted({r["attention"] for r in rows if r["attention"]}, key=lambda m: (m != "vanilla", m))
+    variants = {(r["attention"], r.get("setting")) for r in rows if r["attention"]}
     out = []
-    for mech in mechanisms:
-        values, failed = {}, set()
+    for mech, setting in sorted(variants, key=lambda v: (v[1] or "", v[0] != "vanilla", v[0])):
+        seeds, failed = {}, set()
         for r in rows:
-            if r["attention"] == mech and r["experiment"] in TASKS:
+            if r["attention"] == mech and r.get("setting") == setting and r["experiment"] in TASKS:
                 column = TASKS[r["experiment"]]
                 if r["accuracy"] is None:
                     failed.add(column)
                 else:
-                    values[column] = r["accuracy"]
+                    seeds.setdefault(column, []).append(r["accuracy"])
+        values = {c: sum(v) / len(v) for c, v in seeds.items()}  # several seeds: their mean, range beside it
         scored = [values[c] for c in AVERAGED if c in values]
         average = sum(scored) / len(scored) if len(scored) == len(AVERAGED) else None
-        out.append([f"{mech} (ours)", *(_cell(values.get(c), c in failed) for c in TASKS.values()), _cell(average)])
+        label = f"{mech} (ours, {setting} setting)" if setting else f"{mech} (ours)"
+        cells = [_seed_cell(seeds.get(c), c in failed) for c in TASKS.values()]
+        out.append([label, *cells, _cell(average)])
         paper = paper_row(mech)
+        reported = next((r.get("setting_reported") for r in rows if setting and r.get("setting") == setting), None)
+        if setting and reported and paper == "Transformer":  # the setting's figures are for softmax attention
+            figures = [reported.get(c) for c in TASKS.values()]
+            done = [v for c, v in zip(TASKS.values(), figures) if c in AVERAGED and v is not None]
+            mean = sum(done) / len(done) if len(done) == len(AVERAGED) else None
+            out.append([f"Transformer ({setting} setting, reported)", *(_cell(v) for v in figures), _cell(mean)])
         if paper in PAPER_TABLE1:
             figures = PAPER_TABLE1[paper]
             out.append([f"{paper} (LRA paper)", *("FAIL" if v is None else f"{v:.2f}" for v in figures)])
+        if paper in PAPER_NYSTROMFORMER:
+            figures = PAPER_NYSTROMFORMER[paper]
+            out.append(
+                [f"{paper} (Nyströmformer paper, its setting)", *("" if v is None else f"{v:.2f}" for v in figures)]
+            )
     return header, out
+
+
+def _seed_cell(values: list[float] | None, failed: bool) -> str:
+    """One run: its accuracy; several seeds: mean (min-max, n)."""
+    if not values or len(values) == 1:
+        return _cell(values[0] if values else None, failed)
+    mean = sum(values) / len(values)
+    return f"{mean:.2f} ({min(values):.2f}-{max(values):.2f}, n={len(values)})"
 
 
 def markdown(header: list[str], rows: list[list[Any]]) -> str:
@@ -265,7 +275,8 @@ def table2(measured: list[dict[str, Any]], lengths: list[int]) -> tuple[list[str
                 speed.append("error")
                 memory.append("error")
                 continue
-            rel = f" ({m['steps_per_s'] / base['steps_per_s']:.1f}x)" if base.get("steps_per_s") else ""
+            ratio = m.get("speedup") or (m["steps_per_s"] / base["steps_per_s"] if base.get("steps_per_s") else None)
+            rel = f" ({ratio:.1f}x)" if ratio else ""  # zoo.bench --paired: the median of per-round ratios
             speed.append(f"{m['steps_per_s']:.2f}{rel}")
             mb = f"{m['memory_mb']:.3g} MiB"
             memory.append(f"{mb} ({m['memory_mb'] / base['memory_mb']:.2f}x)" if base.get("memory_mb") else mb)
@@ -373,6 +384,24 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
         writer.writerows(rows)
 
 
+def measured_from_bench(paired_csv: str | Path) -> list[dict[str, Any]]:
+    """Table 2's measurements from ``python -m zoo.bench --paired --model vanilla_classifier ... --baseline
+    vanilla`` (its paired.csv): steps per second from the median step, the speed-up as the median of the
+    per-round ratios, memory as its activation MiB (bytes saved for backward, on any device)."""
+    with open(paired_csv, newline="") as f:
+        return [
+            {
+                "attention": r["variant"],
+                "length": int(r["length"]),
+                "steps_per_s": 1000.0 / float(r["median_ms"]),
+                "speedup": float(r["speedup"]),
+                "memory_mb": float(r["act_mib"]),
+                "error": "",
+            }
+            for r in csv.DictReader(f)
+        ]
+
+
 def speed_configs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The model config each mechanism trained on Text (else on any task, as a classifier)."""
     configs: dict[str, dict[str, Any]] = {}
@@ -398,8 +427,10 @@ def write_lra_tables(
     steps: int = 3,
     device: str = "auto",
     scale: str = "",
+    measure: bool = True,
 ) -> dict[str, Path]:
-    """Tables 1 and 2 (markdown, CSV, PNG) for the runs under ``sweep_dirs``, into ``out_dir``."""
+    """Tables 1 and 2 (markdown, CSV, PNG) for the runs under ``sweep_dirs``, into ``out_dir``; with
+    ``measure`` False, Table 1 only (Table 2 then comes from a ``zoo.bench --paired`` run, ``--bench``)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = gather_runs(sweep_dirs)
@@ -423,7 +454,7 @@ def write_lra_tables(
     run_keys = ("experiment", "attention", "accuracy", "status", "steps", "seq_len", "tokens_per_s", "wall_s")
     _write_csv(paths["runs_csv"], list(run_keys), [[r.get(k) for k in run_keys] for r in rows])
     plot_table1(rows, paths["table1_png"])
-    configs = speed_configs(rows)
+    configs = speed_configs(rows) if measure else {}
     if configs:
         measured = measure_speed(configs, list(lengths), batch_size=batch_size, steps=steps, device=device)
         header2, body2 = table2(measured, list(lengths))

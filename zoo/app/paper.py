@@ -132,6 +132,8 @@ def describe(overrides: list[str]) -> dict[str, Any]:
         out["paper"] = {k: v for k, v in paper.items() if k != "toy"}
         out["paper"]["params_ours"] = counts["params"]
         out["paper"]["params_diff"] = (counts["params"] / published - 1.0) if published else None
+        reference = paper.get("reference_params")  # the authors' code's own count, where it was built
+        out["paper"]["reference_diff"] = (counts["params"] / reference - 1.0) if reference else None
     return out
 
 
@@ -172,10 +174,8 @@ def format_report(info: dict[str, Any]) -> str:
         f"{t['precision']}, clip {t['clip']}"
     )
     o = info["optim"]
-    lines.append(
-        f"    optim: {o['name']} lr {o['lr']} betas {o['betas']} eps {o['eps']} schedule {o['schedule']} warm-up "
-        f"{o['warmup']}"
-    )
+    moments = f"momentum {o.get('momentum')}" if o["name"] == "sgd" else f"betas {o['betas']} eps {o['eps']}"
+    lines.append(f"    optim: {o['name']} lr {o['lr']} {moments} schedule {o['schedule']} warm-up {o['warmup']}")
     lines.append(
         f"   params: {info['params']:,} (blocks {info['params_blocks']:,}; embeddings/head/positions "
         f"{info['params_embedding_and_head']:,})"
@@ -204,6 +204,10 @@ def format_report(info: dict[str, Any]) -> str:
             f"  ours:      params {paper['params_ours']:,}"
             + (f" ({diff:+.1%} vs published)" if diff is not None else "")
         )
+        if paper.get("reference_params"):
+            lines.append(
+                f"  reference code: params {paper['reference_params']:,} (ours {paper['reference_diff']:+.3%})"
+            )
         if paper.get("params_note"):
             lines.append(f"  note: {paper['params_note']}")
         if paper.get("eval"):

@@ -1,14 +1,21 @@
 """From a composed config to a finished run: task, model, loggers, trainer.
 
-``run(cfg)`` is what ``experiments/train.py`` calls; it returns the validation metric so a Hydra
-sweeper can optimise it. ``build(cfg)`` gives the pieces without training (evaluate/sample, tests).
-The modules a run names in ``imports`` are imported first (a sweep's job may be a fresh process)
-and recorded in its config, so ``load_run`` (evaluate/sample) imports them again.
+``run(cfg)`` is what ``experiments/train.py`` calls (through :mod:`zoo.app.jobs` in a multirun);
+it returns the validation metric so a Hydra sweeper can optimise it. ``build(cfg)`` gives the
+pieces without training (evaluate/sample, tests). The modules a run names in ``imports`` are
+imported first (a sweep's job may be a fresh process) and recorded in its config, so ``load_run``
+(evaluate/sample) imports them again.
+
+Hydra's record of a run (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``) is written
+here, once the trainer has claimed the run directory: ``conf/config.yaml`` sets
+``hydra.output_subdir`` to null, because Hydra writes it before the run starts, into a directory
+that may hold another run (which a refused launch must leave as it was).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +25,30 @@ from zoo.app.paper import check_paper_data
 from zoo.app.resolve import as_dict, model_layers
 from zoo.app.schema import LoggerOptions, to_options
 from zoo.data import TASK, Task, create_task
+from zoo.data.base import metric_higher_is_better
 from zoo.presets.factory import build_model, create_model, model_config_for_task
 from zoo.registry import import_plugins
-from zoo.train.checkpoint import load_checkpoint, seed_everything
+from zoo.train.checkpoint import import_recorded, load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
-from zoo.train.options import OptimOptions, TrainerOptions
-from zoo.train.rundir import run_id, write_text
+from zoo.train.options import OptimOptions, TrainerOptions, run_device
+from zoo.train.rundir import make_dir, run_id, write_text
 from zoo.train.trainer import Trainer
+
+HYDRA_RECORD = ".hydra"  # where Hydra's own record of a run goes (its default output_subdir)
 
 # conf/config.yaml ends hydra.run.dir and hydra.sweep.dir with ${zoo_run_id:}: two runs started in the
 # same second get two directories (one token per process, shared with its torchrun ranks and jobs)
 OmegaConf.register_new_resolver("zoo_run_id", run_id, replace=True)
+
+
+def optimisation_direction(data_name: str) -> str:
+    """``maximize`` or ``minimize``: how a sweeper should treat the run's returned metric (the task's
+    own ``metric``: accuracy up, bpc/ppl/loss down). ``${zoo_direction:${data.name}}`` in conf/."""
+    return "maximize" if metric_higher_is_better(TASK.get(data_name).metric) else "minimize"
+
+
+OmegaConf.register_new_resolver("zoo_direction", optimisation_direction, replace=True)
 
 
 def make_task(cfg: dict[str, Any]) -> Task:
@@ -88,12 +107,47 @@ def make_loggers(resolved: dict[str, Any], run_dir: Path, name: str, group: str)
         return []
     loggers: list[Any] = [MetricsFile(run_dir)]
     if options.name == "wandb":
-        loggers.append(WandbLogger(options, run_dir=run_dir, name=name, group=group, config=resolved))
+        tags = [*options.tags, *(resolved.get("tags") or [])]  # the run's tags beside logger.tags
+        loggers.append(WandbLogger(options, run_dir=run_dir, name=name, group=group, config=resolved, tags=tags))
     return loggers
 
 
-def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks: tuple = ()) -> float:
-    """Train and evaluate one configuration; returns the final validation metric."""
+def save_hydra_record(run_dir: Path, cfg: DictConfig | dict) -> None:
+    """Hydra's record of the run (``.hydra/``: the composed config, Hydra's config, the command
+    line's overrides), as Hydra would write it; nothing for a run Hydra did not start in ``run_dir``."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.instance().cfg
+    except ImportError:
+        return
+    output_dir = OmegaConf.select(hydra_cfg, "hydra.runtime.output_dir") if hydra_cfg is not None else None
+    if not output_dir or Path(output_dir).resolve() != Path(run_dir).resolve() or not isinstance(cfg, DictConfig):
+        return
+    folder = make_dir(run_dir, run_dir / HYDRA_RECORD)
+    write_text(run_dir, folder / "config.yaml", OmegaConf.to_yaml(cfg))
+    write_text(run_dir, folder / "hydra.yaml", OmegaConf.to_yaml(hydra_cfg))
+    write_text(run_dir, folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task))
+
+
+def check_run(cfg: dict[str, Any]) -> None:
+    """Refuse, naming the key and the fix, a run that cannot run here: a bad ``trainer.*`` or ``optim.*``
+    value, a device this machine lacks, a ``trainer.precision`` its device cannot run. Asked before
+    any data or model is built (``build`` alone, which trains nothing, does not ask)."""
+    run_device(trainer_options(cfg), from_env().local_rank)
+    optim_options(cfg)
+
+
+def run(
+    cfg: DictConfig | dict,
+    *,
+    run_dir: str | Path | None = None,
+    callbacks: tuple = (),
+    on_claimed: Callable[[Path], None] | None = None,
+) -> float:
+    """Train and evaluate one configuration; returns the final validation metric. ``on_claimed(run_dir)``
+    is called once the run owns its directory, before it trains (a sweep's job marks it as its own)."""
+    check_run(as_dict(cfg))
     resolved, task, model = build(cfg)
     hydra_dir, name, group = hydra_context()
     run_dir = Path(run_dir) if run_dir is not None else hydra_dir
@@ -111,6 +165,9 @@ def run(cfg: DictConfig | dict, *, run_dir: str | Path | None = None, callbacks:
         config=resolved,
     )
     if trainer.dist.is_main:
+        save_hydra_record(run_dir, cfg)
+        if on_claimed is not None:
+            on_claimed(run_dir)
         info = {
             "run": name,
             "config": resolved,
@@ -144,16 +201,3 @@ def load_run(
     model = create_model(**ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return cfg, task, model, ckpt
-
-
-def import_recorded(cfg: dict[str, Any], checkpoint: str | Path) -> list[str]:
-    """Import the modules the run named in ``imports`` (its own parts); a module that is gone is
-    refused naming the checkpoint and what to do."""
-    modules = list(cfg.get("imports") or [])
-    try:
-        return import_plugins(modules)
-    except ImportError as exc:
-        raise ImportError(
-            f"checkpoint {checkpoint} was trained with parts of your own (imports={modules}): {exc}; "
-            "its model can be rebuilt only with that code back"
-        ) from exc

@@ -177,6 +177,22 @@ class LoggerOptions:
 
 
 @dataclass
+class SweepOptions:
+    """``sweep.*``: how a multirun is launched and compared (``sweep=<name>`` picks a named multirun;
+    these are its settings). See :mod:`zoo.app.sweep_dir` and :mod:`zoo.app.aggregate`."""
+
+    # continue the multirun in hydra.sweep.dir: finished jobs kept, interrupted ones resumed from
+    # their last.pt, the others run; the sweep's overrides must be the same as at its first launch
+    resume: bool = False
+    # the variant every other one is compared with, seed by seed: key:value[,key:value...]
+    # (e.g. attention:vanilla or model:vanilla_lm); empty = no comparison
+    baseline: str = ""
+    # the search a job is a trial of (set by hparams_search=optuna and sweep=tuned_compare): its
+    # trials are listed best first, not compared as variants; empty = not a trial
+    search: str = ""
+
+
+@dataclass
 class RootSchema:
     """The top level: one node per config group plus run-wide keys."""
 
@@ -194,9 +210,12 @@ class RootSchema:
     # (imports=[my_research.attention] attention=my_attention); recorded so evaluate/sample re-import them
     imports: list[str] = field(default_factory=list)
     name: str = ""  # run name (default: made from the command-line overrides)
+    tags: list[str] = field(default_factory=list)  # free-form labels: in config.json, the sweep summary and wandb
+    sweep: SweepOptions = field(default_factory=SweepOptions)
     data_dir: str = "../shared/data"  # where real data sets live (relative: to the project root)
     experiment: str | None = None  # set by experiment/* configs, for the record
     paper: Any = None  # experiment/paper/* configs: the paper's figures and protocol (zoo/app/paper.py)
+    lra_setting: Any = None  # lra_setting/* configs: whose LRA setting a run follows, its per-task table
 
 
 def is_zoo_part(obj: Any) -> bool:

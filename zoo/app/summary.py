@@ -1,16 +1,21 @@
-"""Gathering a multirun into one comparison: ``summary.csv``, ``summary.md`` and ``summary.png``.
+"""Gathering a multirun into one comparison: ``summary.md``, ``summary.csv`` (one row per job),
+``summary_variants.csv`` (one row per variant, seeds aggregated) and ``summary.png``.
 
-``SweepSummary`` is a Hydra callback registered in ``conf/config.yaml``; it reads the
-``result.json`` every run writes (status, final metric, tokens/s, memory, parameters),
-``config.json`` (the run's name) and Hydra's ``.hydra/overrides.yaml`` (what the job was asked).
-Every key whose value differs between the jobs (``residual=...``, ``attention.max_span=...``,
-``seed=...``, any override) becomes a column, so a sweep reads as one table.
+``SweepSummary`` is a Hydra callback registered in ``conf/config.yaml``. At the start of a multirun
+it opens the sweep's record (:mod:`zoo.app.sweep_dir`: a launch that would mix two sweeps in one
+directory is refused there, before anything is written); at the end it writes the summary of every
+job of the sweep, finished in this launch or an earlier one, each once, with its status, and ends
+the launch non-zero naming the jobs that did not finish.
 
-Only this multirun's jobs are summarised: ``on_multirun_start`` writes a fresh id into the sweep
-directory and every job copies it into its own ``.hydra/`` at start, so runs left in the same
-``hydra.sweep.dir`` by an earlier sweep (other job numbers, or a job that died before writing its
-result) never reach the table. It also works after the fact, on the latest multirun of a directory:
-``python -c "from zoo.app.summary import write_summary; write_summary('multirun/...')"``.
+A job's row is its ``result.json`` (status, final and best metric, tokens/s, memory, parameters),
+its ``config.json`` (tags) and its overrides. Every key whose value differs between the jobs
+(``residual=...``, ``attention.max_span=...``, ``seed=...``, any override) becomes a column.
+Jobs differing only by ``seed`` are one variant: :mod:`zoo.app.aggregate` gives each its mean and
+95% interval, and with ``sweep.baseline`` its difference to the baseline and the verdict.
+
+It also works after the fact: ``python -c "from zoo.app.summary import write_summary;
+write_summary('multirun/...', baseline='attention:vanilla')"`` (a directory written before the
+sweep record existed: every ``result.json`` in it, or one multirun's by its ``multirun_id``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,20 @@ try:  # the callback base class; the module stays importable without Hydra for w
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
+
+from zoo.app.aggregate import FINISHED, VARIANT_FREE, aggregate, parse_baseline
+from zoo.app.sweep_dir import (
+    LaunchRefused,
+    SweepIncomplete,
+    open_sweep,
+    override_key,
+    read_jobs,
+    read_manifest,
+    sweep_identity,
+    unfinished,
+)
+from zoo.app.sweep_plot import plot
+from zoo.app.sweep_tables import job_table, search_tables, variant_rows, variant_table, verdict_lines
 
 # throughput and memory as zoo.bench names and measures them (zoo.train.meter): tokens_per_s = tokens of a
 # forward + backward over its seconds, median after the first step; act_mib = MiB saved for backward
@@ -42,16 +60,65 @@ COLUMNS = [
     "final_metric",
     "best_metric",
     "steps",
+    "stop_reason",
     "tokens_per_s",
     "act_mib",
     "gpu_peak_mib",
     "params",
     "wall_s",
+    "tags",
 ]
 LEGACY_KEYS = {"act_mib": "activations_mb", "gpu_peak_mib": "peak_mb"}  # result.json written before the rename
+MULTIRUN_ID = "multirun_id"  # a job's .hydra/ marker (and the sweep directory's, before the sweep record)
 
 
-MULTIRUN_ID = "multirun_id"  # in the sweep directory, and in each job's .hydra/ (Hydra's output_subdir)
+def overrides_dict(overrides: list[str]) -> dict[str, str]:
+    """``["residual=pre_norm", "seed=1"]`` -> ``{"residual": "pre_norm", "seed": "1"}``."""
+    return {override_key(o): str(o).partition("=")[2] for o in overrides}
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def result_row(result: dict[str, Any], job_dir: Path) -> dict[str, Any]:
+    row = {key: result.get(key, result.get(LEGACY_KEYS.get(key, key))) for key in COLUMNS}
+    config = (read_json(job_dir / "config.json") or {}).get("config") or {}
+    row["tags"] = " ".join(config.get("tags") or []) or None
+    return row
+
+
+def job_status(entry: dict[str, Any], result: dict[str, Any] | None) -> str:
+    status = entry["status"]
+    if status == "kept":
+        return "finished (kept from an earlier launch)"
+    if status == "resumed":
+        return f"finished (resumed at step {(result or {}).get('resumed_at_step')})"
+    if status == "started":  # the job died: before its result, or (rarely) just after it
+        if result and result.get("status") == "finished":
+            return "finished"
+        return "interrupted (no result: the job died; sweep.resume=true continues it)"
+    if status.startswith("failed") and result and str(result.get("status", "")).startswith("failed"):
+        return str(result["status"])
+    return status
+
+
+def job_row(sweep_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """A job of the sweep record: its result (none for a refused job, whose directory holds another
+    run), its status, its overrides."""
+    job_dir = sweep_dir / entry["dir"]
+    status = entry["status"]
+    result = None if status.startswith("refused") else read_json(job_dir / "result.json")
+    row = result_row(result, job_dir) if result else {key: None for key in COLUMNS}
+    overrides = overrides_dict(entry["overrides"])
+    for key in ("model", "attention", "data", "seed"):
+        if row.get(key) is None and key in overrides:
+            row[key] = overrides[key]
+    row.update(run=f"{entry['num']}:{','.join(entry['overrides'])}", dir=str(job_dir), overrides=overrides)
+    row["status"] = job_status(entry, result)
+    row["higher_is_better"] = (result or {}).get("higher_is_better")
+    row["search"] = entry.get("search") or ""
+    return row
 
 
 def job_marker(job_dir: Path) -> Path:
@@ -59,33 +126,19 @@ def job_marker(job_dir: Path) -> Path:
 
 
 def of_multirun(result_path: Path, multirun_id: str) -> bool:
-    """The result was written by a job of multirun ``multirun_id``: the job's marker names it, and
-    the result is not older than the marker (a job of this multirun that died before writing its
-    result, in a directory reused from an earlier sweep, leaves that sweep's result behind)."""
+    """(Directories without a sweep record.) The result was written by a job of multirun
+    ``multirun_id``, and is not older than the job's marker."""
     marker = job_marker(result_path.parent)
     if not marker.is_file() or marker.read_text().strip() != multirun_id:
         return False
     return result_path.stat().st_mtime >= marker.stat().st_mtime
 
 
-def job_overrides(job_dir: Path) -> dict[str, str]:
-    """``{"residual": "pre_norm", "seed": "1"}`` from the job's ``.hydra/overrides.yaml``."""
-    path = job_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return {}
+def gather_unrecorded(sweep_dir: Path, multirun_id: str | None = None) -> list[dict[str, Any]]:
+    """One row per ``result.json`` under a sweep directory that has no sweep record: all of them,
+    or one multirun's (``multirun_id``; default: the one the directory names, if any)."""
     import yaml
 
-    out = {}
-    for item in yaml.safe_load(path.read_text()) or []:
-        key, _, value = str(item).partition("=")
-        out[key.lstrip("+~")] = value
-    return out
-
-
-def gather(sweep_dir: str | Path, multirun_id: str | None = None) -> list[dict[str, Any]]:
-    """One row per ``result.json`` under ``sweep_dir``: all of them, or only those of one multirun
-    (``multirun_id``; default: the latest multirun started in ``sweep_dir``, when one left its id)."""
-    sweep_dir = Path(sweep_dir)
     if multirun_id is None and (sweep_dir / MULTIRUN_ID).is_file():
         multirun_id = (sweep_dir / MULTIRUN_ID).read_text().strip()
     rows = []
@@ -93,17 +146,23 @@ def gather(sweep_dir: str | Path, multirun_id: str | None = None) -> list[dict[s
         if multirun_id and not of_multirun(result_path, multirun_id):
             continue
         result = json.loads(result_path.read_text())
-        config_path = result_path.with_name("config.json")
-        run = (
-            json.loads(config_path.read_text()).get("run", result_path.parent.name)
-            if config_path.is_file()
-            else result_path.parent.name
-        )
-        row = {key: result.get(key, result.get(LEGACY_KEYS.get(key, key))) for key in COLUMNS}
-        row.update(run=run, dir=str(result_path.parent))
-        row["overrides"] = job_overrides(result_path.parent)
+        row = result_row(result, result_path.parent)
+        row.update(run=(read_json(result_path.with_name("config.json")) or {}).get("run", result_path.parent.name))
+        overrides_path = result_path.parent / ".hydra" / "overrides.yaml"
+        overrides = yaml.safe_load(overrides_path.read_text()) if overrides_path.is_file() else []
+        row.update(dir=str(result_path.parent), overrides=overrides_dict(overrides or []))
+        row["higher_is_better"] = result.get("higher_is_better")
+        config = (read_json(result_path.with_name("config.json")) or {}).get("config") or {}
+        row["search"] = (config.get("sweep") or {}).get("search") or ""
         rows.append(row)
     return rows
+
+
+def gather(sweep_dir: str | Path, multirun_id: str | None = None) -> list[dict[str, Any]]:
+    """One row per job of the sweep (its record), else per result found (see :func:`gather_unrecorded`)."""
+    sweep_dir = Path(sweep_dir)
+    jobs = read_jobs(sweep_dir)
+    return [job_row(sweep_dir, entry) for entry in jobs] if jobs else gather_unrecorded(sweep_dir, multirun_id)
 
 
 def varied_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -116,8 +175,7 @@ def varied_keys(rows: list[dict[str, Any]]) -> list[str]:
 def add_varied_columns(rows: list[dict[str, Any]]) -> list[str]:
     """Put each varied key's value into its rows; returns the new column names (the result's own
     model/attention/data/seed columns already hold what ran for those keys)."""
-    varied = varied_keys(rows)
-    extra = [k for k in varied if k not in COLUMNS]
+    extra = [k for k in varied_keys(rows) if k not in COLUMNS]
     for r in rows:
         for key in extra:
             r[key] = r.get("overrides", {}).get(key, "")
@@ -139,139 +197,140 @@ def short_names(rows: list[dict[str, Any]]) -> None:
         r["run"] = f"{num}:{kept}" if num else kept
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
 def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Best final metric first (accuracy: higher; bpc/ppl/loss: lower); failed runs last."""
+    """Best final metric first (accuracy: higher; bpc/ppl/loss: lower); jobs without one last."""
     higher = any(r.get("metric_name", "") and str(r["metric_name"]).endswith("accuracy") for r in rows)
 
     def key(r: dict[str, Any]) -> tuple:
         v = r.get("final_metric")
-        bad = v is None or (isinstance(v, float) and math.isnan(v))
+        bad = not isinstance(v, (int, float)) or math.isnan(v)
         return (bad, 0.0 if bad else (-v if higher else v))
 
     return sorted(rows, key=key)
 
 
-def markdown_table(rows: list[dict[str, Any]], varied: list[str] = ()) -> str:
-    """The comparison: run, model, attention, every other key the sweep varied, then the results."""
-    cols = ["run", "model", "attention", *(k for k in varied if k not in ("run", "model", "attention"))]
-    cols += ["final_metric", "steps", "tokens_per_s", "act_mib"]
-    cols += ["gpu_peak_mib"] if any(r.get("gpu_peak_mib") is not None for r in rows) else []
-    cols += ["params", "wall_s", "status"]
-    metric = next((r["metric_name"] for r in rows if r.get("metric_name")), "metric")
-    header = [c if c != "final_metric" else metric for c in cols]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import EngFormatter
-
-    ok = [r for r in rows if isinstance(r.get("final_metric"), (int, float))]
-    if not ok:
-        return None
-    metric = ok[0].get("metric_name") or "metric"
-    panels = [
-        ("final_metric", metric),
-        ("tokens_per_s", "tokens / s (forward + backward)"),
-        ("act_mib", "activation MiB (saved for backward, one step)"),
-        ("params", "parameters"),
-    ]
-    labels = [str(r["run"]) for r in ok]
-    fig, axes = plt.subplots(1, 4, figsize=(18, 0.45 * len(ok) + 1.8), sharey=True)
-    for ax, (key, title) in zip(axes, panels):
-        values = [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in ok]
-        ax.barh(range(len(ok)), values, color="tab:blue" if key == "final_metric" else "tab:gray")
-        ax.set_title(title, fontsize=9)
-        if key != "final_metric":
-            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12k, 1.5M: readable at any scale
-        ax.tick_params(labelsize=8)
-        ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(range(len(ok)))
-    axes[0].set_yticklabels(labels, fontsize=8)
-    axes[0].invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
-
-
-def write_summary(sweep_dir: str | Path, multirun_id: str | None = None) -> dict[str, Path] | None:
-    """Write summary.csv/.md/.png into ``sweep_dir`` from one multirun's jobs (see :func:`gather`);
-    None when it holds no finished run (stale summary files are removed then)."""
-    sweep_dir = Path(sweep_dir)
-    paths = {"csv": sweep_dir / "summary.csv", "md": sweep_dir / "summary.md", "png": sweep_dir / "summary.png"}
-    rows = sort_rows(gather(sweep_dir, multirun_id))
-    if not rows:
-        for path in paths.values():
-            path.unlink(missing_ok=True)
-        return None
-    extra = add_varied_columns(rows)
-    short_names(rows)
-    with open(paths["csv"], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS + extra + ["dir"], extrasaction="ignore")
+def write_csv(path: Path, rows: list[dict[str, Any]], fields: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    data = sorted({str(r.get("data")) for r in rows})
+
+
+def write_summary(sweep_dir: str | Path, multirun_id: str | None = None, baseline: str = "") -> dict[str, Path] | None:
+    """Write the summary files into ``sweep_dir`` from its jobs (see :func:`gather`); ``baseline``:
+    the variant the others are compared with (``attention:vanilla``). None, touching nothing, when
+    the directory holds no job."""
+    sweep_dir = Path(sweep_dir)
+    rows = sort_rows(gather(sweep_dir, multirun_id))
+    if not rows:
+        return None
+    paths = {k: sweep_dir / f"summary{s}" for k, s in (("csv", ".csv"), ("md", ".md"), ("png", ".png"))}
+    paths["variants_csv"] = sweep_dir / "summary_variants.csv"
+    extra = add_varied_columns(rows)
+    variants, note = aggregate(rows, baseline)
     varied = varied_keys(rows)
+    short_names(rows)
+    write_csv(paths["csv"], rows, COLUMNS + extra + ["dir"])
+    variant_varied = [k for k in varied if k not in VARIANT_FREE]
+    if variants:
+        csv_rows, fields = variant_rows(variants, variant_varied)
+        write_csv(paths["variants_csv"], csv_rows, fields)
+    else:
+        paths.pop("variants_csv")
+    data = sorted({str(r.get("data")) for r in rows if r.get("data")})
     listed = ", ".join(f"`{k}`" for k in varied) or "nothing (one configuration)"
+    done = sum(str(r["status"]).split(" ")[0] in FINISHED for r in rows)
+    parts = [
+        f"# Sweep summary: {sweep_dir}\n",
+        f"Task: {', '.join(data) or '?'}; varied: {listed}; {len(rows)} jobs, {done} finished.\n",
+    ]
+    if variants:
+        parts.append("## Variants: seeds aggregated (mean and 95% interval, Student's t)\n")
+        lines = verdict_lines(variants, note)
+        parts += [lines[0] + "\n", "\n".join(lines[1:]) + "\n"] if len(lines) > 1 else [f"{line}\n" for line in lines]
+        parts.append(variant_table(variants, variant_varied) + "\n")
+    parts += search_tables(rows)
+    parts += ["## Every job (best first)\n", job_table(rows, varied) + "\n"]
+    paths["md"].write_text("\n".join(parts))
     paths["png"].unlink(missing_ok=True)
-    paths["md"].write_text(
-        f"# Sweep summary: {sweep_dir}\n\nTask: {', '.join(data)}; varied: {listed}; best first.\n\n"
-        f"{markdown_table(rows, varied)}\n"
-    )
-    if plot(rows, paths["png"]) is None:
+    if plot(rows, variants, paths["png"]) is None:
         paths.pop("png")
     return paths
 
 
+def sweep_keys(config: Any) -> set[str]:
+    """The keys a multirun sets: its command line's, its sweeper's ``params`` and (sweep=tuned_compare)
+    ``compare``."""
+    keys = {override_key(o) for o in config.hydra.overrides.task}
+    params = config.hydra.sweeper.get("params") or {}
+    keys |= {str(k) for k in params}
+    compare = config.hydra.sweeper.get("compare")
+    if compare:
+        keys.add(str(compare))
+    return keys | {"model", "attention", "data"}
+
+
+def check_baseline(config: Any) -> None:
+    """``sweep.baseline`` names keys this sweep sets, in the form it takes; else the launch is refused."""
+    text = config.sweep.baseline
+    if not text:
+        return
+    try:
+        wanted = parse_baseline(text)
+    except ValueError as exc:
+        raise LaunchRefused(str(exc)) from None
+    keys = sweep_keys(config)
+    missing = sorted(set(wanted) - keys)
+    if missing:
+        raise LaunchRefused(
+            f"sweep.baseline={text!r}: this sweep does not set {', '.join(missing)} (it sets: "
+            f"{', '.join(sorted(keys))}); name the baseline by keys it varies, e.g. sweep.baseline=attention:vanilla"
+        )
+
+
+def check_sweeper(config: Any) -> None:
+    """A sweeper that can tell a launch it cannot run (a ``check_launch(config)`` raising ValueError
+    or ImportError: sweep=tuned_compare) refuses it here, before anything is written."""
+    from hydra.utils import get_class
+
+    target = config.hydra.sweeper.get("_target_")
+    check = getattr(get_class(target), "check_launch", None) if target else None
+    if check is None:
+        return
+    try:
+        check(config)
+    except ImportError as exc:
+        raise LaunchRefused(f"{exc}: this sweep needs hydra-optuna-sweeper (pip install -e '.[tune]')") from None
+    except ValueError as exc:
+        raise LaunchRefused(str(exc)) from None
+
+
 class SweepSummary(Callback):
-    """Hydra callback: at the end of a multirun, summarise every job of this multirun."""
+    """Hydra callback: the sweep's record at the start, its summary at the end (see the module's docstring)."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        self.multirun_id = uuid.uuid4().hex
-        (sweep_dir / MULTIRUN_ID).write_text(self.multirun_id + "\n")
-
-    def on_job_start(self, config: Any, **kwargs: Any) -> None:
-        """Runs where the job runs (maybe another process or node): copy the id the sweep
-        directory holds into the job's own Hydra subdirectory."""
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hydra = HydraConfig.get()
-        if hydra.mode != RunMode.MULTIRUN:
-            return
-        source = Path(hydra.sweep.dir) / MULTIRUN_ID
-        if not source.is_file():
-            return
-        job_dir = Path(hydra.runtime.output_dir)
-        marker = job_dir / hydra.output_subdir / MULTIRUN_ID if hydra.output_subdir else job_dir / MULTIRUN_ID
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(source.read_text())
+        check_baseline(config)
+        check_sweeper(config)
+        identity = sweep_identity(config)
+        open_sweep(config.hydra.sweep.dir, identity, resume=bool(config.sweep.resume), baseline=config.sweep.baseline)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        paths = write_summary(config.hydra.sweep.dir, getattr(self, "multirun_id", None))
+        sweep_dir = Path(config.hydra.sweep.dir)
+        baseline = config.sweep.baseline or (read_manifest(sweep_dir) or {}).get("baseline", "")
+        paths = write_summary(sweep_dir, baseline=baseline)
         if paths:
             print(
                 f"\n{paths['md'].read_text()}\nsummary: {paths['csv']}"
                 + (f"\nplot: {paths['png']}" if "png" in paths else ""),
                 flush=True,
+            )
+        jobs = read_jobs(sweep_dir)
+        bad = unfinished(jobs)
+        if bad:
+            shared = set.intersection(*(set(j["overrides"]) for j in jobs))  # named by what sets each apart
+            named = {j["num"]: " ".join(o for o in j["overrides"] if o not in shared) for j in bad}
+            listed = "\n".join(f"  job {j['num']} ({named[j['num']]}): {j['status']}"[:400] for j in bad)
+            raise SweepIncomplete(
+                f"{len(bad)} job(s) of the sweep in {sweep_dir} did not finish:\n{listed}\n"
+                f"the summary lists every job with its status: {sweep_dir / 'summary.md'}"
             )

@@ -38,19 +38,24 @@ hold at least S past inputs, else a head could learn a span it can never see (re
 time).
 
 Positions: with ``relative_keys`` (the ``adaptive_span_lm`` preset sets it, with no absolute signal)
-each layer learns the paper's relative key embeddings p_x, one d_head vector per distance x = 1 ... S
+the model learns the paper's relative key embeddings p_x, one d_head vector per distance x = 1 ... S
 shared by the heads, and the score becomes s_tr = (q_t . k_r + q_t . p_{t-r}) / sqrt(d_head), as in
-the authors' code (which shares one table across layers too). The q . p term is computed over the
-same band as q . k and added with log m, so it costs what q . k costs. Without it the model's absolute
-signal is used; on a copy from 200 characters back that made ours miss what the authors' code
-learns in a few hundred steps (results/adaptive_span_range).
+the authors' code. With ``share_relative_keys`` (the preset's choice) one table serves every layer, as
+the authors' ``TransformerSeq.key_pe``: the stack builder ties each later layer's table to the first
+layer's (``share_with``), so the model holds it once (the paper configurations' parameter counts equal
+the authors' model, ``tests/app/test_paper.py``), a checkpoint stores it once and ``zoo.save`` writes
+it once. Without it each layer learns its own (what this module did before; older checkpoints stored
+no such option and rebuild that way). The q . p term is computed over the same band as q . k and added
+with log m, so it costs what q . k costs. Without relative keys the model's absolute signal is used; on
+a copy from 200 characters back that made ours miss what the authors' code learns in a few hundred
+steps (results/adaptive_span_range).
 
 Positions inside attention (``zoo/position``): without ``relative_keys`` the layer takes rope (q and k
 rotated at their absolute positions; the span cache knows where the stream stands) and a pair bias
 (ALiBi, T5: b_h(x) for the distances x = 1 ... reach of the band, added with log m). With
 ``relative_keys`` it refuses them: the score already has a learned term per distance.
 
-Deviations: (1) the relative key table is per layer, the authors' is shared across layers. (2) The
+Deviations: (1) a table per layer unless ``share_relative_keys`` (the authors share one). (2) The
 span is parameterised as in the authors' code, z = S z' with z' in [0, 1] (clamped after each
 optimiser step), so Adam moves it at a useful rate; the paper writes the penalty on z.
 (3) ``mode="fixed"`` (z = S for every head, no penalty) is the fixed-span baseline the paper
@@ -69,7 +74,6 @@ with r = reach, n = ceil(t / a); spans [h] (learned/fixed) or [b, h, t] (dynamic
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -89,7 +93,14 @@ from zoo.attention.base import (
     to_remember,
 )
 from zoo.attention.recompute import recompute_in_backward
+from zoo.attention.span_band import (  # noqa: F401  (re-exported: the kernel's public names)
+    auto_block_size,
+    blocked_span_attention,
+    soft_mask,
+    span_reach,
+)
 from zoo.config import require
+from zoo.train.precision import float32
 
 MODES = ("learned", "dynamic", "fixed")
 
@@ -106,140 +117,6 @@ class SpanCache:
     @property
     def length(self) -> int:
         return 0 if self.x is None else self.x.shape[1]
-
-
-def soft_mask(distance: Tensor, span: Tensor, ramp: float) -> Tensor:
-    """m_z(x) = clamp((R + z - x) / R, 0, 1) for x >= 0, and 0 for x < 0 (the future).
-
-    ``distance`` and ``span`` broadcast against each other (x = t - r in tokens, z in tokens). The
-    window (x = 1 ... S) is applied by the caller, not here. Gradient convention at the two kinks:
-    0 at x = z and at x = z + R (only the ramp's interior moves z). ``clamp`` would pass a gradient
-    at x = z, so at an integer span every key at distance exactly z would push z although raising
-    z does not change m(z); and at x = z + R the log-space kernel cannot pass one (log 0)."""
-    ramp_value = (ramp + span - distance) / ramp
-    mask = torch.where(
-        distance - span <= 0,
-        torch.ones_like(ramp_value),
-        torch.where(ramp_value <= 0, torch.zeros_like(ramp_value), ramp_value),
-    )
-    return torch.where(distance >= 0, mask, torch.zeros_like(mask))
-
-
-def span_reach(max_span: float, ramp: int) -> int:
-    """Largest distance with m_z(x) > 0 when the longest span is ``max_span``: ceil(z + R) - 1."""
-    return max(0, math.ceil(max_span + ramp) - 1)
-
-
-def auto_block_size(t: int, reach: int) -> int:
-    """Queries per block. A block of a queries costs a * (a + reach) scores, so small blocks waste
-    little on the triangle of future keys, but each block is one small matmul: 64 keeps the waste
-    under ~6% at reach 1,024 while the batched kernel stays efficient (measured, see the notes)."""
-    return min(t, max(64, min(256, reach // 4)))
-
-
-def blocked_span_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    spans: Tensor,
-    ramp: int,
-    reach: int,
-    key_valid: Tensor | None = None,
-    block_size: int = 0,
-    dropout: float = 0.0,
-    key_position: Tensor | None = None,
-    distance_bias: Tensor | None = None,
-) -> Tensor:
-    """Causal soft-masked attention of t queries over the keys 1 ... ``reach`` positions before each.
-
-    q: [b, h, t, k]; k, v: [b, h, s, k] with s = m + t (the last t keys belong to the queries);
-    spans: [h] or [b, h, t] in tokens; reach: the window, keys at distances 1 ... reach (the
-    caller caps it at S; every distance with a non-zero mask inside S must lie in it, which
-    span_reach guarantees); key_valid: bool [b, s] (True = real key) or None. A query with no key
-    to see gets the zero vector (the empty sum of eq. (4)). key_position: [k, >= reach] or None, the
-    paper's learned relative key embeddings (column x - 1 for distance x): q . p_x / sqrt(k) is added
-    to the score s_tr, as q . k is. distance_bias: [h, >= reach] or None, a position part's pair bias
-    b_h(x) (column x - 1), added likewise. Returns [b, h, t, k]."""
-    b, h, t, _ = q.shape
-    s = k.shape[2]
-    m = s - t
-    reach = min(reach, s - 1)  # never reach before the first key there is
-    a = block_size or auto_block_size(t, reach)
-    a = min(a, t)
-    n = -(-t // a)
-    right = n * a - t  # query padding up to whole blocks
-    left = reach - min(m, reach)  # key padding so that block 0 also has `reach` keys before it
-    k, v = k[:, :, s - t - min(m, reach) :], v[:, :, s - t - min(m, reach) :]  # drop keys no query reaches
-    if key_valid is not None:
-        key_valid = key_valid[:, s - t - min(m, reach) :]
-    width = a + reach
-
-    def blocks(keys: Tensor) -> Tensor:  # [b, h, left + kept + right, k] -> [b, h, n, a + reach, k]
-        keys = F.pad(keys, (0, 0, left, right))
-        # contiguous: a strided unfold view sends bmm down a slow generic path (measured ~10x)
-        return rearrange(keys.unfold(2, width, a), "b h n k w -> b h n w k").contiguous()
-
-    qb = rearrange(F.pad(q, (0, 0, 0, right)), "b h (n a) k -> b h n a k", a=a)
-    kb, vb = blocks(k), blocks(v)
-    # distance from query (row) to key (column) inside any block: the same for every block
-    rows, columns = torch.arange(a, device=q.device), torch.arange(width, device=q.device)
-    distance = (rows[:, None] + reach - columns[None, :]).to(q.dtype)
-    in_window = (distance >= 1) & (distance <= reach)  # [a, w]: the paper's keys t - S ... t - 1, cropped
-    itself = distance == 0  # [a, w]: the query's own key, a stand-in for rows with nothing to see
-    if spans.dim() == 1:  # one span per head: a [h, a, w] template
-        mask = soft_mask(distance, spans[:, None, None], ramp)[None, :, None]  # [1, h, 1, a, w]
-    else:  # one span per head and query: [b, h, n, a, 1]
-        per_query = rearrange(F.pad(spans, (0, right)), "b h (n a) -> b h n a", a=a)[..., None]
-        mask = soft_mask(distance, per_query, ramp)
-    relative = 0.0
-    if key_position is not None:  # q . p_x over the band: [b, h, n, a, w], as large as the band's scores
-        index = distance.long().clamp(1, max(reach, 1)) - 1  # outside the window: masked below anyway
-        relative = torch.einsum("bhnak,kaw->bhnaw", qb, key_position[:, index]) * q.shape[-1] ** -0.5
-    if distance_bias is not None:  # one [1, h, 1, a, w] template, the band's distances being the same per block
-        index = distance.long().clamp(1, max(reach, 1)) - 1
-        mask_bias = distance_bias[:, index][None, :, None]
-    neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
-    tiny = torch.finfo(q.dtype).tiny  # log(m) with -inf where m = 0; the clamp keeps log's gradient finite there
-
-    def attend(part: slice, allowed: Tensor) -> Tensor:
-        """SDPA over the blocks ``part`` with the log soft mask on the ``allowed`` keys. A row with
-        no allowed key attends to its own key instead (no NaN) and its result is then zeroed."""
-        empty = ~allowed.any(-1, keepdim=True)  # [..., a, 1]
-        allowed = allowed | (empty & itself)
-        score = mask.clamp_min(tiny).log()  # log m(0) = 0 on the stand-in key
-        if key_position is not None:
-            score = score + relative[:, :, part]
-        if distance_bias is not None:
-            score = score + mask_bias
-        bias = torch.where(allowed, score, neg_inf)
-        out = F.scaled_dot_product_attention(
-            qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout
-        )
-        return out.masked_fill(empty, 0.0)
-
-    # Allowed keys: in the window, a non-zero mask, and real (keys left of the cache do not exist,
-    # padded keys are masked). Keys right of the segment are only ever in a query's future, which
-    # the window already removes.
-    allowed = in_window & (mask > 0)  # [1, h, 1, a, w] or [b, h, n, a, w]
-    if key_valid is None and spans.dim() == 1:
-        # common case: only the first blocks reach before the first key; the others share one
-        # [1, h, 1, a, w] bias, broadcast by SDPA instead of materialised per block (with relative
-        # keys the q . p term makes it [b, h, n, a, w], the size of the band's scores)
-        head = min(n, -(-left // a))
-        parts = []
-        if head:
-            exists = torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device)
-            exists = F.pad(exists, (left, right), value=False).unfold(1, width, a)[:, :head]  # [1, head, w]
-            parts.append(attend(slice(0, head), allowed & exists[:, None, :, None, :]))
-        if head < n:
-            parts.append(attend(slice(head, n), allowed))
-        out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
-    else:
-        valid = key_valid if key_valid is not None else torch.ones(1, k.shape[2], dtype=torch.bool, device=q.device)
-        valid = F.pad(valid, (left, right), value=False).unfold(1, width, a)  # [b|1, n, w]
-        out = attend(slice(0, n), allowed & valid[:, None, :, None, :])
-    return rearrange(out, "b h n a k -> b h (n a) k")[:, :, :t]
 
 
 @ATTENTION.register("adaptive_span")
@@ -263,6 +140,7 @@ class AdaptiveSpanAttention(Attention):
         block_size: int = 0  # queries per block; 0 = auto (see auto_block_size)
         bias: bool = True  # bias in the q/k/v/output projections
         relative_keys: bool = False  # the paper's learned relative key embeddings p_x, x = 1 ... S (see notes)
+        share_relative_keys: bool = False  # one table for every layer, as the authors' code (needs relative_keys)
 
         def __post_init__(self) -> None:
             require(
@@ -278,6 +156,10 @@ class AdaptiveSpanAttention(Attention):
             require(self.l1 >= 0.0, f"l1 must be >= 0, got {self.l1}")
             require(self.block_size >= 0, f"block_size must be >= 0 (0 = auto), got {self.block_size}")
             require(self.cache_size >= 0, f"cache_size must be >= 0 (0 = max_span), got {self.cache_size}")
+            require(
+                self.relative_keys or not self.share_relative_keys,
+                "share_relative_keys=true shares the relative key table, which relative_keys=false does not build",
+            )
             if self.cache_size == 0:
                 self.cache_size = self.max_span
             require(
@@ -302,7 +184,7 @@ class AdaptiveSpanAttention(Attention):
         super().__init__(d_model, n_heads, **kwargs)
         o = self.options
         self.add_projections(bias=o.bias)
-        if o.relative_keys:  # one [d_head, S] table per layer shared by the heads, N(0, 1) as the authors' code
+        if o.relative_keys:  # a [d_head, S] table shared by the heads, N(0, 1) as the authors' code
             self.key_position = nn.Parameter(torch.randn(self.head_dim, o.max_span))
         if o.mode == "learned":
             # z = S * z', z' in [0, 1] (the authors' parameterisation)
@@ -310,6 +192,15 @@ class AdaptiveSpanAttention(Attention):
         elif o.mode == "dynamic":
             self.span_proj = nn.Linear(d_model, n_heads)  # v and b of z_t = S sigmoid(v . x_t + b)
             nn.init.constant_(self.span_proj.bias, o.dynamic_bias_init)
+
+    def share_with(self, first: Attention) -> None:
+        """With ``share_relative_keys``, use the first layer's relative key table (one Parameter)."""
+        if self.options.share_relative_keys and isinstance(first, AdaptiveSpanAttention):
+            require(
+                first.options.share_relative_keys and first.key_position.shape == self.key_position.shape,
+                "share_relative_keys: every layer must share a table of the same shape (same max_span and heads)",
+            )
+            self.key_position = first.key_position
 
     # -- spans ---------------------------------------------------------------------------------
     def spans(self, x: Tensor) -> Tensor:
@@ -324,7 +215,9 @@ class AdaptiveSpanAttention(Attention):
             return self.span_param.clamp(0.0, 1.0)
         if o.mode == "fixed":
             return torch.ones(self.n_heads, device=x.device, dtype=x.dtype)
-        return rearrange(torch.sigmoid(self.span_proj(x)), "b t h -> b h t")
+        # float32: z_t = S sigmoid(.) in tokens; a bf16 sigmoid (8 bits) would move z by up to S / 512
+        with float32(x, self.span_proj.weight, self.span_proj.bias) as (x, w, b):
+            return rearrange(torch.sigmoid(F.linear(x, w, b)), "b t h -> b h t")
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:

@@ -46,6 +46,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from zoo.attention.flex import DistanceBias
 from zoo.config import NoOptions, build_options, check_type, require
 from zoo.registry import Registry
 
@@ -137,6 +138,8 @@ class Attention(nn.Module):
     supports_memory: ClassVar[bool] = False  # segment memory / KV cache across calls
     supports_cross: ClassVar[bool] = False  # keys/values from another sequence
     causal_only: ClassVar[bool] = False  # only defined for causal (decoder) use
+    supports_causal: ClassVar[bool] = True  # False: the paper gives no causal form (Linformer's length projection)
+    no_causal_reason: ClassVar[str] = ""  # why supports_causal is False, for the refusal
     remembers_inputs: ClassVar[bool] = False  # state keeps past layer inputs: forward takes layer_input=
     no_cross_reason: ClassVar[str] = ""  # why supports_cross is False, for the builder's error
     content_routed: ClassVar[bool] = False  # which keys a query sees depends on content (LSH buckets):
@@ -146,6 +149,8 @@ class Attention(nn.Module):
     # what consumers read instead of the registry name
     score_terms: ClassVar[int] = 2  # products of each query with every key it sees: Q K^T and A V (XL adds Q R^T)
     memory_option: ClassVar[str | None] = None  # the option that sizes the memory kept across calls (XL: mem_len)
+    length_option: ClassVar[str | None] = None  # an option sizing parameters by the longest sequence (Linformer's
+    # max_len): left 0, the stack builder sets it to the model's max_len (the app raises that to the task's length)
     lra_row: ClassVar[str | None] = None  # the row of Long Range Arena's tables (Tay et al. 2020) it corresponds to
     # positions inside attention it applies to the pairs it computes: "rotary" and/or "pair_bias"
     position_kinds: ClassVar[tuple[str, ...]] = ()
@@ -178,6 +183,11 @@ class Attention(nn.Module):
         self.causal, self.dropout = bool(causal), float(dropout)
         self.layer_index = layer_index  # depth of the block holding this attention (interleaved patterns)
         self.options = build_options(self.Options, options, f"attention {name!r}")
+        require(  # after the options, so a mistyped option is named first
+            not causal or self.supports_causal,
+            f"attention {name!r} has no causal form ({self.no_causal_reason or 'supports_causal=False'}); "
+            "build it with causal=False (an encoder), or choose another attention for a decoder",
+        )
         if position is not None and position.kinds():
             reason = self.position_refusal(position)
             if reason is not None:
@@ -212,6 +222,16 @@ class Attention(nn.Module):
     @property
     def has_pair_bias(self) -> bool:
         return self.position is not None and self.position.pair_bias
+
+    def flex_bias(self, query_positions: Tensor, key_positions: Tensor, dtype: torch.dtype) -> DistanceBias | None:
+        """The position part's pair bias as FlexAttention's score_mod (``zoo.attention.flex.DistanceBias``)
+        over the distances of these queries [t] and keys [s] (a table of t + s - 1 entries at most), or None."""
+        if not self.has_pair_bias or query_positions.numel() == 0 or key_positions.numel() == 0:
+            return None
+        low = int(query_positions.min() - key_positions.max())
+        high = int(query_positions.max() - key_positions.min())
+        table = self.pair_bias(torch.arange(low, high + 1, device=query_positions.device), dtype)
+        return DistanceBias(table, low, query_positions, key_positions)
 
     def pair_bias(self, distance: Tensor, dtype: torch.dtype, head: Tensor | None = None) -> Tensor | None:
         """b_h(i - j) of the layer's position part for query-minus-key distances (long [...]) ->
@@ -284,6 +304,10 @@ class Attention(nn.Module):
         KV cache, the pattern caches, LSH's bucket cache) answers False: training never threads it."""
         return False
 
+    def share_with(self, first: Attention) -> None:
+        """Tie the parameters this mechanism shares across layers to those of ``first`` (the stack's first
+        attention); called by the stack builder for every later attention. Default: nothing is shared."""
+
     # -- what the mechanism sees and costs (None = it does not say: consumers print "unknown") -------------
     def keys_per_query(self, t: int) -> KeysPerQuery | None:
         """Keys a query attends to, averaged over a segment of ``t`` tokens under this layer's
@@ -313,16 +337,17 @@ class Attention(nn.Module):
         return FlopCount({"projections": t * self.projection_flops(), "attention": attention})
 
     @contextlib.contextmanager
-    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0) -> Iterator[bool]:
-        """For the duration of the ``with`` block, keep ``mem_len`` positions of memory in eval mode and
-        clamp relative distances at ``clamp_len`` (the papers' evaluation settings; 0 leaves a setting
-        alone); yields whether anything was set, and restores the old values afterwards. A mechanism
-        without such settings refuses any non-zero one, naming itself."""
-        if mem_len or clamp_len:
+    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0, same_length: bool = False) -> Iterator[bool]:
+        """For the duration of the ``with`` block, keep ``mem_len`` positions of memory in eval mode, clamp
+        relative distances at ``clamp_len`` and give every query the same number of keys (``same_length``;
+        the papers' evaluation settings; 0 / False leaves a setting alone); yields whether anything was set,
+        and restores the old values afterwards. A mechanism without such settings refuses any, naming itself."""
+        if mem_len or clamp_len or same_length:
             name = self.registry_name or type(self).__name__
             raise ValueError(
-                f"attention {name!r} has no evaluation memory or distance clamp to set (asked mem_len={mem_len}, "
-                f"clamp_len={clamp_len}); leave them 0 for it, or use a mechanism with segment memory (xl_rel)"
+                f"attention {name!r} has no evaluation memory, distance clamp or same-length window to set (asked "
+                f"mem_len={mem_len}, clamp_len={clamp_len}, same_length={same_length}); leave them unset for it, "
+                "or use a mechanism with segment memory (xl_rel)"
             )
         yield False
 
@@ -416,6 +441,15 @@ def _describe(value: Any) -> str:
     if isinstance(value, Tensor):
         return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     return type(value).__name__
+
+
+def require_length(max_len: int, name: str) -> None:
+    """Refuse a length-sized mechanism built on its own with ``max_len`` left 0 (only a model knows its length)."""
+    require(
+        max_len >= 1,
+        f"{name}: max_len=0 means the model's max_len, filled in when a model is built; built on its own, give "
+        "max_len (the longest sequence it will take)",
+    )
 
 
 def dense_keys(t: int, causal: bool, memory: int = 0) -> KeysPerQuery:

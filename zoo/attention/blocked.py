@@ -43,6 +43,7 @@ from einops import rearrange
 from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, guard_empty_rows, join_key_padding
+from zoo.attention.flex import Rule, flex_attend, use_flex
 from zoo.attention.pair_bias import attend_groups_biased, banded_biased, guard_rows
 
 STREAM_CHUNK = 256  # queries scored together against the cache: bounds the [chunk, keys] mask
@@ -94,9 +95,47 @@ class PatternAttention(Attention):
         if state is None:
             positions = torch.arange(x.shape[1], device=x.device)
             q, k = self.rotate(q, positions), self.rotate(k, positions)
-            return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
+            if self.on_flex(x.device):
+                out = self.attend_flex(q, positions, k, v, positions, pad_mask)
+            else:
+                out = self.attend(q, k, v, pad_mask)
+            return AttnOutput(self.to_out(self.merge_heads(out)))
         out, new_state = self.continue_stream(q, k, v, pad_mask, state)
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
+
+    # -- the FlexAttention backend (flex.py): the same rule as allowed(), run by FlexAttention ------------
+    def pair_rule(self, t: int) -> tuple[Rule, bool]:
+        """(rule(head, i, j), whether the heads differ) for a call over t positions: the pattern as a rule
+        over absolute positions, causal or not. Default: ``allowed`` (the same for every head)."""
+        return (lambda h, i, j: self.allowed(i, j)), False
+
+    @property
+    def backend(self) -> str:
+        """Option ``backend``: flex (FlexAttention), native (the blocked path) or auto (flex on CUDA). A
+        pattern whose Options has no such option (longformer: its global rows have their own projections,
+        which no single rule expresses) keeps its own path."""
+        return getattr(self.options, "backend", "native")
+
+    def on_flex(self, device: torch.device) -> bool:
+        return use_flex(self.backend, device, self.registry_name, self.attn_dropout)
+
+    def attend_flex(
+        self, q: Tensor, positions: Tensor, k: Tensor, v: Tensor, key_positions: Tensor, valid: Tensor | None
+    ) -> Tensor:
+        rule, heads_differ = self.pair_rule(int(key_positions.max()) + 1)
+        options = tuple(sorted(vars(self.options).items()))
+        return flex_attend(
+            q,
+            k,
+            v,
+            rule,
+            query_positions=positions,
+            key_positions=key_positions,
+            valid=valid,
+            heads_differ=heads_differ,
+            cache_key=(type(self).__name__, options, self.causal, self.layer_index, self.n_heads),
+            bias=self.flex_bias(positions, key_positions, q.dtype),
+        )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """The pattern's attention on projected heads: q, k, v [b, h, t, k] -> [b, h, t, k]."""
@@ -150,13 +189,18 @@ class PatternAttention(Attention):
         positions = torch.arange(cache.next, cache.next + t, device=q.device)
         q, k = self.rotate(q, positions), self.rotate(k, positions)  # cached rotated, at their stream positions
         if cache.k is None:  # nothing earlier: the pattern's own blocked pass is exact and cheapest
-            out = self.attend(q, k, v, pad_mask)
             keys, values, key_positions, valid = k, v, positions, pad_mask
+            flex = self.on_flex(q.device)
+            out = self.attend_flex(q, positions, k, v, positions, pad_mask) if flex else self.attend(q, k, v, pad_mask)
         else:
             keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
             key_positions = torch.cat([cache.position, positions])
             valid = join_key_padding(cache.valid, cache.length, pad_mask, q.transpose(1, 2))
-            out = self.attend_cached(q, positions, keys, values, key_positions, valid)
+            # a cache grows every call, and each new shape compiles FlexAttention again: only when asked by name
+            if self.backend == "flex" and self.on_flex(q.device):
+                out = self.attend_flex(q, positions, keys, values, key_positions, valid)
+            else:
+                out = self.attend_cached(q, positions, keys, values, key_positions, valid)
         return out, self.kept(keys, values, key_positions, valid, cache.next + t)
 
     def attend_cached(
@@ -338,7 +382,8 @@ def banded_attention(
         kw, vw = (torch.cat([w, x[:, :, None].expand(-1, -1, n, -1, -1)], dim=3) for w, x in ((kw, k_s), (vw, v_s)))
         extra = allowed_s[:, :, None, :].expand(-1, -1, block, -1)  # [b or 1, n, s, e]
         rows = max(mask.shape[0], extra.shape[0])
-        mask = torch.cat([mask.expand(rows, -1, -1, -1), extra.expand(rows, -1, -1, -1)], dim=-1)
+        # (a bidirectional pattern's mask has no query axis yet: [.., 1, w])
+        mask = torch.cat([mask.expand(rows, n, block, -1), extra.expand(rows, -1, -1, -1)], dim=-1)
     out = attend_groups(qb, kw, vw, mask, dropout=dropout)
     return rearrange(out, "b h n s k -> b h (n s) k")
 

@@ -53,6 +53,7 @@ from zoo.attention.blocked import (
     pad_time,
     padded_length,
 )
+from zoo.attention.flex import check_backend
 from zoo.config import build_options, require
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,12 @@ class Local1DAttention(PatternAttention):
         memory: int = 128  # l_m, positions before the query block that it also attends to
         sinks: int = 0  # the first positions every query also sees (attention sinks); 0 = none
         bias: bool = True  # bias in the q/k/v/output projections
+        backend: str = (
+            "auto"  # auto (FlexAttention on CUDA) | native (blocked SDPA) | flex (FlexAttention; CPU: forward only)
+        )
 
         def __post_init__(self) -> None:
+            check_backend(self.backend, "backend")
             require(isinstance(self.block, int) and self.block >= 1, f"block must be an int >= 1, got {self.block!r}")
             require(
                 isinstance(self.memory, int) and self.memory >= 0, f"memory must be an int >= 0, got {self.memory!r}"
@@ -107,8 +112,12 @@ class Local1DAttention(PatternAttention):
         return self.options.sinks + self.options.memory + self.options.block - 1
 
     def allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        start = (i // self.options.block) * self.options.block - self.options.memory  # the memory block's start
-        return (j <= i) & ((j >= start) | (j < self.options.sinks))
+        """The query's memory block and its own block (up to itself when causal), and the sinks."""
+        block = i // self.options.block
+        window = j >= block * self.options.block - self.options.memory
+        window = window & (j <= i if self.causal else j < (block + 1) * self.options.block)
+        sinks = j < self.options.sinks
+        return window | (sinks & (j <= i) if self.causal else sinks)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """q, k, v [b, h, t, k] -> [b, h, t, k]."""
@@ -203,8 +212,12 @@ class Local2DAttention(PatternAttention):
         flange_height: int = 8  # memory rows above the query block
         flange_width: int = 16  # memory columns left and right of the query block
         bias: bool = True
+        backend: str = (
+            "auto"  # auto (FlexAttention on CUDA) | native (blocked SDPA) | flex (FlexAttention; CPU: forward only)
+        )
 
         def __post_init__(self) -> None:
+            check_backend(self.backend, "backend")
             for key in ("width", "query_height", "query_width"):
                 require(
                     isinstance(getattr(self, key), int) and getattr(self, key) >= 1,
@@ -247,13 +260,14 @@ class Local2DAttention(PatternAttention):
 
     def allowed(self, i: Tensor, j: Tensor) -> Tensor:
         """Key (row, column) inside the query's block window (rows from R q_h - f_h through the block,
-        columns C q_w - f_w ... (C + 1) q_w + f_w - 1) and not after the query in raster order."""
+        columns C q_w - f_w ... (C + 1) q_w + f_w - 1), and when causal not after the query in raster order."""
         o = self.options
         qr, qc, kr, kc = i // o.width, i % o.width, j // o.width, j % o.width
         top = (qr // o.query_height) * o.query_height - o.flange_height
         left = (qc // o.query_width) * o.query_width - o.flange_width
         rows = (kr >= top) & (kr < top + o.flange_height + o.query_height)
-        return (j <= i) & rows & (kc >= left) & (kc < left + o.query_width + 2 * o.flange_width)
+        window = rows & (kc >= left) & (kc < left + o.query_width + 2 * o.flange_width)
+        return window & (j <= i) if self.causal else window
 
     def check_stream_position(self, end: int) -> None:
         o = self.options

@@ -86,6 +86,7 @@ from zoo.attention.sorted_chunks import (
     _UnitKeys,
 )
 from zoo.config import require
+from zoo.train.precision import float32
 
 
 @ATTENTION.register("lsh")
@@ -226,7 +227,9 @@ class LSHAttention(SharedQKProjections):
 
     def hash(self, qk: Tensor, real: Tensor, n_buckets: int) -> Tensor:
         """qk [b, h, t, k], real [b, t] -> buckets [b, h, R, t] in [0, n_buckets]; padding -> n_buckets."""
-        with torch.no_grad():
+        # float32: the sort follows the argmax of the rotated vectors; in bf16 (8 bits) close
+        # projections round together, so buckets would hinge on rounding and ties pile on one side
+        with torch.no_grad(), float32(qk) as (qk,):
             rotated = torch.einsum("bhtk,hkrn->bhrtn", qk, self.rotations(n_buckets, qk.device, qk.dtype))
             # argmax over [xR ; -xR] without building the concatenation
             top, top_index = rotated.max(-1)

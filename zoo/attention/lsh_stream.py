@@ -85,6 +85,8 @@ def stream_lsh(
         cache.bucket.fill_(n_buckets + 1)
     elif cache.keys.shape[0] != b:
         raise ValueError(f"lsh: the cache holds batch size {cache.keys.shape[0]}, the input has {b}")
+    if t == 1:  # decoding: no sort needed, the cache already holds each bucket's window
+        return _one_token(qk, v, buckets, cache, chunk, n_buckets, dropout, bias_of)
     outs = []
     for start in range(0, t, PIECE):
         piece = slice(start, start + PIECE)
@@ -144,6 +146,57 @@ def _piece(
     out = torch.einsum("bhrtw,bhrtwk->bhrtk", probs, window_values)
     out = (out * torch.softmax(lse, dim=2)[..., None]).sum(2) if rounds > 1 else out[:, :, 0]
     return out, _kept(keys, values, bucket, position, order, sorted_bucket, c, n_buckets, slots, cache.next + t)
+
+
+def _one_token(
+    qk: Tensor,
+    v: Tensor,
+    buckets: Tensor,
+    cache: LSHCache,
+    c: int,
+    n_buckets: int,
+    dropout: float,
+    bias_of: Callable[[Tensor, Tensor], Tensor] | None,
+) -> tuple[Tensor, LSHCache]:
+    """One new token: its keys in round r are the cached items of its bucket (the cache keeps exactly
+    the c most recent ones), scored in place over all N slots under a mask (O(N k), no sort); it then
+    takes an empty slot, or the slot of its bucket's oldest item when the bucket is full."""
+    k = qk.shape[-1]
+    bucket = buckets[..., 0]  # [b, h, R]
+    filled = cache.position >= 0
+    same = (cache.bucket == bucket[..., None]) & filled  # [b, h, R, N]
+    scores = torch.einsum("bhk,bhrnk->bhrn", qk[:, :, 0] * k**-0.5, cache.keys)
+    if bias_of is not None:  # the cached items carry their positions; empty slots are masked below
+        head = torch.arange(qk.shape[1], device=qk.device).view(1, -1, 1, 1)
+        scores = scores + bias_of(cache.next - cache.position, head)
+    scores = scores.masked_fill(~same, MASKED_SCORE)
+    scores = torch.cat([scores, torch.full_like(scores[..., :1], SELF_SCORE)], dim=-1)  # oneself, last
+    lse = torch.logsumexp(scores, dim=-1)  # [b, h, R]
+    probs = torch.exp(scores - lse[..., None])
+    if dropout > 0:
+        probs = F.dropout(probs, p=dropout)
+    out = torch.einsum("bhrn,bhrnk->bhrk", probs[..., :-1], cache.values) + probs[..., -1:] * v[:, :, None, 0]
+    rounds = bucket.shape[-1]
+    out = (out * torch.softmax(lse, dim=-1)[..., None]).sum(2) if rounds > 1 else out[:, :, 0]
+    # the slot it takes: the first empty one while its bucket has room, else its bucket's oldest item
+    oldest = cache.position.masked_fill(~same, torch.iinfo(torch.long).max).argmin(-1)
+    empty = (~filled).to(torch.uint8).argmax(-1)
+    slot = torch.where(same.sum(-1) < c, empty, oldest)[..., None]  # [b, h, R, 1]
+    real = bucket < n_buckets  # padding is never kept
+    position = torch.full_like(slot, cache.next)
+    new_position = cache.position.scatter(
+        -1, slot, torch.where(real[..., None], position, cache.position.gather(-1, slot))
+    )
+    new_bucket = cache.bucket.scatter(
+        -1, slot, torch.where(real[..., None], bucket[..., None], cache.bucket.gather(-1, slot))
+    )
+    index = slot[..., None].expand(-1, -1, -1, -1, k)
+    unit = F.normalize(qk[:, :, 0], dim=-1)[:, :, None, None].expand(-1, -1, rounds, -1, -1)
+    keep = real[..., None, None]
+    new_keys = cache.keys.scatter(3, index, torch.where(keep, unit, cache.keys.gather(3, index))).detach()
+    value = v[:, :, 0][:, :, None, None].expand(-1, -1, rounds, -1, -1)
+    new_values = cache.values.scatter(3, index, torch.where(keep, value, cache.values.gather(3, index))).detach()
+    return out[:, :, None], LSHCache(new_keys, new_values, new_bucket, new_position, cache.next + 1)
 
 
 def _kept(

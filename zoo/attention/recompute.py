@@ -7,7 +7,8 @@ shaped score tensors together and keeps both. :func:`recompute_in_backward` keep
 (q, k, v, spans: O(t d)) and runs the same computation again under autograd when backward needs
 it, the recomputation of Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost",
 arXiv:1604.06174) applied to one attention call. Gradients are those of the wrapped function
-exactly (the same operations run, with the same random numbers for dropout); the price is one
+exactly (the same operations run, with the same random numbers for dropout, under the same
+autocast state: :class:`zoo.train.precision.AutocastState`); the price is one
 more forward pass of the attention in backward. The band exists only while one layer's backward
 runs, never for all layers at once.
 """
@@ -18,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from zoo.train.precision import AutocastState
 
 
 class _Recomputed(torch.autograd.Function):
@@ -33,6 +36,7 @@ class _Recomputed(torch.autograd.Function):
                 torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             )
         ctx.save_for_backward(*inputs)
+        ctx.autocast = AutocastState.now(next(x.device for x in inputs if x is not None))  # bf16: replayed in backward
         with torch.no_grad():
             return fn(*inputs)
 
@@ -48,7 +52,8 @@ class _Recomputed(torch.autograd.Function):
                 torch.set_rng_state(ctx.rng[1])
                 if devices:
                     torch.cuda.set_rng_state(ctx.rng[2], devices[0])
-            out = ctx.fn(*inputs)
+            with ctx.autocast.replay():
+                out = ctx.fn(*inputs)
         wanted = [x for x in inputs if x is not None and x.requires_grad]
         grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True)) if wanted else iter(())
         return (None, None, *(next(grads) if x is not None and x.requires_grad else None for x in inputs))

@@ -47,6 +47,7 @@ SDPA is the fast path (see BENCHMARKS.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -66,6 +67,7 @@ from zoo.attention.blocked import (
     padded_length,
     windows,
 )
+from zoo.attention.flex import check_backend
 from zoo.attention.recompute import recompute_in_backward
 from zoo.config import require
 
@@ -120,25 +122,38 @@ class FactorisedSparseAttention(PatternAttention):
         """Earlier keys A1 lets a query at a position >= o see, at most."""
         raise NotImplementedError
 
-    def first_allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        """A1 in absolute positions (causal): i [c, 1], j [1, s] -> bool [c, s]."""
+    def first_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
+        """A1 over absolute positions (i query, j key; broadcastable) for stride l."""
         raise NotImplementedError
 
-    def second_allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        """A2 in absolute positions (causal)."""
+    def second_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
+        """A2 over absolute positions for stride l."""
         raise NotImplementedError
 
     def allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        patterns = self.head_patterns()
-        sets = {"A1": self.first_allowed, "A2": self.second_allowed}
-        if len(set(patterns)) == 1:
-            return self._heads_allowed(patterns[0], sets, i, j)
-        return torch.stack([self._heads_allowed(p, sets, i, j) for p in patterns])  # per_head: [h, c, s]
+        """The heads' sets at the configured stride: [c, s], or [h, c, s] when the heads differ (per_head)."""
+        rule, heads_differ = self.pair_rule(0)
+        h = (
+            torch.arange(self.n_heads, device=i.device)[:, None, None]
+            if heads_differ
+            else torch.zeros((), dtype=torch.long)
+        )
+        return rule(h, i, j)
 
-    @staticmethod
-    def _heads_allowed(pattern: str, sets, i: Tensor, j: Tensor) -> Tensor:
-        parts = [sets[name](i, j) for name in pattern.split("|")]
-        return parts[0] if len(parts) == 1 else parts[0] | parts[1]
+    def pair_rule(self, t: int):
+        """rule(head, i, j) for a call over t positions (the stride it picks when stride=0): a head's set
+        A1, A2 or their union; per_head gives the first half A1 and the rest A2."""
+        stride = self.stride_for(t)
+        first = functools.partial(self.first_allowed, stride=stride)
+        second = functools.partial(self.second_allowed, stride=stride)
+        patterns = set(self.head_patterns())
+        if patterns == {"A1|A2"}:
+            return (lambda h, i, j: first(i, j) | second(i, j)), False
+        if len(patterns) == 1:
+            part = first if patterns == {"A1"} else second
+            return (lambda h, i, j: part(i, j)), False
+        half = self.n_heads // 2
+        return (lambda h, i, j: torch.where(h < half, first(i, j), second(i, j))), True
 
     def stride_for(self, t: int) -> int:
         """l for a sequence of length t: the configured stride, or ceil(sqrt(t)) when stride=0."""
@@ -215,8 +230,12 @@ class StridedSparseAttention(FactorisedSparseAttention):
         stride: int = 128  # l; 0 = ceil(sqrt(t)) for each call (the paper's l ~ sqrt(n))
         combine: str = "interleaved"  # interleaved | union | per_head (Section 4.3)
         bias: bool = True  # bias in the q/k/v/output projections
+        backend: str = (
+            "auto"  # auto (FlexAttention on CUDA) | native (blocked SDPA) | flex (FlexAttention; CPU: forward only)
+        )
 
         def __post_init__(self) -> None:
+            check_backend(self.backend, "backend")
             require(
                 isinstance(self.stride, int) and self.stride >= 0,
                 f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}",
@@ -228,11 +247,12 @@ class StridedSparseAttention(FactorisedSparseAttention):
     def first_bound(self) -> int:
         return self.options.stride  # A1 = the l previous positions
 
-    def first_allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        return (j <= i) & (j >= i - self.options.stride)
+    def first_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
+        return ((j <= i) & (j >= i - stride)) if self.causal else (i - j).abs() <= stride
 
-    def second_allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        return (j <= i) & ((i - j) % self.options.stride == 0)
+    def second_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
+        column = (i - j) % stride == 0
+        return column & (j <= i) if self.causal else column
 
     def set_keys(self, t: int, stride: int) -> tuple[float, float]:
         """A1: the l previous positions and the query (2l + 1 when bidirectional); A2: every l-th

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from zoo.attention.base import ATTENTION
 from zoo.attention.blocked import attend_groups, joint_softmax
+from zoo.attention.flex import check_backend
 from zoo.attention.sparse import COMBINE, FactorisedSparseAttention
 from zoo.config import require
 
@@ -28,8 +29,12 @@ class FixedSparseAttention(FactorisedSparseAttention):
         c: int = 8  # summary positions per block (the paper uses 8, 16 or 32 for l = 128 or 256)
         combine: str = "interleaved"  # interleaved | union | per_head (Section 4.3)
         bias: bool = True
+        backend: str = (
+            "auto"  # auto (FlexAttention on CUDA) | native (blocked SDPA) | flex (FlexAttention; CPU: forward only)
+        )
 
         def __post_init__(self) -> None:
+            check_backend(self.backend, "backend")
             require(
                 isinstance(self.stride, int) and self.stride >= 0,
                 f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}",
@@ -50,11 +55,13 @@ class FixedSparseAttention(FactorisedSparseAttention):
     def first_bound(self) -> int:
         return self.options.stride - 1  # the own block's positions before the next one
 
-    def first_allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        return (j <= i) & (j // self.options.stride == i // self.options.stride)
+    def first_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
+        block = j // stride == i // stride
+        return block & (j <= i) if self.causal else block
 
-    def second_allowed(self, i: Tensor, j: Tensor) -> Tensor:
-        return (j <= i) & (j % self.options.stride >= self.options.stride - self.options.c)
+    def second_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
+        summary = j % stride >= stride - self.options.c
+        return summary & (j <= i) if self.causal else summary
 
     def still_needed(self, j: Tensor, next_position: int) -> Tensor:
         """Summary positions, forever; the own block's earlier positions while A1 is read."""

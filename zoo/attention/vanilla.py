@@ -43,6 +43,7 @@ from zoo.attention.base import (
     guard_empty_rows,
     join_key_padding,
 )
+from zoo.attention.flex import DistanceBias, check_backend, flex_attend, use_flex
 from zoo.attention.pair_bias import biased_sdpa
 from zoo.config import require
 
@@ -115,8 +116,10 @@ class VanillaAttention(Attention):
         bias: bool = True  # bias in the q/k/v/output projections
         max_cache: int = 0  # keep at most this many cached tokens (0 = unbounded)
         sinks: int = 0  # of those, the stream's first k stay (attention sinks); needs max_cache > k
+        backend: str = "auto"  # auto (flex on CUDA) | native (fused SDPA) | flex (FlexAttention; CPU: forward only)
 
         def __post_init__(self) -> None:
+            check_backend(self.backend, "backend")
             require(self.max_cache >= 0, f"max_cache must be >= 0 (0 = unbounded), got {self.max_cache}")
             require(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
             require(
@@ -158,22 +161,51 @@ class VanillaAttention(Attention):
         self.check_inputs(x, context, pad_mask, state)
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
         dropout = self.dropout if self.training else 0.0
+        q_pos = k_pos = None
         if context is not None:  # cross-attention: two timelines, no positions inside attention
             k, v, key_pad, new_state = self._cross_keys(context, pad_mask, state)
             causal = False
         else:
             q, k, v, key_pad, new_state, q_pos, k_pos = self._self_keys(q, x, pad_mask, state)
             causal = self.causal
-            if self.has_pair_bias:
-                bias_of = lambda d: self.pair_bias(d, q.dtype)  # noqa: E731
-                out = biased_sdpa(
-                    q, k, v, bias_of, q_pos=q_pos, k_pos=k_pos, causal=causal, key_pad=key_pad, dropout=dropout
-                )
-                return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
         t, s = q.shape[2], k.shape[2]
-        mask, is_causal = _sdpa_mask(t, s, causal, key_pad, x.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout)
+        cached = state is not None and s > t  # a growing cache: a new shape (a new compilation) every call
+        if (self.options.backend == "flex" or not cached) and use_flex(
+            self.options.backend, x.device, "vanilla", dropout
+        ):
+            bias = None if q_pos is None else self.flex_bias(q_pos, k_pos, q.dtype)
+            out = self.attend_flex(q, k, v, key_pad, causal, bias)
+        elif q_pos is not None and self.has_pair_bias:
+            bias_of = lambda d: self.pair_bias(d, q.dtype)  # noqa: E731
+            out = biased_sdpa(
+                q, k, v, bias_of, q_pos=q_pos, k_pos=k_pos, causal=causal, key_pad=key_pad, dropout=dropout
+            )
+        else:
+            mask, is_causal = _sdpa_mask(t, s, causal, key_pad, x.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout)
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
+
+    def attend_flex(
+        self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, bias: DistanceBias | None = None
+    ) -> Tensor:
+        """The same attention through FlexAttention: keys numbered 0 ... s - 1 in cache order, the t
+        queries the last t of them (a cache's keys all precede them, sinks included), so causality is j <= i.
+        ``bias``: a position part's pair bias over the stream positions it counts by (score_mod)."""
+        t, s = q.shape[2], k.shape[2]
+        keys = torch.arange(s, device=q.device)
+        rule = (lambda h, i, j: j <= i) if causal else (lambda h, i, j: j >= 0)
+        return flex_attend(
+            q,
+            k,
+            v,
+            rule,
+            query_positions=keys[s - t :],
+            key_positions=keys,
+            valid=key_pad,
+            heads_differ=False,
+            cache_key=("vanilla", causal),
+            bias=bias,
+        )
 
     def _self_keys(self, q: Tensor, x: Tensor, pad_mask: Tensor | None, state: KVCache | None):
         """Queries and keys/values of [cache ; segment] with the position part applied, their key

@@ -24,10 +24,8 @@ to ``scaled_dot_product_attention(q + u, k, v)``, whose fused kernel then runs; 
 SDPA would fall back to its unfused path (it cannot differentiate a float mask), so the block's
 scores are written out and the shifted term is added in place. Blocks keep each [c, n] tile in
 cache and let causal blocks skip the keys after their last query (a quarter of the work when
-m = t). Measured on this CPU at t = m = 1,024, 4 heads x 64, forward + backward, 2 threads: one
-unblocked bias through SDPA 220 ms, blocks of 256 105 ms, plain causal SDPA with no positional
-term at all 72 ms; at 1 thread under load, written-out blocks of 128 were ~15% faster than SDPA's
-unfused path.
+m = t). Measured here at t = m = 1,024, 4 heads x 64, forward + backward, 2 threads: one unblocked
+bias through SDPA 220 ms, blocks of 256 105 ms, plain causal SDPA without the positional term 72 ms.
 
 Memory (``XLMemory``): the layer's input hidden states of the last ``mem_len`` positions,
 detached, plus their padding mask. In a pre-norm block (TrXL-I, GTrXL) the memory holds the raw
@@ -38,11 +36,13 @@ positions and never normalises with stale weights (``LayerInput`` in attention/b
 784 and evaluates with 3,800 on enwik8. Every call returns the memory (bounded by mem_len), so
 ``model(tokens, state=out.state)`` continues a stream segment by segment or token by token.
 
-Deviations: u, v and W_R belong to each layer (the reference code's ``untie_r`` option; the
-paper shares u, v across layers). No bias in the projections (as the reference code). ``clamp_len``
-(> 0) clamps |i - j| so that every distance beyond it uses r_{clamp_len} (the reference code's
-eval option). Projected positional keys are cached while gradients are off and the weights are
-unchanged (generation and evaluation re-use them every step).
+Reference-code options: ``same_length`` (every released eval script) gives each query the last L =
+memory-length keys up to and including itself (i - L < j <= i), the same number for every query;
+``clamp_len`` (> 0) makes every distance past it use r_{clamp_len}; ``share_biases`` ties one (u, v)
+pair across layers (the paper's and ``MemTransformerLM.r_w_bias / r_r_bias``; the stack builder ties them
+through ``share_with``), else each layer has its own. W_R belongs to each layer, as in both. No bias in
+the projections (as the reference code). Projected positional keys are cached while gradients are off
+and the weights are unchanged (generation and evaluation re-use them every step).
 
 Shapes: x [b, t, d]; memory [b, m, d]; pad_mask [b, t] (True = real); heads h of size k = d / h.
 """
@@ -128,6 +128,8 @@ class XLRelativeAttention(Attention):
         eval_mem_len: int = 0  # memory kept in eval mode (0 = mem_len); longer evaluation context
         clamp_len: int = 0  # distances beyond this share r_{clamp_len} (0 = no clamping)
         block_size: int = 128  # queries per block of the computation (speed only, not maths)
+        same_length: bool = False  # every query sees the last memory-length keys up to itself (reference's eval)
+        share_biases: bool = False  # one u, v pair for every layer, as the paper and the reference code
 
         def __post_init__(self) -> None:
             require(
@@ -165,6 +167,11 @@ class XLRelativeAttention(Attention):
         self.v = nn.Parameter(torch.randn(n_heads, self.head_dim) * 0.02)  # global position bias
         self._r_cache: tuple | None = None
 
+    def share_with(self, first: Attention) -> None:
+        """With ``share_biases``, use the first layer's u and v (one pair of Parameters for the model)."""
+        if self.options.share_biases and isinstance(first, XLRelativeAttention) and first.options.share_biases:
+            self.u, self.v = first.u, first.v
+
     # -- memory ------------------------------------------------------------------------------
     def init_state(self, batch_size: int) -> XLMemory:
         return XLMemory()
@@ -185,21 +192,24 @@ class XLRelativeAttention(Attention):
         return KeysPerQuery(mem + own, f"memory {mem} + {'causal ' if self.causal else ''}segment")
 
     @contextlib.contextmanager
-    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0) -> Iterator[bool]:
-        """The paper's evaluation settings for a ``with`` block: ``eval_mem_len`` and ``clamp_len``
-        (0 leaves one alone), restored afterwards; the positional-key table is rebuilt for the clamp."""
+    def evaluation_memory(self, mem_len: int = 0, clamp_len: int = 0, same_length: bool = False) -> Iterator[bool]:
+        """The paper's evaluation settings for a ``with`` block: ``eval_mem_len``, ``clamp_len`` and
+        ``same_length`` (0 / False leaves one alone), restored afterwards; the positional-key table is rebuilt
+        for the clamp."""
         for key, value in (("mem_len", mem_len), ("clamp_len", clamp_len)):
             require(isinstance(value, int) and value >= 0, f"xl_rel: evaluation {key} must be an int >= 0, got {value}")
-        saved = (self.options.eval_mem_len, self.options.clamp_len)
+        saved = (self.options.eval_mem_len, self.options.clamp_len, self.options.same_length)
         try:
             if mem_len:
                 self.options.eval_mem_len = mem_len
             if clamp_len:
                 self.options.clamp_len = clamp_len
+            if same_length:
+                self.options.same_length = True
             self._r_cache = None  # relative embeddings depend on clamp_len
-            yield bool(mem_len or clamp_len)
+            yield bool(mem_len or clamp_len or same_length)
         finally:
-            self.options.eval_mem_len, self.options.clamp_len = saved
+            self.options.eval_mem_len, self.options.clamp_len, self.options.same_length = saved
             self._r_cache = None
 
     @property
@@ -238,6 +248,8 @@ class XLRelativeAttention(Attention):
         keep = self.memory_length
         if keep == 0:
             return XLMemory()
+        # float32: the memory keeps the layer's inputs as they are, float32 under bf16 autocast (only
+        # their projections run in bf16), so carried from segment to segment it is never rounded to bf16
         states = keys_in[:, -keep:].detach()
         memory = XLMemory(states, None if key_pad is None else key_pad[:, -keep:])
         if cache is not None:
@@ -330,6 +342,7 @@ class XLRelativeAttention(Attention):
         r_keys = self._positional_keys(s - 1, width_all, x.device, q.dtype)  # [h, width_all, k]
 
         with_grad = torch.is_grad_enabled()
+        window = m if self.options.same_length and self.memory_length else None  # key index of the first query
         outs = []
         for i0 in range(0, t, self.options.block_size):
             i1 = min(t, i0 + self.options.block_size)
@@ -339,7 +352,7 @@ class XLRelativeAttention(Attention):
             first = t - i1  # the block's largest distance, m + i1 - 1, sits at this column of r_keys
             position = q_position[:, :, i0:i1] @ r_keys[:, first : first + width].transpose(-1, -2)  # [b, h, c, width]
             bias = rel_shift(position, n)  # [b, h, c, n], a view into a fresh buffer
-            allowed = self._allowed(c, n, key_pad, x.device)
+            allowed = self._allowed(c, n, key_pad, x.device, window=None if window is None else window + i0)
             if with_grad:
                 # SDPA cannot return the gradient of a float mask, so it would fall back to its
                 # unfused path anyway; written out, the positional scores are added in place
@@ -370,9 +383,18 @@ class XLRelativeAttention(Attention):
     def to_kv(self, keys_in: Tensor) -> tuple[Tensor, Tensor]:
         return F.linear(keys_in, self.to_qkv.weight[self.d_model :]).chunk(2, dim=-1)
 
-    def _allowed(self, c: int, n: int, key_pad: Tensor | None, device: torch.device) -> Tensor | None:
-        """bool [b or 1, 1, c, n]: the block's last query is the last of the n keys when causal."""
+    def _allowed(
+        self, c: int, n: int, key_pad: Tensor | None, device: torch.device, window: int | None = None
+    ) -> Tensor | None:
+        """bool [b or 1, 1, c, n]: the block's last query is the last of the n keys when causal. ``window``
+        (same_length): the block's first query sits at key index ``window``; each query keeps only the
+        last memory-length keys up to itself."""
         allowed = causal_allowed(c, n, device)[None, None] if self.causal else None
+        if window is not None:
+            length = self.memory_length
+            query = torch.arange(window, window + c, device=device)[:, None]
+            recent = torch.arange(n, device=device)[None, :] > query - length  # key j > i - L
+            allowed = recent[None, None] if allowed is None else allowed & recent
         if key_pad is not None:
             pad = key_pad[:, None, None, :n]
             allowed = pad if allowed is None else allowed & pad

@@ -20,7 +20,9 @@ its min-max over rounds: the only timing that holds on a machine whose load drif
 ``paired_rounds.csv``, ``paired.md``, ``paired.png``); ``--flops`` adds the share of the matmul FLOP
 bound reached where the count is known (the Reformer). ``--device`` (auto: CUDA when present)
 measures on a GPU (synchronised clocks; ``gpu_peak_mib`` = ``torch.cuda.max_memory_allocated``);
-``--compile`` adds every variant under ``torch.compile`` as ``<label>+compile``. ``--generate`` measures
+``--compile`` adds every variant under ``torch.compile`` as ``<label>+compile``; ``--precision bf16``
+times every step under bf16 autocast (CUDA or CPU), ``--precision fp32,bf16`` each variant beside its
+bf16 twin ``<label>+bf16`` (with ``--paired``: the bf16 speed-up per round). ``--generate`` measures
 decoding instead: tokens per second and the state's MiB at each context (:mod:`zoo.bench.generate`).
 
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
@@ -56,6 +58,7 @@ from zoo.bench.report import write_outputs, write_paired
 from zoo.bench.timing import pick_device
 from zoo.bench.variants import add_variant_arguments, parse_set, variants_from_args
 from zoo.registry import import_plugins
+from zoo.train.precision import check_precision
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +107,19 @@ def main(argv: list[str] | None = None) -> int:
         "(generate.csv, generate_rounds.csv, generate.md, generate.png)",
     )
     parser.add_argument("--new-tokens", type=int, default=16, help="--generate: tokens decoded per round")
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=4096,
+        help="--generate: prompt tokens per call of the prefill (0 = one call)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="--paired / --generate: recorded rounds")
+    parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="--paired: time one forward in eval mode under no_grad (evaluation's cost; FlexAttention's only path on "
+        "a CPU) instead of a training step",
+    )
     parser.add_argument(
         "--flops",
         action="store_true",
@@ -142,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = variants_from_args(args)
         overrides = parse_set(args.set)
         device = pick_device(args.device)
+        for precision in dict.fromkeys(v.precision for v in variants):
+            check_precision(precision, device, key="--precision")
     except (ValueError, ImportError) as error:  # a bad name, item, module or device: the message says which
         parser.error(str(error))
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
@@ -158,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         heads=args.heads,
         vocab=args.vocab,
         device=str(device),
+        precision=args.precision,
     )
     sizes = dict(
         d_model=args.d_model,
@@ -180,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             layers=layers[0],
             max_seconds=args.max_seconds,
+            prefill_chunk=args.prefill_chunk,
             **sizes,
         )
         meta.update(load=load_average())
@@ -197,7 +216,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"--baseline {baseline}"
             )
         round_rows, summary = run_paired(
-            variants, lengths, baseline, rounds=args.rounds, layers=layers[0], flops=args.flops, **sizes
+            variants,
+            lengths,
+            baseline,
+            rounds=args.rounds,
+            layers=layers[0],
+            flops=args.flops,
+            forward_only=args.forward_only,
+            **sizes,
         )
         meta.update(title=args.title, layers=layers[0], load=load_average())
         paths = write_paired(round_rows, summary, Path(args.out), meta)

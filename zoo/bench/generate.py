@@ -1,16 +1,17 @@
 """Decoding speed and cache size against context length: ``python -m zoo.bench --generate``.
 
 For each context length L and each variant (a causal LM built as ``zoo.bench`` builds it, without
-gradients, in eval mode): the prompt of L tokens is fed once through ``model.init_state`` (the
-prefill, timed once), then every round decodes ``--new-tokens`` tokens one at a time from that same
-prefilled state (states are values: each round starts from it again), the variants timed in the
-rotated order of :func:`zoo.bench.timing.paired_rounds`. Reported per point: tokens per second
-(median over rounds, with min-max), the state's bytes after the prefill (``cache_mib``: every tensor
-the model carries, all layers), the bound the layer answers (``state_bound``, None = grows with the
-stream) and the prefill seconds. A model that cannot continue a sequence is listed with its
-refusal, not measured; a variant whose prefill fails or exceeds ``--max-seconds`` is skipped at
-longer contexts, with the reason in the table. Bounded mechanisms should show constant tokens/s and
-cache bytes; the dense ones fall and grow with L.
+gradients, in eval mode): the prompt of L tokens is fed through ``model.init_state`` (the prefill,
+``--prefill-chunk`` tokens per call so that a dense layer's scores stay [chunk, L]; timed once), then
+every round decodes ``--new-tokens`` tokens one at a time from that same prefilled state (states are
+values: each round starts from it again), the variants timed in the rotated order of
+:func:`zoo.bench.timing.paired_rounds`. Reported per point: tokens per second (median over rounds,
+with min-max), the state's bytes after the prefill (``cache_mib``: every tensor the model carries, all
+layers), the bound the layers answer (``state_bound``, None = grows with the stream) and the prefill
+seconds. A model that cannot continue a sequence is listed with its refusal, not measured; a variant
+whose prefill fails or exceeds ``--max-seconds`` is skipped at longer contexts, with the reason in the
+table. Bounded mechanisms should show constant tokens/s and cache bytes; the dense ones fall and grow
+with L.
 
 Outputs in ``--out``: ``generate.csv``, ``generate_rounds.csv``, ``generate.md``, ``generate.png``.
 """
@@ -32,6 +33,7 @@ from zoo.bench.timing import clocked, paired_rounds
 from zoo.bench.variants import Variant, build
 from zoo.models.base import map_tensors
 from zoo.train.meter import synchronize
+from zoo.train.precision import autocast
 
 
 def state_bytes(state: Any) -> int:
@@ -64,6 +66,7 @@ def run_generate(
     threads: int = 2,
     device: torch.device | str = "cpu",
     max_seconds: float = 120.0,
+    prefill_chunk: int = 4096,
     progress: Callable[[str], None] = print,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one row per round and variant, one summary row per context and variant)."""
@@ -79,7 +82,11 @@ def run_generate(
         steps, rows = {}, {}
         for variant in variants:
             row: dict[str, Any] = dict(
-                variant=variant.label, context=context, new_tokens=new_tokens, device=str(device)
+                variant=variant.label,
+                context=context,
+                new_tokens=new_tokens,
+                device=str(device),
+                precision=variant.precision,
             )
             rows[variant.label] = row
             if stop[variant.label]:
@@ -93,10 +100,10 @@ def run_generate(
                     row["status"] = f"refused: {reason}"
                     stop[variant.label] = "cannot continue a sequence"
                     continue
-                with torch.no_grad():
+                with torch.no_grad(), autocast(device, variant.precision):
                     synchronize(device)
                     start = time.perf_counter()
-                    out = model(prompt, state=model.init_state(batch))
+                    out = prefill_state(model, prompt, prefill_chunk)
                     synchronize(device)
                     prefill = time.perf_counter() - start
                 row.update(
@@ -105,7 +112,7 @@ def run_generate(
                     cache_mib=state_bytes(out.state) / 2**20,
                     state_bound=layer_bound(model),
                 )
-                steps[variant.label] = clocked(_decoder(model, out, new_tokens), device)
+                steps[variant.label] = clocked(_decoder(model, out, new_tokens, variant.precision), device)
                 if prefill > max_seconds:
                     stop[variant.label] = f"prefill > {max_seconds:.0f} s"
             except Exception as error:  # noqa: BLE001  (recorded in the table, not hidden)
@@ -134,12 +141,23 @@ def run_generate(
     return round_rows, summary
 
 
-def _decoder(model: torch.nn.Module, prefilled: Any, new_tokens: int) -> Callable[[], None]:
+def prefill_state(model: torch.nn.Module, prompt: torch.Tensor, chunk: int) -> Any:
+    """The model's output after reading ``prompt`` through its state, ``chunk`` tokens per call (a stream
+    fed in pieces equals one call, so this only bounds the memory of a dense layer's [chunk, context]
+    scores; 0 = one call)."""
+    state, out = model.init_state(prompt.shape[0]), None
+    for piece in prompt.split(chunk or prompt.shape[1], dim=1):
+        out = model(piece, state=state)
+        state = out.state
+    return out
+
+
+def _decoder(model: torch.nn.Module, prefilled: Any, new_tokens: int, precision: str) -> Callable[[], None]:
     """Decode ``new_tokens`` greedy tokens from the prefilled output, one at a time through the state."""
 
     def decode() -> None:
         out = prefilled
-        with torch.no_grad():
+        with torch.no_grad(), autocast(prefilled.logits.device, precision):
             for _ in range(new_tokens):
                 out = model(out.logits[:, -1].argmax(-1, keepdim=True), state=out.state)
 
@@ -167,7 +185,8 @@ def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> st
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}, {meta['threads']} threads; "
+        f"Machine: {meta['machine']}; device {meta['device']}, precision {meta.get('precision', 'fp32')}; "
+        f"torch {meta['torch']}, {meta['threads']} threads; "
         f"batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, {meta['layers']} layers, vocab "
         f"{meta['vocab']}; load average before {meta['load_before']}, after {meta['load']}. Each round decodes "
         f"{meta['new_tokens']} tokens one at a time from the same prefilled state, the variants in an order "
@@ -200,22 +219,25 @@ def plot_generate(summary: list[dict[str, Any]], path: Path, meta: dict[str, Any
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label in dict.fromkeys(r["variant"] for r in summary):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    labels = list(dict.fromkeys(r["variant"] for r in summary))
+    colours = plt.get_cmap("tab20")(range(len(labels)))
+    for index, label in enumerate(labels):
         points = [r for r in summary if r["variant"] == label and "tokens_per_s" in r]
         if not points:
             continue
         x = [r["context"] for r in points]
-        left.plot(x, [r["tokens_per_s"] for r in points], marker="o", label=label)
-        right.plot(x, [r["cache_mib"] for r in points], marker="o", label=label)
-    for axis, title in ((left, "decoding tokens/s"), (right, "cache MiB (all layers)")):
+        style = dict(marker="os^Dv"[index % 5], color=colours[index], label=label)
+        left.plot(x, [r["tokens_per_s"] for r in points], **style)
+        right.plot(x, [r["cache_mib"] for r in points], **style)
+    for axis, title in ((left, "decoding tokens/s"), (right, "state MiB (all layers)")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("context (tokens already in the state)")
         axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=7, loc="upper left")
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(meta.get("title") or "zoo.bench --generate", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)

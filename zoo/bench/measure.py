@@ -22,6 +22,7 @@ from zoo.bench.flops import step_flops
 from zoo.bench.report import progress_line
 from zoo.bench.timing import (
     activation_bytes,
+    clocked,
     gpu_peak_mib,
     matmul_probe,
     paired_ratios,
@@ -78,6 +79,9 @@ def rss_child(payload: str) -> None:
 
 # -- the sweeps -------------------------------------------------------------------------------
 
+# label suffixes of a twin measured beside its plain variant (--compile, --precision fp32,bf16)
+TWINS = ("compile", "bf16")
+
 
 def run(
     variants: list[Variant],
@@ -132,6 +136,7 @@ def run(
                     heads=heads,
                     threads=threads,
                     device=str(device),
+                    precision=variant.precision,
                 )
                 if stop_reason[variant.label]:
                     rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
@@ -184,11 +189,14 @@ def run_paired(
     threads: int = 2,
     device: torch.device | str = "cpu",
     flops: bool = False,
+    forward_only: bool = False,
     progress: Callable[[str], None] = print,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Alternating rounds at each length (see :func:`paired_rounds`). Returns (one row per round and
     variant: ms, speed-up over ``baseline`` in that round, load; one summary row per length and
-    variant: median ms, median speed-up with min-max, activation MiB, FLOP-bound share where known)."""
+    variant: median ms, median speed-up with min-max, activation MiB, FLOP-bound share where known).
+    ``forward_only``: each step is one forward in eval mode under ``torch.no_grad()`` (evaluation and
+    generation's cost; the FlexAttention backend's only path on a CPU)."""
     torch.set_num_threads(threads)
     device = torch.device(device)
     shape = dict(d_model=d_model, heads=heads, layers=layers, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
@@ -196,11 +204,20 @@ def run_paired(
     for length in lengths:
         built = {v.label: build(v, length, shape, overrides or {}, device) for v in variants}
         tokens = bench_tokens(vocab, batch, length, device)
-        acts = {label: activation_bytes(module, loss_fn, tokens) / 2**20 for label, (module, loss_fn) in built.items()}
-        steps = {
-            label: functools.partial(timed_step, module.train(), loss_fn, tokens)
+        acts = {  # nothing is saved for backward under no_grad
+            label: 0.0 if forward_only else activation_bytes(module, loss_fn, tokens) / 2**20
             for label, (module, loss_fn) in built.items()
         }
+        if forward_only:
+            steps = {
+                label: clocked(_no_grad_forward(module, loss_fn, tokens), device)
+                for label, (module, loss_fn) in built.items()
+            }
+        else:
+            steps = {
+                label: functools.partial(timed_step, module.train(), loss_fn, tokens)
+                for label, (module, loss_fn) in built.items()
+            }
         probe, probe_flops = matmul_probe(length, shape, device) if flops else (None, 0.0)
         progress(f"length {length}: {rounds} rounds after a warm-up round")
         recorded = paired_rounds(steps, rounds, probe=probe, progress=progress)
@@ -230,15 +247,19 @@ def run_paired(
                 rounds=len(recorded),
                 device=str(device),
                 threads=threads,
+                precision=next(v.precision for v in variants if v.label == label),
             )
-            eager = label.removesuffix("+compile")
-            if label != eager and eager in built:  # --compile: the compiled twin against its own eager run
-                own = paired_ratios(recorded, eager)[label]
-                entry.update(
-                    compile_speedup=own["ratio"],
-                    compile_speedup_min=own["ratio_min"],
-                    compile_speedup_max=own["ratio_max"],
-                )
+            for twin in TWINS:  # --compile, --precision fp32,bf16: the twin against its own plain run
+                plain = label.removesuffix(f"+{twin}")
+                if label != plain and plain in built:
+                    own = paired_ratios(recorded, plain)[label]
+                    entry.update(
+                        {
+                            f"{twin}_speedup": own["ratio"],
+                            f"{twin}_speedup_min": own["ratio_min"],
+                            f"{twin}_speedup_max": own["ratio_max"],
+                        }
+                    )
             count = step_flops(module, length, shape) if flops else None
             if count is not None:  # bound = FLOPs at the round's matmul rate; share = bound / step time
                 shares = [count["total"] / (probe_flops / r["matmul_probe"]) / r[label] for r in recorded]
@@ -254,3 +275,13 @@ def run_paired(
             summary.append(entry)
         del built
     return round_rows, summary
+
+
+def _no_grad_forward(module: torch.nn.Module, loss_fn: Callable, tokens: torch.Tensor) -> Callable[[], None]:
+    module.eval()
+
+    def forward() -> None:
+        with torch.no_grad():
+            loss_fn(tokens)
+
+    return forward

@@ -31,6 +31,16 @@ def progress_line(row: dict[str, Any]) -> str:
     )
 
 
+# the twins of a paired run (zoo.bench.measure.TWINS): (the table's heading, its speed-up column)
+TWIN_TABLES = {
+    "compile": (
+        "torch.compile against eager (eager time / compiled time per round; compilation happens in the warm-up round):",
+        "speed-up from compile",
+    ),
+    "bf16": ("bf16 autocast against fp32 (fp32 time / bf16 time per round):", "speed-up from bf16"),
+}
+
+
 def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     baseline = summary[0]["baseline"]
     lines = [
@@ -38,7 +48,8 @@ def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"Machine: {meta['machine']}; device {meta['device']}; torch {meta['torch']}, {meta['threads']} threads; "
+        f"Machine: {meta['machine']}; device {meta['device']}, precision {meta.get('precision', 'fp32')}; "
+        f"torch {meta['torch']}, {meta['threads']} threads; "
         f"batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, {meta['layers']} layers, "
         f"vocab {meta['vocab']}; load average at the end {meta['load']}. One training step = forward + backward; "
         "every round times each variant once, in an order rotated each round, after one unrecorded "
@@ -66,21 +77,15 @@ def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"| {s['variant']} | {s['median_ms']:,.1f} | {s['speedup']:.2f}x "
                 f"| {s['speedup_min']:.2f}-{s['speedup_max']:.2f} | {s['act_mib']:,.1f} |{share}"
             )
-        twins = [s for s in summary if s["length"] == length and "compile_speedup" in s]
-        if twins:
-            lines += [
-                "",
-                "torch.compile against eager (eager time / compiled time per round; compilation happens in "
-                "the warm-up round):",
-                "",
-                "| variant | speed-up from compile | min-max |",
-                "|---|---|---|",
-            ]
-            lines += [
-                f"| {s['variant'].removesuffix('+compile')} | {s['compile_speedup']:.2f}x | "
-                f"{s['compile_speedup_min']:.2f}-{s['compile_speedup_max']:.2f} |"
-                for s in twins
-            ]
+        for twin, (title, column) in TWIN_TABLES.items():
+            twins = [s for s in summary if s["length"] == length and f"{twin}_speedup" in s]
+            if twins:
+                lines += ["", title, "", f"| variant | {column} | min-max |", "|---|---|---|"]
+                lines += [
+                    f"| {s['variant'].removesuffix('+' + twin)} | {s[twin + '_speedup']:.2f}x | "
+                    f"{s[twin + '_speedup_min']:.2f}-{s[twin + '_speedup_max']:.2f} |"
+                    for s in twins
+                ]
         for s in (s for s in summary if s["length"] == length and "gflop" in s):
             lines += [
                 "",
@@ -208,7 +213,8 @@ def markdown(
     baseline = baseline if baseline in labels else labels[0]
     lines = [f"# {meta.get('title', 'zoo.bench')}", "", f"Command: `{meta['command']}`", ""]
     lines.append(
-        f"Machine: {meta['machine']}; device {meta.get('device', 'cpu')}; torch {meta['torch']}, "
+        f"Machine: {meta['machine']}; device {meta.get('device', 'cpu')}, precision {meta.get('precision', 'fp32')}; "
+        f"torch {meta['torch']}, "
         f"{meta['threads']} threads; batch {meta['batch']}, d_model {meta['d_model']}, {meta['heads']} heads, "
         f"vocab {meta['vocab']}. One training step = forward + backward, median of repeats after warm-up."
     )

@@ -4,7 +4,9 @@ built into a module and a ``loss(tokens)`` closure for one training step, and th
 Variants come from the command line: ``--attention a,b`` (mechanisms in a skeleton preset),
 ``--model p,q`` (presets), ``--variant key=value ...`` (one variant per flag, as dotted config
 overrides, the app's syntax, merged by :func:`zoo.config.merge_config`), ``--peers`` (other
-libraries, :data:`zoo.bench.peers.PEER`); ``--compile`` adds each one under ``torch.compile``.
+libraries, :data:`zoo.bench.peers.PEER`); ``--compile`` adds each one under ``torch.compile``;
+``--precision bf16`` steps every variant under bf16 autocast (:mod:`zoo.train.precision`), and
+``--precision fp32,bf16`` measures each one beside its bf16 twin (``<label>+bf16``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 
 from zoo.bench.peers import PEER
 from zoo.presets.factory import build_model, resolve_preset
+from zoo.train.precision import PRECISIONS, autocast
 from zoo.train.steps import total_loss
 
 
@@ -34,6 +37,7 @@ class Variant:
     name: str
     overrides: dict[str, Any] = field(default_factory=dict)
     compile: bool = False  # the step runs the module under torch.compile (label "<label>+compile")
+    precision: str = "fp32"  # the forward runs under autocast at this precision (zoo/train/precision.py)
 
 
 def _literal(text: str) -> Any:
@@ -108,7 +112,8 @@ def build(
 
     A zoo variant's config: its preset, then the bench's sizes, then the variant's overrides, then
     ``overrides`` (``--set``, for every variant), each merged by :func:`zoo.config.merge_config`.
-    ``variant.compile``: the closure calls ``torch.compile(module)`` (compiled on its first call)."""
+    ``variant.compile``: the closure calls ``torch.compile(module)`` (compiled on its first call);
+    ``variant.precision``: its forward (the loss included) runs under that autocast, as the trainer's."""
     torch.manual_seed(0)
     if variant.kind == "peer":
         module = PEER.get(variant.name)(length, shape).to(device)
@@ -116,8 +121,9 @@ def build(
 
         def peer_loss(tokens: Tensor) -> Tensor:
             inputs, targets = split_batch(tokens)
-            logits = forward(inputs)
-            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            with autocast(tokens.device, variant.precision):
+                logits = forward(inputs)
+                return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
         return module, peer_loss
 
@@ -135,7 +141,8 @@ def build(
     forward = torch.compile(module) if variant.compile else module
 
     def zoo_loss(tokens: Tensor) -> Tensor:
-        return total_loss(forward(*split_batch(tokens)))
+        with autocast(tokens.device, variant.precision):
+            return total_loss(forward(**module.training_batch(tokens)))  # the head says what it is trained on
 
     return module, zoo_loss
 
@@ -165,6 +172,12 @@ def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also measure every variant under torch.compile, labelled <label>+compile",
     )
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32, or bf16 (every step under bf16 autocast, on CUDA and CPU), or fp32,bf16: every variant "
+        "beside its bf16 twin, labelled <label>+bf16 (with --paired: the bf16 speed-up per round)",
+    )
 
 
 def variants_from_args(args: argparse.Namespace) -> list[Variant]:
@@ -183,6 +196,19 @@ def variants_from_args(args: argparse.Namespace) -> list[Variant]:
     labels = [v.label for v in variants]
     if len(set(labels)) < len(labels):
         raise SystemExit(f"two variants share a label: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+    precisions = precision_list(getattr(args, "precision", "fp32"))
+    variants = [replace(v, precision=precisions[0]) for v in variants]
+    for precision in precisions[1:]:  # each one beside its twin at another precision
+        variants = [w for v in variants for w in (v, replace(v, label=f"{v.label}+{precision}", precision=precision))]
     if getattr(args, "compile", False):  # each one beside its compiled self
         variants = [w for v in variants for w in (v, replace(v, label=f"{v.label}+compile", compile=True))]
     return variants
+
+
+def precision_list(text: str) -> list[str]:
+    """``--precision``: ``fp32``, ``bf16`` or ``fp32,bf16`` (the first is the unlabelled one)."""
+    precisions = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad or not precisions or len(set(precisions)) < len(precisions):
+        raise ValueError(f"--precision takes {', '.join(PRECISIONS)} or fp32,bf16 (no repeats); got {text!r}")
+    return precisions

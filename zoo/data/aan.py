@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from zoo.config import require
-from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory, seeded_generator
+from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
 FIELDS = ("label", "id1", "id2", "text1", "text2")
@@ -102,13 +102,7 @@ class AANRetrievalTask(Task):
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split)
         data, lengths, labels = self.splits[split]
-        n, rows = len(labels), self.batch_size * world_size
-        if split == "train":  # a seeded permutation per epoch, walked batch by batch
-            epoch, position = divmod(index, max(1, n // rows))
-            perm = torch.randperm(n, generator=seeded_generator(self.seed, "aan-train", epoch))
-            pick = perm[(torch.arange(self.batch_size) + position * rows + rank * self.batch_size) % n]
-        else:
-            pick = (torch.arange(self.batch_size) + index * rows + rank * self.batch_size) % n
+        pick = self.file_rows(len(labels), split, index, rank, world_size)
         pad_mask = torch.arange(self.seq_len) < lengths[pick][..., None]  # [b, 2, t]
         tokens = (data[pick].long() + 1) * pad_mask
         return {"tokens": tokens, "targets": labels[pick], "pad_mask": pad_mask}

@@ -108,10 +108,21 @@ class Task:
 
     @property
     def higher_is_better(self) -> bool:
-        return self.metric == "accuracy"
+        return metric_higher_is_better(self.metric)
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         raise NotImplementedError
+
+    def file_rows(self, n: int, split: str, index: int, rank: int = 0, world_size: int = 1) -> torch.Tensor:
+        """Row indices of batch ``index`` over ``n`` examples read from files: in training a seeded
+        permutation per epoch walked batch by batch (each example once per epoch), else in order (wrapping)."""
+        rows = self.batch_size * world_size
+        offset = torch.arange(self.batch_size) + rank * self.batch_size
+        if split == "train":
+            epoch, position = divmod(index, max(1, n // rows))
+            perm = torch.randperm(n, generator=seeded_generator(self.seed, f"{self.registry_name}-train", epoch))
+            return perm[(offset + position * rows) % n]
+        return (offset + index * rows) % n
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
         """Batches in one pass over ``split`` (None: unbounded, e.g. generated on the fly)."""
@@ -185,6 +196,11 @@ def check_split(split: str, *, index: int | None = None, rank: int = 0, world_si
     if index is not None:
         check_type(index, int, "index")
         require(index >= 0, f"batch index must be >= 0, got {index}")
+
+
+def metric_higher_is_better(metric: str) -> bool:
+    """Whether a larger value of the task metric is better (accuracy; bpc, bpd, ppl and loss are lower-better)."""
+    return metric == "accuracy"
 
 
 def metric_value(metric: str, nll_sum: float, correct: float, count: float) -> float:

@@ -13,7 +13,8 @@
   and 8 releases share the layout). Train batches are read one file at a time (a 64 x 64 file is
   about 1.5 GB), walking the files in a seeded order with a seeded permutation inside each.
 - ``cifar10_gray``: the Long Range Arena "Image" task (Tay et al. 2020, arXiv:2011.04006): CIFAR-10
-  converted to 8-bit grayscale (ITU-R 601 luma weights 0.2989, 0.5870, 0.1140, rounded), the 1,024
+  converted to 8-bit grayscale (ITU-R 601 luma weights 0.2989, 0.5870, 0.1140; TensorFlow's conversion back
+  to 8 bits, x 255.5 truncated, as LRA's pipeline: ``to_grayscale``), the 1,024
   pixels as tokens, 10-way classification.
 
 Deviations: the language models see a start token (id 256) before the first intensity, so every one
@@ -123,10 +124,14 @@ def interleave_channels(planes: np.ndarray | Tensor, size: int) -> Tensor:
 
 
 def to_grayscale(planes: np.ndarray, size: int) -> Tensor:
-    """[n, 3 * S * S] uint8 channel planes -> [n, S * S] uint8 luma, rounded."""
-    rgb = rearrange(torch.as_tensor(planes).float(), "n (c p) -> n c p", c=3)
-    luma = torch.einsum("ncp,c->np", rgb, torch.tensor(GRAY_WEIGHTS))
-    return luma.round().clamp(0, 255).to(torch.uint8)
+    """[n, 3 * S * S] uint8 channel planes -> [n, S * S] uint8 luma, as LRA's pipeline makes it:
+    ``tf.image.rgb_to_grayscale`` on uint8 scales to [0, 1] (x / 255, float32), takes the weighted sum and
+    converts back by ``convert_image_dtype``, which multiplies by 255.5 and truncates (not a rounding: a
+    luma of 100.6 becomes 100). Checked pixel for pixel against TensorFlow (results/lra_nystromformer)."""
+    rgb = rearrange(torch.as_tensor(planes).float() * (1.0 / 255.0), "n (c p) -> n c p", c=3)
+    r, g, b = (rgb[:, k] * weight for k, weight in enumerate(GRAY_WEIGHTS))
+    luma = r + g + b  # float32, summed in channel order
+    return (luma * 255.5).clamp(0, 255).to(torch.uint8)  # the cast truncates
 
 
 def split_holdout(n: int, val_size: int, seed: int, name: str) -> tuple[Tensor, Tensor]:

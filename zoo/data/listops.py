@@ -10,6 +10,12 @@ operator node with ``k ~ U{2..max_args}`` children, generated *before* the opera
 uniformly. Its length counts digits, operators and one ``]`` per operator (no parentheses); a tree
 is kept only if ``min_length < length < max_length`` (strict), else redrawn.
 
+Released files: ``data.path`` = the directory of LRA's ``basic_{train,val,test}.tsv`` (``lra_release/listops-1000``;
+columns ``Source`` and ``Target``, a header row) reads those sequences instead, tokenised as LRA's input
+pipeline does (parentheses dropped, ``]`` kept as a token, split on whitespace) and cut at
+``trainer.seq_len`` as its ``[:max_length]``; the check against that pipeline on the same files is
+``results/lra_nystromformer/README.md``.
+
 Deviations: LRA dedups 100k trees through an unseeded Python set; we draw each sequence from a
 generator seeded by (seed, split, index), so runs are reproducible and the splits are disjoint
 streams (not deduplicated across each other; collisions are negligible at these lengths). Tokens
@@ -26,7 +32,7 @@ import torch
 from torch import Tensor
 
 from zoo.config import require
-from zoo.data.base import TASK, Task, check_split, seed_int
+from zoo.data.base import TASK, DataFileNotFound, Task, check_split, find_directory, seed_int
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -36,6 +42,34 @@ VOCAB = ["<pad>"] + [str(d) for d in range(10)] + list(OPERATORS) + [END]
 TOKEN_ID = {tok: i for i, tok in enumerate(VOCAB)}
 
 Tree = int | tuple  # a digit, or (operator, [children])
+TSV_FILES = {"train": "basic_train.tsv", "val": "basic_val.tsv", "test": "basic_test.tsv"}
+
+
+def source_tokens(source: str) -> list[str]:
+    """LRA's ListOps tokenisation of a ``Source`` string: parentheses dropped, whitespace split."""
+    return source.replace("(", " ").replace(")", " ").split()
+
+
+def read_listops_tsv(path, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids [n, seq_len], zero-padded and cut at seq_len; labels [n]) from one released TSV file."""
+    rows, labels = [], []
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+        require(header[:2] == ["Source", "Target"], f"{path}: expected the header Source<TAB>Target, got {header}")
+        for line_no, line in enumerate(f, start=2):
+            fields = line.rstrip("\r\n").split("\t")
+            if fields == [""]:
+                continue
+            require(len(fields) >= 2, f"{path}:{line_no}: expected Source<TAB>Target")
+            unknown = sorted({tok for tok in source_tokens(fields[0]) if tok not in TOKEN_ID})
+            require(not unknown, f"{path}:{line_no}: tokens outside the ListOps vocabulary: {unknown[:5]}")
+            rows.append([TOKEN_ID[tok] for tok in source_tokens(fields[0])][:seq_len])
+            labels.append(int(fields[1]))
+    require(rows, f"{path} holds no sequences")
+    tokens = torch.zeros(len(rows), seq_len, dtype=torch.long)
+    for row, ids in enumerate(rows):
+        tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return tokens, torch.tensor(labels, dtype=torch.long)
 
 
 def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple[Tree, int]:
@@ -125,6 +159,7 @@ class ListOpsTask(Task):
         max_depth: int = 10
         max_args: int = 10
         eval_size: int = 2000  # sequences in val/test (LRA: 2000 each)
+        path: str = ""  # LRA's released basic_{train,val,test}.tsv directory; empty = generate (above)
 
         def __post_init__(self) -> None:
             require(
@@ -142,6 +177,14 @@ class ListOpsTask(Task):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        self.files: dict[str, tuple[Tensor, Tensor]] | None = None
+        if self.options.path:  # the released files, cut at seq_len as LRA's [:max_length]
+            directory = find_directory(self.options.path)
+            missing = [name for name in TSV_FILES.values() if not (directory / name).is_file()]
+            if missing:
+                raise DataFileNotFound(f"{directory} lacks {', '.join(missing)} (LRA's listops-1000 directory)")
+            self.files = {split: read_listops_tsv(directory / name, self.seq_len) for split, name in TSV_FILES.items()}
+            return
         require(
             self.seq_len >= self.options.max_length - 1,
             f"listops sequences reach data.max_length - 1 = {self.options.max_length - 1} tokens; set "
@@ -150,10 +193,13 @@ class ListOpsTask(Task):
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
         check_split(split, world_size=world_size)
-        return None if split == "train" else max(1, self.options.eval_size // (self.batch_size * world_size))
+        size = self.options.eval_size if self.files is None else len(self.files[split][1])
+        return None if split == "train" else max(1, size // (self.batch_size * world_size))
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split, index=index, rank=rank, world_size=world_size)
+        if self.files is not None:
+            return self._file_batch(split, index, rank, world_size)
         o = self.options
         rng = random.Random(seed_int(self.seed, "listops", split, index, rank, world_size))
         tokens = torch.zeros(self.batch_size, self.seq_len, dtype=torch.long)
@@ -165,6 +211,11 @@ class ListOpsTask(Task):
             ids = [TOKEN_ID[tok] for tok in to_tokens(tree)]
             tokens[row, : len(ids)] = torch.tensor(ids)
         return {"tokens": tokens, "targets": labels, "pad_mask": tokens != 0}
+
+    def _file_batch(self, split: str, index: int, rank: int, world_size: int) -> dict[str, Tensor]:
+        tokens, labels = self.files[split]
+        pick = self.file_rows(len(labels), split, index, rank, world_size)
+        return {"tokens": tokens[pick], "targets": labels[pick], "pad_mask": tokens[pick] != 0}
 
     def decode(self, tokens: list[int]) -> str:
         return " ".join(VOCAB[int(t)] for t in tokens if int(t) != 0)

@@ -24,6 +24,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -154,6 +155,12 @@ class ZooModel(nn.Module):
         if targets is not None:
             self.require_head("targets were given")
 
+    def training_batch(self, tokens: Tensor) -> dict[str, Tensor]:
+        """A training call's keyword arguments made from random ids ``tokens`` [b, t + 1] (the benchmark
+        steps every model on them): a language model predicts each next token; a head with other targets
+        says so by overriding this."""
+        return {"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
+
     def output_flops(self, t: int) -> tuple[float, str] | None:
         """(matmul FLOPs of the output layer over a sequence of t tokens, the rule), asked by the cost
         model (zoo/models/costs.py); None when the head does not say."""
@@ -226,6 +233,26 @@ class ZooModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    # -- sharing (zoo/hub, through SHARING): Hugging Face's PyTorchModelHubMixin names --------------
+    def save_pretrained(self, save_directory: str | Path, *, training: dict[str, Any] | None = None) -> Path:
+        """Write ``model.safetensors`` + ``config.json`` + ``README.md`` (the model card) into a folder."""
+        return SHARING["save_pretrained"](self, save_directory, training=training)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload that folder to Hugging Face Hub repository ``repo_id`` (needs ``huggingface_hub``)."""
+        return SHARING["push_to_hub"](self, repo_id, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> ZooModel:
+        """``zoo.from_pretrained`` (a folder or a Hub repository id), refusing a model of another head."""
+        model = SHARING["from_pretrained"](name_or_path, **kwargs)
+        if not isinstance(model, cls):
+            raise TypeError(
+                f"{name_or_path} holds a {type(model).__name__} ({model.config.kind}), not a {cls.__name__}: "
+                "load it with zoo.from_pretrained"
+            )
+        return model
+
 
 @dataclass
 class Seq2SeqState:
@@ -241,3 +268,7 @@ class Seq2SeqState:
 
 # the heads, by ``ModelConfig.kind``: each head file registers its class (``@HEAD.register("lm")``)
 HEAD: Registry[type[ZooModel]] = Registry("head", ZooModel)
+
+# ZooModel's save_pretrained / push_to_hub / from_pretrained, filled in by zoo.hub when it is imported
+# (``import zoo`` does): the folder format needs the preset registry, which needs this module
+SHARING: dict[str, Callable[..., Any]] = {}

@@ -1,5 +1,11 @@
 """The sequence classifier (``kind="classifier"``): bidirectional encoder + mean or first-token
-pooling + a linear layer, for LRA-style tasks.
+pooling + a linear layer (``head="linear"``) or a two-layer MLP (``head="mlp"``), for LRA-style tasks.
+
+``head="mlp"`` is the head of the PyTorch LRA re-implementations (mlpen/Nystromformer
+``LRA/code/model_wrapper.py``, ``SCHead``): Linear(d_model, d_ff) -> ReLU -> Linear(d_ff, n_classes),
+no dropout. Their pooling differs from ours: they zero the padded positions' outputs and average over
+the whole padded length; we average over the real tokens (``pooling="mean"``), so the pooled vector does
+not shrink with the padding.
 """
 
 from __future__ import annotations
@@ -19,8 +25,19 @@ from zoo.models.inputs import (
 from zoo.stacks.build import build_stack, create_position
 
 
+def classifier_head(config: ModelConfig, d_in: int) -> nn.Module | None:
+    """The output head on a pooled vector of ``d_in`` features: linear, mlp, or None (head="none")."""
+    if config.head == "none":
+        return None
+    if config.head == "mlp":
+        return nn.Sequential(nn.Linear(d_in, config.d_ff), nn.ReLU(), nn.Linear(config.d_ff, config.n_classes))
+    return nn.Linear(d_in, config.n_classes)
+
+
 @HEAD.register("classifier")
 class SequenceClassifier(ZooModel):
+    output_heads = ("linear", "mlp", "none")  # head="mlp": the PyTorch LRA code's classifier MLP
+
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         self.embed = TokenEmbedding(config.vocab_size, config.d_model)
@@ -28,12 +45,17 @@ class SequenceClassifier(ZooModel):
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=False, cross=False, n_layers=config.n_layers, position=self.position)
         self.norm = self.final_norm()
-        self.head = nn.Linear(config.d_model, config.n_classes) if config.head == "linear" else None
+        self.head = classifier_head(config, config.d_model)
+
+    def training_batch(self, tokens: Tensor) -> dict[str, Tensor]:
+        """[b, t + 1] random ids -> t tokens and one class per row (the last id, modulo n_classes)."""
+        return {"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, -1] % self.config.n_classes}
 
     def output_flops(self, t: int) -> tuple[float, str]:
         if self.head is None:
             return 0.0, "no output head"
-        return 2.0 * self.head.weight.numel(), "classifier on the pooled vector"
+        weights = sum(p.numel() for name, p in self.head.named_parameters() if name.endswith("weight"))
+        return 2.0 * weights, "classifier on the pooled vector"
 
     def forward(
         self,

@@ -34,6 +34,7 @@ class CausalLM(ZooModel):
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers, position=self.position)
+        self.position.attach(self.stack)  # a signal at every layer's input (Al-Rfou et al. 2018) hooks in here
         self.norm = self.final_norm()
         if adaptive:
             self.head = adaptive[1]

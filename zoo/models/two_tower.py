@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.models.base import HEAD, ModelOutput, TokenEmbedding, ZooModel
+from zoo.models.classifier import classifier_head
 from zoo.models.inputs import check_pad_mask
 from zoo.stacks.build import attention_class, build_stack, create_position
 
@@ -38,6 +39,8 @@ def pool(h: Tensor, pad_mask: Tensor | None, mode: str) -> Tensor:
 
 @HEAD.register("pair_classifier")
 class TwoTowerClassifier(ZooModel):
+    output_heads = ("linear", "mlp", "none")  # head="mlp": the PyTorch LRA code's classifier MLP
+
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         d = config.d_model
@@ -48,10 +51,11 @@ class TwoTowerClassifier(ZooModel):
         self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers, position=self.position)
         self.norm = self.final_norm()
         activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
-        # the interaction MLP is this model's head: head="none" drops it (out.hidden only)
+        # the interaction MLP is this model's head: head="none" drops it (out.hidden only); head="mlp" is the
+        # PyTorch LRA code's (SCHeadDual: ReLU, no dropout), head="linear" ours (the configured activation, dropout)
         self.head = (
-            None
-            if config.head == "none"
+            classifier_head(config, 4 * d)
+            if config.head in ("none", "mlp")
             else nn.Sequential(
                 nn.Linear(4 * d, config.d_ff),
                 activation,

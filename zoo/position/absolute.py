@@ -6,6 +6,15 @@ and ``t5_bias.py``.
 ``sinusoidal`` (Vaswani et al. 2017, Section 3.5), ``learned`` (a table of ``max_len`` vectors) and
 ``none``.
 
+Per-layer learned positions (Al-Rfou et al. 2018, arXiv:1808.04444, Section 3: "we add a separate learned
+positional embedding to the input of each layer"): ``learned`` with ``every_layer=true`` keeps one table per
+layer, the first added at the embedding as usual, each other added to its block's input by a forward
+pre-hook on the stack's blocks (``attach``), at the same positions the input got in this call (the
+offset of a cached continuation and the random offsets included). The paper's T12 / T64 parameter totals
+(44M / 235M) need these tables (``conf/experiment/paper/al_rfou_*.yaml``). Only a model that attaches
+its stack can use it (the causal LM does); a stack without per-layer blocks (universal, reversible) is
+refused.
+
 Randomised offsets (Dehghani et al. 2019, Universal Transformer, arXiv:1807.03819, the algorithmic
 tasks): with ``random_offset_max = R > 0``, each training sequence starts at its own position
 ``offset + u`` with u drawn uniformly from 0..R (torch's global generator, so ``torch.manual_seed``
@@ -15,8 +24,10 @@ test sequence reaches. Evaluation (``module.eval()``) always uses u = 0.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -46,6 +57,7 @@ class LearnedPosition(Position):
     @dataclass
     class Options:
         random_offset_max: int = 0  # training positions start at a random 0..R (Dehghani et al. 2019)
+        every_layer: bool = False  # a separate table at every layer's input (Al-Rfou et al. 2018)
 
         def __post_init__(self) -> None:
             check_random_offset_max(self.random_offset_max)
@@ -65,10 +77,37 @@ class LearnedPosition(Position):
         # steps to find a key by position (results/reformer_table2: duplication stayed at chance).
         nn.init.normal_(self.table.weight, std=1.0)
 
+        self.layer_tables: nn.Parameter | None = None  # [n_layers - 1, max_len, d]: layers 2 ... n (every_layer)
+        self._positions: Tensor | None = None  # this call's positions, for the layers' hooks
+
+    def attach(self, stack: nn.Module) -> None:
+        if not self.options.every_layer:
+            return
+        blocks = stack.layer_blocks()
+        require(
+            blocks is not None,
+            f"learned positions with every_layer=true add a table at each block's input: they need one block per "
+            f"layer, each called in turn; stack {stack.registry_name!r} has none (Stack.layer_blocks() is None)",
+        )
+        self.layer_tables = nn.Parameter(torch.empty(len(blocks) - 1, self.max_len, self.d_model))
+        nn.init.normal_(self.layer_tables, std=1.0)  # the input table's scale (see above)
+        for index, block in enumerate(blocks[1:]):
+            # a bound method in a partial: a deep copy of the model rebinds it to the copy's tables
+            block.register_forward_pre_hook(functools.partial(self._add_layer_signal, index))
+
+    def _add_layer_signal(self, index: int, module: nn.Module, args: tuple) -> tuple:
+        require(self._positions is not None, "every_layer positions: the block ran before the position signal")
+        x = args[0]
+        return (x + F.embedding(self._positions, self.layer_tables[index]).to(x.dtype), *args[1:])
+
     def length_limit(self) -> int:
         return self.max_len  # the table holds positions 0 .. max_len - 1
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        require(
+            not self.options.every_layer or self.layer_tables is not None,
+            "learned positions with every_layer=true need a model that attaches them to its stack (kind lm)",
+        )
         shift_max = self.options.random_offset_max if self.training else 0
         end = offset + x.shape[1] + shift_max
         if end > self.max_len:
@@ -77,7 +116,10 @@ class LearnedPosition(Position):
                 f"learned positions: sequence reaches position {end}{shifted} but the table holds "
                 f"max_len={self.max_len}; raise max_len or use position=sinusoidal"
             )
-        return x + F.embedding(self.positions(x, offset), self.table.weight).to(x.dtype)
+        positions = self.positions(x, offset)
+        if self.options.every_layer:
+            self._positions = positions
+        return x + F.embedding(positions, self.table.weight).to(x.dtype)
 
 
 @POSITION.register("none")

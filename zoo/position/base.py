@@ -124,6 +124,10 @@ class Position(nn.Module):
         """Options under which tests/contracts/test_position_contract.py exercises this signal (d_model 16)."""
         return {}
 
+    def attach(self, stack: nn.Module) -> None:
+        """Called by the model once its stack is built: a signal that enters every layer's input (not only
+        the embedding's) hooks into the stack's blocks here. Default: nothing to attach."""
+
     def length_limit(self) -> int | None:
         """The most positions a sequence may reach in evaluation (a learned table's ``max_len``); None
         when the signal has no limit (sinusoids, no signal). Decoding asks before it starts."""

@@ -4,7 +4,8 @@
 every head learns its span up to S = 8192 with ramp R = 32 and L1 coefficient 0.5e-6 (the paper's
 value at S = 8192; 2e-6 at smaller S). Train it on consecutive segments (512 tokens in the paper)
 carrying ``out.state`` so the span cache holds the previous segments. Positions: the paper's
-learned relative key embeddings (``relative_keys``) and no absolute signal. The preset used
+learned relative key embeddings (``relative_keys``), one table shared by every layer as in the
+authors' code (``share_relative_keys``), and no absolute signal. The preset used
 absolute sinusoids before; with them the model never found a copy 200 characters back that the
 authors' code learns in a few hundred steps (results/adaptive_span_range).
 ``attention={"mode": "dynamic"}`` gives the dynamic-span variant, ``{"mode": "fixed"}`` the
@@ -22,6 +23,7 @@ from zoo.presets.factory import register_preset
     "adaptive_span_lm",
     "Causal LM with learned per-head attention spans (Sukhbaatar et al. 2019), small model, S = 8192",
     tiny={"attention": {"max_span": 16, "ramp": 4, "block_size": 8}, "dropout": 0.0},
+    paper="Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers, arXiv:1905.07799",
 )
 def _adaptive_span_lm() -> dict[str, Any]:
     return dict(
@@ -39,5 +41,6 @@ def _adaptive_span_lm() -> dict[str, Any]:
             "l1": 0.5e-6,
             "mode": "learned",
             "relative_keys": True,
+            "share_relative_keys": True,  # one table for all layers, as the authors' key_pe
         },
     )

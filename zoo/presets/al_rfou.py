@@ -13,9 +13,10 @@ from zoo.presets.factory import register_preset
     "Al-Rfou et al. 2018 T64 character LM: 64 layers, d 512, d_ff 2048, context 512, intermediate-layer and "
     "multiple-target losses on",
     tiny=dict(n_layers=4, max_len=64),
+    paper="Al-Rfou et al. 2018, Character-Level Language Modeling with Deeper Self-Attention, arXiv:1808.04444",
 )
 def _al_rfou_lm() -> dict[str, Any]:
-    # Section 3: hidden 512, filter 2048, 512-character context, dropout 0.55, learned positions
+    # Section 3: hidden 512, filter 2048, 512-character context, dropout 0.55, learned positions at every layer
     return dict(
         kind="lm",
         n_layers=64,
@@ -24,6 +25,6 @@ def _al_rfou_lm() -> dict[str, Any]:
         d_ff=2048,
         dropout=0.55,
         max_len=512,
-        position={"name": "learned"},
+        position={"name": "learned", "every_layer": True},
         aux_losses={"intermediate": True, "multi_target": PAPER_MULTI_TARGET_WEIGHT, "layer_heads": True},
     )

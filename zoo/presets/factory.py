@@ -26,20 +26,27 @@ class Preset:
     description: str
     tiny: dict[str, Any]  # overrides giving a CPU-second-sized version (tests, demo)
     example_length: int  # a sequence length the tiny version accepts
+    paper: str = ""  # the paper it follows: "Authors year, Title, arXiv:NNNN.NNNNN" (the model card cites it)
 
 
 MODEL: Registry[Preset] = Registry("model", Preset)
 
 
 def register_preset(
-    name: str, description: str, *, tiny: dict[str, Any] | None = None, example_length: int = 24
+    name: str,
+    description: str,
+    *,
+    tiny: dict[str, Any] | None = None,
+    example_length: int = 24,
+    paper: str = "",
 ) -> Callable[[Callable[[], dict]], Callable[[], dict]]:
     """Register a preset: a function returning the config values that differ from ModelConfig's.
 
-    ``tiny`` is merged over the generic tiny size (:data:`TINY`) for tests and the demo."""
+    ``tiny`` is merged over the generic tiny size (:data:`TINY`) for tests and the demo; ``paper``
+    cites what it follows ("Authors year, Title, arXiv:NNNN.NNNNN"), for the model card."""
 
     def add(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-        MODEL.register(name, Preset(name, fn, description, {**TINY, **(tiny or {})}, example_length))
+        MODEL.register(name, Preset(name, fn, description, {**TINY, **(tiny or {})}, example_length, paper))
         return fn
 
     return add
@@ -53,7 +60,10 @@ def resolve_preset(name: str, *layers: dict[str, Any], min_len: int = 0) -> Mode
     """Preset ``name``'s values with ``layers`` merged on top in order (see
     :func:`zoo.config.resolve_model_config`); nothing built."""
     config = resolve_model_config(name, MODEL.get(name).build_config(), layers, min_len=min_len)
-    HEAD.get(config.kind)  # kind names a registered head (a plugin's too): an unknown one fails here, listing them
+    head = HEAD.get(config.kind)  # a registered head (a plugin's too): an unknown one fails here, listing them
+    offered = getattr(head, "output_heads", ("linear", "none"))  # the head class says which outputs it builds
+    if config.head not in offered:
+        raise ValueError(f"head={config.head!r}: kind={config.kind!r} builds one of {', '.join(offered)}")
     return config
 
 

@@ -12,7 +12,9 @@ from zoo.presets.factory import register_preset
 
 
 @register_preset(
-    "two_tower_classifier", "Two-tower (shared encoder) pair classifier of LRA Retrieval: [u, v, u*v, u-v] -> MLP"
+    "two_tower_classifier",
+    "Two-tower (shared encoder) pair classifier of LRA Retrieval: [u, v, u*v, u-v] -> MLP",
+    paper="Tay et al. 2021, Long Range Arena: A Benchmark for Efficient Transformers, arXiv:2011.04006",
 )
 def _two_tower_classifier() -> dict[str, Any]:
     return dict(

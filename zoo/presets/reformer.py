@@ -31,6 +31,7 @@ COMMON = dict(
     stack={"name": "reversible"},
 )
 TINY = dict(attention={"chunk_size": 8}, ff_chunk_size=8)
+KITAEV = "Kitaev et al. 2020, Reformer: The Efficient Transformer, arXiv:2001.04451"
 
 
 @register_preset(
@@ -38,6 +39,7 @@ TINY = dict(attention={"chunk_size": 8}, ff_chunk_size=8)
     "Reformer LM: LSH attention (4 hashes, chunk 64) + reversible stack + chunked feed-forward (Kitaev et al. 2020)",
     tiny=TINY,
     example_length=24,
+    paper=KITAEV,
 )
 def _reformer() -> dict[str, Any]:
     return dict(COMMON, attention=dict(LSH))
@@ -48,6 +50,7 @@ def _reformer() -> dict[str, Any]:
     "Reformer ablation: full shared-QK attention inside the reversible, chunked-feed-forward stack",
     tiny=dict(ff_chunk_size=8),
     example_length=24,
+    paper=KITAEV,
 )
 def _reformer_full() -> dict[str, Any]:
     return dict(COMMON, attention={"name": "shared_qk"})

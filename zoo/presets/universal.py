@@ -13,6 +13,8 @@ from typing import Any
 from zoo.presets.factory import register_preset
 from zoo.presets.vanilla import BASE
 
+DEHGHANI = "Dehghani et al. 2019, Universal Transformers, arXiv:1807.03819"
+
 UNIVERSAL = dict(BASE, position={"name": "none"})
 
 
@@ -20,6 +22,7 @@ UNIVERSAL = dict(BASE, position={"name": "none"})
     "universal_transformer",
     "Universal Transformer LM: one shared block applied T=6 times with position+timestep signals "
     "(Dehghani et al. 2019)",
+    paper=DEHGHANI,
 )
 def _universal_transformer() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="lm", n_layers=6, stack={"name": "universal"})
@@ -29,6 +32,7 @@ def _universal_transformer() -> dict[str, Any]:
     "universal_transformer_act",
     "Universal Transformer LM with per-position ACT halting, at most 8 steps, ponder cost 0.01 "
     "(Dehghani et al. 2019; Graves 2016)",
+    paper=DEHGHANI,
 )
 def _universal_transformer_act() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="lm", n_layers=8, stack={"name": "universal", "act": True})
@@ -37,6 +41,7 @@ def _universal_transformer_act() -> dict[str, Any]:
 @register_preset(
     "universal_seq2seq_act",
     "Universal Transformer encoder-decoder with ACT in both halves, at most 8 steps (algorithmic tasks)",
+    paper=DEHGHANI,
 )
 def _universal_seq2seq_act() -> dict[str, Any]:
     return dict(UNIVERSAL, kind="seq2seq", n_layers=8, stack={"name": "universal", "act": True})

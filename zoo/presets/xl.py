@@ -16,6 +16,9 @@ from typing import Any
 
 from zoo.presets.factory import register_preset
 
+DAI = "Dai et al. 2019, Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context, arXiv:1901.02860"
+PARISOTTO = "Parisotto et al. 2019, Stabilizing Transformers for Reinforcement Learning, arXiv:1910.06764"
+
 XL_BASE = dict(
     kind="lm",
     n_layers=12,
@@ -33,6 +36,7 @@ TINY_XL = {"attention": {"mem_len": 16, "block_size": 8}}
     "transformer_xl",
     "Transformer-XL: relative attention over a segment memory, 12L d512 (Dai et al. 2019)",
     tiny=TINY_XL,
+    paper=DAI,
 )
 def _transformer_xl() -> dict[str, Any]:
     return dict(XL_BASE, residual={"name": "post_norm"})
@@ -42,6 +46,7 @@ def _transformer_xl() -> dict[str, Any]:
     "trxl_i",
     "TrXL-I: Transformer-XL with identity-map reordering, no gate (Parisotto et al. 2019 ablation)",
     tiny=TINY_XL,
+    paper=PARISOTTO,
 )
 def _trxl_i() -> dict[str, Any]:
     return dict(XL_BASE, residual={"name": "identity_map"})
@@ -51,6 +56,7 @@ def _trxl_i() -> dict[str, Any]:
     "gtrxl",
     "GTrXL: Transformer-XL with identity-map reordering and GRU gating, b_g = 2 (Parisotto et al. 2019)",
     tiny=TINY_XL,
+    paper=PARISOTTO,
 )
 def _gtrxl() -> dict[str, Any]:
     return dict(XL_BASE, residual={"name": "gru_gate", "gate_bias": 2.0})

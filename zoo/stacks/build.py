@@ -72,6 +72,9 @@ def build_stack(
             f"cross_attention {cross_name!r} cannot attend to another sequence "
             f"(supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}"
         )
+    length = attn_cls.length_option
+    if length and attn_options.get(length, 0) == 0:  # 0 / unset: sized by the model's longest sequence
+        attn_options = {**attn_options, length: config.max_len}
     make_residual = residual_factory(config)
 
     def make_block(layer_index: int) -> Block:
@@ -115,4 +118,8 @@ def build_stack(
             "set position=none (the universal presets do) "
             "or turn the stack's signal off (stack.position_signal=false)"
         )
-    return stack_cls(make_block, n_layers, config.d_model, **stack_options)
+    stack = stack_cls(make_block, n_layers, config.d_model, **stack_options)
+    attentions = [m for m in stack.modules() if isinstance(m, Attention)]
+    for attention in attentions[1:]:  # what a mechanism shares across layers, it says (share_with)
+        attention.share_with(attentions[0])
+    return stack

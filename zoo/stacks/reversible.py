@@ -16,6 +16,9 @@ gradients one layer at a time. So the activations held for backward do not grow 
 
 - Dropout (and anything else drawing random numbers) repeats exactly: the CPU/CUDA RNG state at
   the start of each branch is recorded in forward and restored for its recomputation.
+- Mixed precision repeats too: backward recomputes each branch under the autocast state the
+  forward ran in (:class:`zoo.train.precision.AutocastState`); recomputed in float32, a bf16 forward's
+  inputs would be rebuilt from other branch values and the gradients taken of another function.
 - Chunked feed-forward: G is position-wise, so when ``FeedForward.chunk_size`` is set it is
   applied chunk by chunk along the sequence in forward *and* recomputed and differentiated chunk
   by chunk in backward: its [b, t, d_ff] activation never exists for the whole sequence.
@@ -50,6 +53,7 @@ from torch import Tensor, nn
 
 from zoo.blocks import Block, merge_into, prefixed
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
+from zoo.train.precision import AutocastState
 
 
 def check_reversible_block(block: Block, layer_index: int) -> None:
@@ -207,6 +211,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 aux_values.extend(layer_aux.values())
                 layer_aux_counts.append(len(layer_aux))
         ctx.stack, ctx.pad_mask, ctx.rng, ctx.layer_aux_counts = stack, pad_mask, rng, layer_aux_counts
+        ctx.autocast = AutocastState.now(x1.device)  # backward runs outside autocast: replayed there
         ctx.save_for_backward(x1, x2)  # the only activations kept: the last layer's outputs
         return (x1, x2, *aux_values)
 
@@ -237,7 +242,8 @@ class _ReversibleFunction(torch.autograd.Function):
                 for part in block.feed_forward_slices(y1.shape[1]):
                     with torch.enable_grad():
                         y1_piece = y1[:, part].detach().requires_grad_(True)
-                        g = block.feed_forward_branch(y1_piece)
+                        with ctx.autocast.replay():
+                            g = block.feed_forward_branch(y1_piece)
                         d = torch.autograd.grad(g, [y1_piece, *g_params], dy2[:, part], allow_unused=True)
                     x2_pieces.append(y2[:, part] - g.detach())
                     dy1_pieces.append(d[0])
@@ -251,7 +257,8 @@ class _ReversibleFunction(torch.autograd.Function):
                 f_rng.restore()
                 with torch.enable_grad():
                     x2_in = x2.detach().requires_grad_(True)
-                    f, layer_aux, _, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
+                    with ctx.autocast.replay():
+                        f, layer_aux, _, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
                     outputs, upstream = [f], [dy1]
                     for value, d_value in zip(layer_aux.values(), d_layer_aux):
                         if value.requires_grad:

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.blocks import Block, merge_into, prefixed
@@ -65,6 +66,7 @@ from zoo.config import require
 from zoo.position.base import check_random_offset_max, sinusoid_table
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 from zoo.stacks.separable_conv import SeparableConvTransition, check_transition_options
+from zoo.train.precision import float32
 
 
 @dataclass
@@ -259,7 +261,10 @@ class UniversalStack(Stack):
             merge_into(aux, out.aux)
             stats.update(prefixed(f"layer{step - 1}", out.stats))
             new = out.x  # [r, t, d]
-            h = torch.sigmoid(self.halting(new)).squeeze(-1).float()  # [r, t]
+            # float32: halting compares h^1 + ... + h^n with 1 - epsilon (0.99); in bf16 each h would
+            # move by up to 2^-9 and decide one step more or fewer than the same logits in float32
+            with float32(new, self.halting.weight, self.halting.bias) as (s_n, w_h, b_h):
+                h = torch.sigmoid(F.linear(s_n, w_h, b_h)).squeeze(-1).float()  # [r, t]
             running = ~pick(halted)
             cum = pick(cumulative)
             if step == self.steps:

@@ -4,6 +4,7 @@ A checkpoint is one ``torch.save`` file holding only tensors and plain Python ty
 tuple, str, int, float, bool, None):
 
 - ``model`` / ``optimizer`` / ``scheduler``: state dicts; ``step``, ``best``, ``world_size``;
+  ``evaluation``: the latest evaluation's step, metric name and value;
 - ``rng``: the Python, NumPy and torch generator states as integer lists and tensors;
 - ``state``: the carried segment memory, its dataclasses turned into tagged dicts
   (:func:`state_to_data`), rebuilt only as dataclasses of the ``zoo`` package (:func:`state_from_data`);
@@ -12,8 +13,15 @@ tuple, str, int, float, bool, None):
 It is read with ``torch.load(weights_only=True)``, which builds tensors and plain types and
 nothing else, so a crafted file cannot run code; anything else is refused naming the file. Every
 checkpoint has a SHA-256 sidecar (``last.pt.sha256``, ``sha256sum`` format), checked before the
-file is read: a corrupt file is refused naming it and the newest sound checkpoint beside it.
-Writes are atomic (a temp file renamed into place) and a failed write removes its temp file.
+file is read: a corrupt file is refused naming it and the newest sound checkpoint beside it. A
+checkpoint copied without its sidecar loads, with a warning that nothing checked it.
+
+Writes are atomic and a failed write removes its temp files. A checkpoint and its sidecar are two
+files, so they cannot be renamed into place at once: the new sidecar is written in full (as a temp
+file) *before* the checkpoint is renamed over the old one, then renamed itself. A kill between the
+two renames leaves the new checkpoint beside the old sidecar and the pending one, which records the
+new digest: :func:`verify_checksum` accepts the checkpoint on it, and :func:`complete_saves` (at
+the next run's start) finishes the rename. At no instant is a sound checkpoint refused.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import random
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from zoo.registry import import_plugins
 from zoo.train.rundir import open_exclusive, safe_path
 
 CHECKPOINT_FORMAT = "transformer-zoo/checkpoint/v2"
@@ -44,6 +54,10 @@ MOVED_STATE_MODULES = {"zoo.models": "zoo.models.base"}
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: unreadable, corrupt, not data, not ours, or not this run's."""
+
+
+class UncheckedCheckpointWarning(UserWarning):
+    """A checkpoint loaded without its checksum file: nothing checked that it is intact."""
 
 
 # -- seeds and random generators -------------------------------------------------------------------
@@ -153,14 +167,38 @@ def sha256_of(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def pending_checksum_path(path: str | Path) -> Path:
+    """Where a save writes the new sidecar before the checkpoint is renamed into place."""
+    sidecar = checksum_path(path)
+    return sidecar.with_name(f".{sidecar.name}.tmp{os.getpid()}")
+
+
+def pending_checksums(path: str | Path) -> list[Path]:
+    """Sidecars of saves killed between their two renames (any process's)."""
+    sidecar = checksum_path(path)
+    return sorted(sidecar.parent.glob(f".{sidecar.name}.tmp*"))
+
+
+def recorded_digest(sidecar: Path) -> str | None:
+    words = sidecar.read_text().split()[:1] if sidecar.is_file() else []
+    return words[0] if words else None
+
+
+def write_checksum_file(target: Path, checkpoint_name: str, digest: str) -> Path:
+    """A ``sha256sum``-format line for ``checkpoint_name``, written to ``target`` (a fresh file, synced)."""
+    with open_exclusive(target, "w") as f:
+        f.write(f"{digest}  {checkpoint_name}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return target
+
+
 def write_checksum(path: str | Path, digest: str | None = None) -> Path:
     """Write ``<path>.sha256`` (``sha256sum -c`` reads it) for an existing checkpoint file."""
     path = Path(path)
-    sidecar = checksum_path(path)
-    tmp = sidecar.with_name(f".{sidecar.name}.tmp{os.getpid()}")
+    sidecar, tmp = checksum_path(path), pending_checksum_path(path)
     try:
-        with open_exclusive(tmp, "w") as f:
-            f.write(f"{digest or sha256_of(path)}  {path.name}\n")
+        write_checksum_file(tmp, path.name, digest or sha256_of(path))
         os.replace(tmp, sidecar)
     finally:
         if os.path.lexists(tmp):
@@ -169,16 +207,36 @@ def write_checksum(path: str | Path, digest: str | None = None) -> Path:
 
 
 def verify_checksum(path: str | Path) -> str | None:
-    """None when ``path`` matches its sidecar, else what is wrong."""
+    """None when ``path`` matches its sidecar (or the pending sidecar of a save killed between its
+    two renames), else what is wrong."""
     path = Path(path)
     sidecar = checksum_path(path)
-    if not sidecar.is_file():
+    pending = pending_checksums(path)
+    if not sidecar.is_file() and not pending:
         return f"it has no checksum file {sidecar.name} beside it"
-    expected = sidecar.read_text().split()[:1]
     actual = sha256_of(path)
-    if expected != [actual]:
-        return f"its SHA-256 is {actual} but {sidecar.name} records {expected[0] if expected else 'nothing'}"
-    return None
+    if any(recorded_digest(p) == actual for p in [sidecar, *pending]):
+        return None
+    expected = recorded_digest(sidecar)
+    return f"its SHA-256 is {actual} but {sidecar.name} records {expected or 'nothing'}"
+
+
+def complete_saves(directory: str | Path) -> list[Path]:
+    """Finish the saves killed between their two renames: a pending sidecar whose digest is the
+    checkpoint's becomes its sidecar (one that matches nothing is left for the temp-file sweep).
+    Returns the checkpoints repaired."""
+    directory = Path(directory)
+    repaired = []
+    for checkpoint in sorted(directory.glob("*.pt")) if directory.is_dir() else []:
+        pending = pending_checksums(checkpoint)
+        if not pending or verify_checksum(checkpoint) is not None:
+            continue
+        actual, sidecar = sha256_of(checkpoint), checksum_path(checkpoint)
+        if recorded_digest(sidecar) == actual:
+            continue
+        os.replace(next(p for p in pending if recorded_digest(p) == actual), sidecar)
+        repaired.append(checkpoint)
+    return repaired
 
 
 def newest_sound_checkpoint(directory: str | Path, exclude: str | Path | None = None) -> Path | None:
@@ -221,25 +279,27 @@ def _no_space(exc: BaseException) -> bool:
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str | Path | None = None) -> Path:
-    """Write ``payload`` atomically with its checksum sidecar: a crash mid-write leaves the previous
-    file intact, a failed write leaves no temp file. With ``run_dir``, the path must lie inside it
-    and no link on the way is followed."""
+    """Write ``payload`` atomically with its checksum sidecar, the sidecar's content written before
+    the checkpoint is renamed into place (see the module's docstring): a crash mid-write leaves the
+    previous pair intact, a failed write leaves no temp file. With ``run_dir``, the path must lie
+    inside it and no link on the way is followed."""
     path = Path(path)
     if run_dir is not None:
         safe_path(run_dir, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp, pending = path.with_name(f".{path.name}.tmp{os.getpid()}"), pending_checksum_path(path)
     try:
         with open_exclusive(tmp, "wb") as f:
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
-        digest = sha256_of(tmp)
-        os.replace(tmp, path)
-        write_checksum(path, digest)
+        write_checksum_file(pending, path.name, sha256_of(tmp))
+        os.replace(tmp, path)  # a kill here: the new checkpoint, the old sidecar and the pending one
+        os.replace(pending, checksum_path(path))
     except Exception as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, pending):
+            if os.path.lexists(leftover):
+                os.unlink(leftover)
         if _no_space(exc):
             free = shutil.disk_usage(path.parent).free
             raise CheckpointError(
@@ -251,16 +311,39 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str |
     return path
 
 
+def import_recorded(cfg: dict[str, Any], checkpoint: str | Path) -> list[str]:
+    """Import the modules a run named in ``imports`` (its own parts; ``cfg`` is the checkpoint's app
+    config), so its model can be rebuilt; a module that is gone is refused naming the checkpoint."""
+    modules = list(cfg.get("imports") or [])
+    try:
+        return import_plugins(modules)
+    except ImportError as exc:
+        raise ImportError(
+            f"checkpoint {checkpoint} was trained with parts of your own (imports={modules}): {exc}; "
+            "its model can be rebuilt only with that code back"
+        ) from exc
+
+
 def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
     """Read one of our checkpoints as data, refusing anything else with the reason.
 
     The checksum sidecar is checked first (``verify=False`` skips it, for a file you checked
-    yourself); then ``torch.load(weights_only=True)`` builds tensors and plain types only, so a
+    yourself): a mismatch is refused, a missing sidecar (a copy made without it) only warned
+    about; then ``torch.load(weights_only=True)`` builds tensors and plain types only, so a
     file that would run code when unpickled is refused without running anything."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path} (trainer.resume / checkpoint=)")
-    if verify:
+    sidecar = checksum_path(path)
+    if verify and not sidecar.is_file() and not pending_checksums(path):
+        warnings.warn(
+            f"checkpoint {path} has no checksum file {sidecar.name} beside it: loaded as data, but nothing "
+            f"checked that it is intact (copy the .sha256 file with it, or write one: "
+            f"cd {path.parent} && sha256sum {path.name} > {sidecar.name})",
+            UncheckedCheckpointWarning,
+            stacklevel=2,
+        )
+    elif verify:
         problem = verify_checksum(path)
         if problem:
             sound = newest_sound_checkpoint(path.parent, exclude=path)

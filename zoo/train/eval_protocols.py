@@ -8,8 +8,9 @@
   segments of 80 for the 12-layer enwik8 model) and ``clamp_len`` (distances beyond it share one
   relative embedding) are set on every attention for the duration and then restored, each through
   its own ``Attention.evaluation_memory`` (a mechanism without them refuses a non-zero setting);
+  ``same_length`` gives every query the same number of keys (the reference code's eval option);
   adaptive-span models carry their span cache. Dai et al. 2019, Section 3.2 and the released eval
-  scripts. Deviation: no ``same_length`` (each query sees its whole memory).
+  scripts.
 - ``stream``: the split's lanes fed ``seq_len`` tokens at a time (1 unless given: token by token)
   through the model's state from ``model.init_state``, carried across the whole split: what a
   deployed model streaming past any training length sees, in the memory its parts keep (a bounded
@@ -52,10 +53,12 @@ class ProtocolSettings:
     batch_size: int = 0  # 0 = the task's
     mem_len: int = 0  # memory protocol: evaluation memory of each attention (xl_rel's eval_mem_len; 0 = the model's)
     clamp_len: int = 0  # memory protocol: relative-distance clamp (xl_rel's clamp_len; 0 = the model's)
+    same_length: bool = False  # memory protocol: every query sees the last mem_len keys (xl_rel's same_length)
     stride: int = 0  # sliding protocol: tokens the window moves (0 = seq_len // 2)
 
     def __post_init__(self) -> None:
         require(self.protocol in PROTOCOLS, f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
+        require(isinstance(self.same_length, bool), f"same_length must be true or false, got {self.same_length!r}")
         for key in ("seq_len", "batch_size", "mem_len", "clamp_len", "stride"):
             require(
                 isinstance(getattr(self, key), int) and getattr(self, key) >= 0,
@@ -71,13 +74,13 @@ class ProtocolSettings:
 
 
 @contextlib.contextmanager
-def evaluation_memory(model: nn.Module, mem_len: int, clamp_len: int) -> Iterator[int]:
-    """Ask every attention of ``model`` for ``mem_len`` / ``clamp_len`` (0 leaves a value alone) through
-    its ``evaluation_memory``; yields how many attentions set something, and restores them afterwards.
-    A mechanism that has no such setting refuses a non-zero one (ValueError naming it)."""
+def evaluation_memory(model: nn.Module, mem_len: int, clamp_len: int, same_length: bool = False) -> Iterator[int]:
+    """Ask every attention of ``model`` for ``mem_len`` / ``clamp_len`` / ``same_length`` (0 / False leaves
+    a value alone) through its ``evaluation_memory``; yields how many attentions set something, and restores
+    them afterwards. A mechanism that has no such setting refuses a non-zero one (ValueError naming it)."""
     with contextlib.ExitStack() as stack:
         attentions = [m for m in model.modules() if isinstance(m, Attention)]
-        yield sum(bool(stack.enter_context(a.evaluation_memory(mem_len, clamp_len))) for a in attentions)
+        yield sum(bool(stack.enter_context(a.evaluation_memory(mem_len, clamp_len, same_length))) for a in attentions)
 
 
 def split_stream(task: Task, split: str) -> np.ndarray:
@@ -168,7 +171,11 @@ def evaluate_protocol(
         batches = tqdm(
             batches, total=min(total, max_batches or total), desc=settings.protocol, unit="batch", disable=None
         )
-    memory = evaluation_memory(model, settings.mem_len, settings.clamp_len) if carry else contextlib.nullcontext(0)
+    memory = (
+        evaluation_memory(model, settings.mem_len, settings.clamp_len, settings.same_length)
+        if carry
+        else contextlib.nullcontext(0)
+    )
     state = model.init_state(batch_size) if settings.protocol == "stream" else None  # refuses, with the reason
     with memory as changed:
         for batch in batches:
@@ -189,6 +196,7 @@ def evaluate_protocol(
             "batch_size": batch_size,
             "mem_len": settings.mem_len,
             "clamp_len": settings.clamp_len,
+            "same_length": settings.same_length,
             "stride": stride,
             "attentions_set": changed,
         },
@@ -226,6 +234,11 @@ def add_protocol_arguments(parser) -> None:
         help="memory protocol: Transformer-XL clamp length (0 = paper's, else the model's)",
     )
     parser.add_argument(
+        "--same-length",
+        action="store_true",
+        help="memory protocol: every query sees the last mem_len keys (Transformer-XL's eval; default: the paper's)",
+    )
+    parser.add_argument(
         "--stride",
         type=int,
         default=0,
@@ -243,6 +256,7 @@ def protocol_settings(args, run_config: dict[str, Any]) -> ProtocolSettings | No
         "batch_size": args.eval_batch_size,
         "mem_len": args.mem_len,
         "clamp_len": args.clamp_len,
+        "same_length": getattr(args, "same_length", False),
         "stride": args.stride,
     }
     merged = {**paper_eval, **{k: v for k, v in flags.items() if v}}

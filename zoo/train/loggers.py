@@ -64,9 +64,19 @@ class MetricsFile:
 class WandbLogger:
     """wandb, ``mode=offline`` by default (no network, no account): the run is named from the
     command-line overrides, carries the full config, and a sweep's runs share a group.
-    ``options``: the app's ``logger.*`` node (:class:`zoo.app.schema.LoggerOptions`)."""
+    ``options``: the app's ``logger.*`` node (:class:`zoo.app.schema.LoggerOptions`); ``tags``: the
+    run's (default: ``options.tags``)."""
 
-    def __init__(self, options: Any, *, run_dir: Path, name: str, group: str, config: dict[str, Any]):
+    def __init__(
+        self,
+        options: Any,
+        *,
+        run_dir: Path,
+        name: str,
+        group: str,
+        config: dict[str, Any],
+        tags: list[str] | None = None,
+    ):
         self.init_args = dict(
             project=options.project,
             entity=options.entity or None,
@@ -74,7 +84,7 @@ class WandbLogger:
             dir=str(run_dir),
             name=name,
             group=options.group or group or None,
-            tags=list(options.tags) or None,
+            tags=list(dict.fromkeys(options.tags if tags is None else tags)) or None,
             config=config,
         )
         self._run: Any = None  # started at the first line, after the trainer has claimed the directory

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from zoo.attention.base import Attention
 from zoo.models.base import ModelOutput, map_tensors
+from zoo.train.one_cycle import OneCycle
 
 
 def adam(
@@ -67,17 +68,26 @@ def cosine_lambda(warmup: int, total: int, min_ratio: float = 0.1) -> Callable[[
 
 
 def schedule(
-    optimizer: torch.optim.Optimizer, name: str, *, d_model: int = 512, warmup: int = 4000, total: int = 100_000
+    optimizer: torch.optim.Optimizer,
+    name: str,
+    *,
+    d_model: int = 512,
+    warmup: int = 4000,
+    total: int = 100_000,
+    min_ratio: float = 0.1,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """``noam`` (the paper's; use lr=1), ``cosine`` (warm-up + cosine), or ``constant``."""
+    """``noam`` (the paper's; use lr=1), ``cosine`` (warm-up + cosine down to ``min_ratio`` x lr),
+    ``constant``, or ``one_cycle`` (torch's OneCycleLR with a linear anneal: zoo/train/one_cycle.py)."""
     if name == "noam":
-        fn = noam_lambda(d_model, warmup)
+        fn = noam_lambda(d_model, max(1, warmup))  # warm-up 0 means the shortest, one step
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: fn(step + 1))
     if name == "cosine":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_lambda(warmup, total))
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_lambda(warmup, total, min_ratio))
+    if name == "one_cycle":
+        return OneCycle(optimizer, warmup=warmup, total=total)
     if name == "constant":
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    raise ValueError(f"unknown schedule {name!r}; valid: noam, cosine, constant")
+    raise ValueError(f"unknown schedule {name!r}; valid: noam, cosine, constant, one_cycle")
 
 
 def total_loss(out: ModelOutput) -> Tensor:

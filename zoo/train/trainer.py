@@ -1,17 +1,18 @@
 """The training loop of the Hydra application (usable on its own from Python): a built model, a task.
 
 Around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then ``optimizer_step``:
-aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast on
-CUDA and gradient accumulation (:mod:`zoo.train.options`); state carried from step to step on
-contiguous tasks for every model that keeps segment memory, started with ``init_state`` where the
-streams start over; evaluation every N steps with the task metric (:mod:`zoo.train.metrics`), logged
-(:mod:`zoo.train.loggers`); tokens/s, peak and activation memory (:mod:`zoo.train.meter`);
-checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite weights nor after a
-non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory claimed once, which
-checkpoint, whether it fits, what changed) so 2 + 2 steps equal 4 straight, bit for bit; a NaN/inf
-loss stops the run naming the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first
-(:mod:`zoo.train.stop`); ``torchrun`` data parallelism: DDP, each rank reads its own rows, only rank
-0 logs and saves.
+aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast (CUDA
+and CPU: :mod:`zoo.train.precision`) and gradient accumulation (:mod:`zoo.train.options`); state carried
+from step to step on contiguous tasks for every model that keeps segment memory, started with
+``init_state`` where the streams start over; evaluation every N steps with the task metric
+(:mod:`zoo.train.metrics`), logged (:mod:`zoo.train.loggers`); tokens/s, peak and activation memory
+(:mod:`zoo.train.meter`); checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite
+weights nor after a non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory
+claimed and locked for the run, which checkpoint, whether it fits, what changed) so 2 + 2 steps equal
+4 straight, bit for bit; early stopping on the validation metric; a NaN/inf loss stops the run naming
+the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first (:mod:`zoo.train.stop`); the
+debugging aids of ``conf/debug/`` (:mod:`zoo.train.debug`); ``torchrun`` data parallelism: DDP, each
+rank reads its own rows, only rank 0 logs and saves.
 """
 
 from __future__ import annotations
@@ -32,18 +33,19 @@ from torch import nn
 
 from zoo.data.base import SPLITS, Task
 from zoo.train import distributed
-from zoo.train.checkpoint import save_checkpoint
+from zoo.train.checkpointing import CheckpointedRun
+from zoo.train.debug import StepProfiler, anomaly_detection
 from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
 from zoo.train.metrics import evaluate_model, scalar_stats
-from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, pick_device
-from zoo.train.resume import checked, open_run, restore, run_payload
+from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, run_device
+from zoo.train.precision import autocast
+from zoo.train.resume import open_run
 from zoo.train.rundir import write_text
 from zoo.train.steps import (
     TrainingDiverged,
     forward_backward,
     initial_state,
     optimizer_step,
-    schedule,
     set_training_progress,
 )
 from zoo.train.stop import ImmediateInterrupt, StopSignals
@@ -61,14 +63,10 @@ def check_splits(task: Task, world_size: int = 1) -> None:
             raise ValueError(f"data {task.registry_name!r}, {split} split: {exc}") from None
 
 
-def finite_parameters(model: nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
-
-
 # -- the trainer ---------------------------------------------------------------------------------
 
 
-class Trainer:
+class Trainer(CheckpointedRun):
     """Train ``model`` on ``task``, writing into ``run_dir`` (which must not hold another run
     unless ``trainer.resume`` continues it).
 
@@ -97,11 +95,17 @@ class Trainer:
         if trainer.threads:
             torch.set_num_threads(trainer.threads)
         self.dist = distributed.from_env()
-        self.device = pick_device(trainer.device, self.dist.local_rank)
-        if trainer.precision == "bf16" and self.device.type != "cuda":
-            raise ValueError("trainer.precision=bf16 autocast needs CUDA here; use fp32 on CPU")
+        self.device = run_device(trainer, self.dist.local_rank)
         check_splits(task, self.dist.world_size)
-        self.resume_from = open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
+        self.claim, self.resume_from = open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
+        try:
+            self._set_up(model, trainer, optim, loggers)
+        except BaseException:
+            self.release()
+            raise
+
+    def _set_up(self, model: nn.Module, trainer: TrainerOptions, optim: OptimOptions, loggers: Iterable[Any]) -> None:
+        """What follows the claim of the run directory (released if any of it fails)."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dist = distributed.setup(self.device)
@@ -114,73 +118,26 @@ class Trainer:
         if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
             self.net = torch.compile(self.net)
         self.optimizer = make_optimizer(self.model, optim)
-        warmup = max(1, optim.warmup) if optim.schedule == "noam" else optim.warmup
-        self.scheduler = schedule(
-            self.optimizer, optim.schedule, d_model=model.config.d_model, warmup=warmup, total=trainer.max_steps
-        )
+        self.scheduler = make_schedule(self.optimizer, optim, d_model=model.config.d_model, total=trainer.max_steps)
         self.step = 0
         self.state: Any = None
         self.best: float | None = None
+        self.best_step, self.evals_since_best = 0, 0  # early stopping
+        self.resumed_at: int | None = None
+        self.evaluation: dict[str, Any] | None = None  # the latest: {"step", "metric", "value"} (checkpoints keep it)
         self.last_checkpoint: Path | None = None  # the newest checkpoint known sound (finite, checksummed)
         self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
         self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
         self.act_mib: float | None = None
 
-    # -- checkpoints ---------------------------------------------------------------------------
-    def payload(self) -> dict[str, Any]:
-        """Everything resume needs, as tensors and plain types (:func:`zoo.train.resume.run_payload`)."""
-        return run_payload(
-            step=self.step,
-            model=self.model,
-            task=self.task,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            optim=self.optim_opts,
-            state=self.state,
-            best=self.best,
-            world_size=self.dist.world_size,
-            config=self.config,
-        )
-
-    def sound_checkpoint_note(self) -> str:
-        if self.last_checkpoint is not None:
-            return f"newest sound checkpoint: {self.last_checkpoint}"
-        return "no sound checkpoint was written yet"
-
-    def save(self, name: str = "last.pt", payload: dict[str, Any] | None = None) -> Path | None:
-        """Write ``checkpoints/<name>``; weights that are not finite are never written (raises)."""
-        if not (self.opts.checkpoints and self.dist.is_main):
-            return None
-        if not finite_parameters(self.model):
-            raise TrainingDiverged(
-                f"the weights hold NaN/inf at step {self.step}; {name} not written. {self.sound_checkpoint_note()}"
-            )
-        path = save_checkpoint(self.ckpt_dir / name, payload or self.payload(), run_dir=self.run_dir)
-        self.last_checkpoint = path
-        return path
-
-    def resume(self, path: str | Path) -> None:
-        """Continue the run saved at ``path`` (refused unless it continues this one: :mod:`zoo.train.resume`)."""
-        ckpt = checked(path, model=self.model, task=self.task, world_size=self.dist.world_size, optim=self.optim_opts)
-        self.step, self.best, self.state = restore(
-            ckpt,
-            path,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            optim=self.optim_opts,
-            device=self.device,
-        )
-        self.last_checkpoint = Path(path)
-        for logger in self.loggers:
-            if hasattr(logger, "cut"):
-                logger.cut(self.step)
+    @property
+    def eval_split(self) -> str:
+        """Overfitting batches, the run is scored on those training batches; else on trainer.eval_split."""
+        return "train" if self.opts.overfit_batches else self.opts.eval_split
 
     # -- one optimiser step --------------------------------------------------------------------
     def autocast(self):
-        if self.opts.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.opts.precision)
 
     def forward_context(self, meter: ActivationMeter | None = None) -> contextlib.ExitStack:
         """What the forward pass runs under: autocast, and the activation meter on the first step."""
@@ -201,6 +158,8 @@ class Trainer:
         set_training_progress(self.model, self.step / max(1, self.opts.max_steps))  # scheduled losses
         for micro in range(accumulate):
             index = self.step * accumulate + micro
+            if self.opts.overfit_batches:  # the same few batches over and over (debug=overfit)
+                index %= self.opts.overfit_batches
             rows = self.task.batch("train", index, rank=self.dist.rank, world_size=self.dist.world_size)
             batch = {k: v.to(self.device) for k, v in rows.items()}
             if not carry:
@@ -248,8 +207,9 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------------
     def evaluate(self, split: str | None = None, max_batches: int | None = None) -> dict[str, float]:
-        split = split or self.opts.eval_split
-        max_batches = self.opts.eval_batches if max_batches is None else max_batches
+        split = split or self.eval_split
+        if max_batches is None:
+            max_batches = self.opts.overfit_batches or self.opts.eval_batches
         return evaluate_model(
             self.model,
             self.task,
@@ -275,16 +235,21 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train to ``max_steps`` (or the time budget); returns the run summary (also written to
-        ``result.json``)."""
+        """Train to ``max_steps`` (or the time budget, or early stopping); returns the run summary
+        (also written to ``result.json``). The run directory is let go of at the end, however it ends."""
+        try:
+            return self._fit()
+        finally:
+            self.release()
+
+    def _fit(self) -> dict[str, Any]:
         opts = self.opts
-        if self.resume_from is not None:
-            self.resume(self.resume_from)
+        self._start()
         o = self.optim_opts
         log.info("optimiser: %s, lr %s, schedule %s", o.describe(), o.lr, o.schedule)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        metric_key = f"{opts.eval_split}/{self.task.metric}"
+        metric_key = f"{self.eval_split}/{self.task.metric}"
         from tqdm.auto import tqdm
 
         show = opts.progress and self.dist.is_main
@@ -299,14 +264,14 @@ class Trainer:
         start = time.perf_counter()
         with StopSignals() as stop:
             try:
-                last_eval, stopped_early = self._steps(bar, stop, metric_key, start)
+                last_eval, stop_reason = self._steps(bar, stop, metric_key, start)
             except ImmediateInterrupt:
                 bar.close()
                 print(f"\nstopped mid-step; {self.sound_checkpoint_note()}", flush=True)
                 raise
             except KeyboardInterrupt:
                 why = "terminated (SIGTERM)" if stop.received == "SIGTERM" else "interrupted"
-                path = self.save()
+                path = self._save_on_stop(metric_key)
                 bar.close()
                 off = "checkpoints are off (trainer.checkpoints=false)"
                 resume_with = f"resume with trainer.resume={path}" if path else off
@@ -314,24 +279,38 @@ class Trainer:
                 raise
             finally:
                 bar.close()
-        if last_eval is None:  # resumed at or past max_steps
+        if last_eval is None:  # resumed at or past max_steps, or out of patience: evaluate it as it is
             last_eval = self._evaluate_and_save(metric_key)
-        wall = time.perf_counter() - start
+        summary = self.summary(metric_key, last_eval, stop_reason, wall=time.perf_counter() - start)
+        if self.dist.is_main:
+            write_text(self.run_dir, self.run_dir / "result.json", json.dumps(summary, indent=2, default=str))
+            for logger in self.loggers:
+                logger.finish(summary)
+        return summary
+
+    def summary(self, metric_key: str, last_eval: dict[str, float], stop_reason: str, wall: float) -> dict[str, Any]:
+        """What ``result.json`` holds: the run's final and best metric, why it stopped, throughput and memory."""
         steady = self.tokens_per_s[1:] or self.tokens_per_s  # the first step is the warm-up
         steady_fwd_bwd = self.fwd_bwd_tokens_per_s[1:] or self.fwd_bwd_tokens_per_s
-        summary = {
+        early = {"patience": self.opts.early_stop_patience, "best_step": self.best_step}
+        early["evaluations_without_improvement"] = self.evals_since_best
+        return {
             "status": "finished",
             "model": self.model.config.name,
             "attention": self.model.config.attention.get("name"),
             "data": self.task.registry_name,
             "optimizer": self.optim_opts.describe(),
+            "precision": self.opts.precision,
             "metric": self.task.metric,
             "metric_name": metric_key,
             "final_metric": last_eval[metric_key],
             "best_metric": self.best,
             "higher_is_better": self.task.higher_is_better,
             "steps": self.step,
-            "stopped_early": stopped_early,
+            "stop_reason": stop_reason,  # max_steps | max_time_s | early_stop
+            "stopped_early": stop_reason != "max_steps",
+            "early_stop": early if self.opts.early_stop_patience else None,
+            "resumed_at_step": self.resumed_at,
             # tokens_per_s as zoo.bench measures it (forward + backward); train_tokens_per_s: whole steps
             "tokens_per_s": float(np.median(steady_fwd_bwd)) if steady_fwd_bwd else float("nan"),
             "train_tokens_per_s": float(np.median(steady)) if steady else float("nan"),
@@ -341,40 +320,53 @@ class Trainer:
             **{k.split("/", 1)[1]: v for k, v in self.peak_memory_mb().items()},
             **{k: v for k, v in last_eval.items()},
         }
-        if self.dist.is_main:
-            write_text(self.run_dir, self.run_dir / "result.json", json.dumps(summary, indent=2, default=str))
-            for logger in self.loggers:
-                logger.finish(summary)
-        return summary
 
-    def _steps(self, bar: Any, stop: StopSignals, metric_key: str, start: float) -> tuple[dict | None, bool]:
-        """Optimiser steps to ``max_steps`` (or the time budget), evaluating and saving on schedule;
-        returns (the last evaluation, whether the time budget stopped it)."""
+    def _steps(self, bar: Any, stop: StopSignals, metric_key: str, start: float) -> tuple[dict | None, str]:
+        """Optimiser steps to ``max_steps``, evaluating and saving on schedule; returns (the last
+        evaluation, why it stopped: ``max_steps``, ``max_time_s`` or ``early_stop``)."""
         opts, last_eval = self.opts, None
-        while self.step < opts.max_steps:
-            metrics = self.train_step()
-            self.tokens_per_s.append(metrics["train/tokens_per_s"])
-            self.fwd_bwd_tokens_per_s.append(metrics["train/fwd_bwd_tokens_per_s"])
-            bar.update(1)
-            loss_text = f"{metrics['train/loss']:.3f}"
-            bar.set_postfix(loss=loss_text, tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
-            if self.step % opts.log_every == 0 or self.step == 1:
-                self.log({**metrics, **self.peak_memory_mb()})
-            for callback in self.callbacks:
-                callback(self, self.step)
-            # every rank stops after the same step
-            if distributed.broadcast_flag(stop.received is not None, self.device):
-                raise KeyboardInterrupt
-            over_time = bool(opts.max_time_s) and time.perf_counter() - start > opts.max_time_s
-            over_time = distributed.broadcast_flag(over_time, self.device)
-            if (opts.eval_every and self.step % opts.eval_every == 0) or self.step == opts.max_steps or over_time:
-                last_eval = self._evaluate_and_save(metric_key)
-                bar.set_postfix(loss=loss_text, **{metric_key: f"{last_eval[metric_key]:.4f}"}, refresh=False)
-            elif opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
-                self.save()
-            if over_time:
-                return last_eval, True
-        return last_eval, False
+        profiler = StepProfiler(self.run_dir, opts.profile_steps, self.device, write=self.dist.is_main)
+        with profiler, anomaly_detection(opts.detect_anomaly):
+            while self.step < opts.max_steps:
+                # every rank saw the same (all-reduced) metrics, so every rank stops here alike; checked
+                # first, so a run resumed from the evaluation that ran out of patience stops at once
+                if opts.early_stop_patience and self.evals_since_best >= opts.early_stop_patience:
+                    return last_eval, "early_stop"
+                metrics = self.train_step()
+                profiler.step()
+                self.tokens_per_s.append(metrics["train/tokens_per_s"])
+                self.fwd_bwd_tokens_per_s.append(metrics["train/fwd_bwd_tokens_per_s"])
+                bar.update(1)
+                loss_text = f"{metrics['train/loss']:.3f}"
+                bar.set_postfix(loss=loss_text, tok_s=f"{metrics['train/tokens_per_s']:.0f}", refresh=False)
+                if self.step % opts.log_every == 0 or self.step == 1:
+                    self.log({**metrics, **self.peak_memory_mb()})
+                for callback in self.callbacks:
+                    callback(self, self.step)
+                # every rank stops after the same step
+                if distributed.broadcast_flag(stop.received is not None, self.device):
+                    raise KeyboardInterrupt
+                over_time = bool(opts.max_time_s) and time.perf_counter() - start > opts.max_time_s
+                over_time = distributed.broadcast_flag(over_time, self.device)
+                if self.evaluation_due() or over_time:
+                    last_eval = self._evaluate_and_save(metric_key)
+                    bar.set_postfix(loss=loss_text, **{metric_key: f"{last_eval[metric_key]:.4f}"}, refresh=False)
+                elif opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
+                    self.save()
+                if over_time:
+                    return last_eval, "max_time_s"
+        return last_eval, "max_steps"
+
+    def evaluation_due(self) -> bool:
+        return bool(self.opts.eval_every and self.step % self.opts.eval_every == 0) or self.step == self.opts.max_steps
+
+    def _save_on_stop(self, metric_key: str) -> Path | None:
+        """The checkpoint of a run stopped between steps: the evaluation due at this step done first
+        (it comes after the stop check), so the resumed run neither repeats nor skips it."""
+        if self.evaluation_due() and (self.evaluation or {}).get("step") != self.step:
+            self._evaluate_and_save(metric_key)
+            return self.ckpt_dir / "last.pt" if self.opts.checkpoints and self.dist.is_main else None
+        return self.save()
 
     def _evaluate_and_save(self, metric_key: str) -> dict[str, float]:
         result = self.evaluate()
@@ -388,8 +380,11 @@ class Trainer:
             )
         improved = self.is_better(value)
         if improved:
-            self.best = value
+            self.best, self.best_step, self.evals_since_best = value, self.step, 0
+        elif self.step != self.resumed_at:  # re-evaluating the checkpoint it resumed from is no new evaluation
+            self.evals_since_best += 1
         result[f"{metric_key}_best"] = self.best
+        self.evaluation = {"step": self.step, "metric": metric_key, "value": value}
         self.log({**result, **self.peak_memory_mb()})
         payload = self.payload() if self.opts.checkpoints and self.dist.is_main else None
         if improved:

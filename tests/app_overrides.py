@@ -1,0 +1,30 @@
+"""Command-line overrides shared by the tests that run the Hydra app end to end: a CPU-sized run of
+four steps that evaluates and checkpoints every two (tests/train, test_export, and app_cli's sweep
+jobs); and ``script(name)``, the module of ``experiments/<name>.py`` (its ``main`` takes an argv list)."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "experiment=tiny",
+    "logger=csv",
+    "trainer.max_steps=4",
+    "trainer.eval_every=2",
+    "trainer.eval_batches=1",
+    "trainer.batch_size=2",
+    "trainer.seq_len=16",
+    "trainer.progress=false",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "trainer.device=cpu",
+]
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(f"zoo_{name}_script", ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,180 @@
+"""Kernelised attention: the shared machinery behind ``linear`` and ``performer`` (nothing registers here).
+
+Both replace softmax(q k^T) with a feature map, sim(q, k) = phi(q) . phi(k) >= 0, and compute
+
+    out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),   S = sum_j phi(k_j) v_j^T [f, e],   z = sum_j phi(k_j) [f]
+
+over the keys j query i sees (Katharopoulos et al. 2020, arXiv:2006.16236, eqs. 4-6; the same form is
+Performer's FAVOR+, Choromanski et al. 2020, arXiv:2009.14794, Section 2.2). Never a t x t tensor:
+
+- bidirectional: S and z are summed once over every real key; cost O(t f e).
+- causal: S_i and z_i are prefix sums. Summing a [t, f, e] tensor of outer products would keep
+  t f e numbers; instead the sequence is cut into chunks of ``CHUNK`` positions: inside a chunk the
+  C x C products phi(q) phi(k)^T are masked lower-triangular (the same numbers the recurrence
+  produces, in another order), across chunks the running S, z carry on, so memory is
+  O(t C + (t / C) f e) and the result is the recurrence's exactly.
+
+Streaming (:class:`KernelState`): the running S and z are the whole state. A causal layer continues a
+stream from them with a constant-size state (f x e + f per head): it remembers no token, so its
+``length`` is 0 and its bound is 0 tokens, however long the stream.
+
+Shape legend as in ``base.py``; here ``f`` = feature dimension, ``e`` = value head dim, ``n`` = chunks.
+Padding: a padded key gets phi(k) = 0 (and v = 0), so it adds nothing to S or z.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from zoo.attention.base import Attention, AttnOutput, KeysPerQuery, StateContract, dense_keys
+
+CHUNK = 64  # causal chunk length C: the intra-chunk products are C x C, the carried sums one per chunk
+
+
+@dataclass
+class KernelState:
+    """The running sums of a causal kernelised attention, carried between calls (detached).
+
+    kv [b, h, f, e] = sum phi(k_j) v_j^T and z [b, h, f] = sum phi(k_j) over every key seen so far;
+    ``features``: what the feature map was built from when the stream started (Performer's random
+    projection [f, k]), pinned so that a redraw between calls never changes a running stream's map;
+    ``seen``: tokens streamed so far."""
+
+    kv: Tensor | None = None
+    z: Tensor | None = None
+    features: Tensor | None = None
+    seen: int = 0
+
+    @property
+    def length(self) -> int:
+        return 0  # sums, not tokens: nothing grows with the stream
+
+
+def mask_keys(phi_k: Tensor, v: Tensor, pad_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Zero the features and values of padded keys: phi_k [b, h, s, f], v [b, h, s, e], pad_mask [b, s]."""
+    if pad_mask is None:
+        return phi_k, v
+    keep = pad_mask[:, None, :, None].to(phi_k.dtype)
+    return phi_k * keep, v * keep
+
+
+def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor:
+    """Bidirectional: every query sees every key. phi_q [b, h, t, f], phi_k [b, h, s, f] (padding zeroed),
+    v [b, h, s, e] -> [b, h, t, e]."""
+    kv = torch.einsum("bhsf,bhse->bhfe", phi_k, v)
+    z = phi_k.sum(2)
+    num = torch.einsum("bhtf,bhfe->bhte", phi_q, kv)
+    den = torch.einsum("bhtf,bhf->bht", phi_q, z)
+    return num / denominator(den, eps)[..., None]
+
+
+def denominator(den: Tensor, eps: float) -> Tensor:
+    """phi(q)^T z + eps; with eps = 0 (Performer's form) a row with no real key (den = 0, num = 0)
+    divides by the smallest normal number instead, so it outputs 0, not NaN."""
+    return den + eps if eps else den.clamp_min(torch.finfo(den.dtype).tiny)
+
+
+def causal_kernel_attention(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, state: KernelState | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Causal: query i sees keys j <= i (and everything summed into ``state``). phi_q, phi_k [b, h, t, f],
+    v [b, h, t, e] -> (out [b, h, t, e], kv [b, h, f, e], z [b, h, f]): the output and the sums after
+    the last position, for the next call."""
+    b, h, t, f = phi_q.shape
+    e = v.shape[-1]
+    chunk = min(CHUNK, t)  # one token at a time (decoding) costs one product, not a C x C block
+    length = -(-t // chunk) * chunk
+    pad = (0, 0, 0, length - t)  # zero features past the end: they add nothing
+    qc, kc, vc = (rearrange(F.pad(x, pad), "b h (n c) f -> b h n c f", c=chunk) for x in (phi_q, phi_k, v))
+    # per-chunk sums and their exclusive prefix: what every chunk inherits from the chunks before it
+    chunk_kv = torch.einsum("bhncf,bhnce->bhnfe", kc, vc)
+    chunk_z = kc.sum(3)
+    kv0 = phi_q.new_zeros(b, h, f, e) if state is None or state.kv is None else state.kv
+    z0 = phi_q.new_zeros(b, h, f) if state is None or state.z is None else state.z
+    kv_before = kv0[:, :, None] + torch.cumsum(chunk_kv, dim=2) - chunk_kv  # [b, h, n, f, e]
+    z_before = z0[:, :, None] + torch.cumsum(chunk_z, dim=2) - chunk_z  # [b, h, n, f]
+    # inside a chunk: the C x C similarities, lower-triangular (a query sees itself and earlier keys)
+    sim = torch.einsum("bhncf,bhndf->bhncd", qc, kc)
+    sim = sim * torch.ones(chunk, chunk, dtype=torch.bool, device=sim.device).tril()
+    num = torch.einsum("bhncd,bhnde->bhnce", sim, vc) + torch.einsum("bhncf,bhnfe->bhnce", qc, kv_before)
+    den = sim.sum(-1) + torch.einsum("bhncf,bhnf->bhnc", qc, z_before)
+    out = rearrange(num / denominator(den, eps)[..., None], "b h n c e -> b h (n c) e")[:, :, :t]
+    return out, kv0 + chunk_kv.sum(2), z0 + chunk_z.sum(2)
+
+
+def kernel_keys(t: int, causal: bool) -> KeysPerQuery:
+    """Every key reaches every query (through S and z): the dense receptive field, at linear cost."""
+    keys = dense_keys(t, causal)
+    return KeysPerQuery(keys.keys, f"{keys.rule}, through the summed features (no score per key)")
+
+
+def kernel_flops(t: int, f: int, e: int, heads: int, causal: bool) -> dict[str, float]:
+    """Matmul FLOPs of the kernelised product over t tokens (per call, batch 1): S and z (2 t f e + 2 t f),
+    the read-out (2 t f e + 2 t f), and, when causal, the intra-chunk C x C products (2 x 2 t C f / 2)."""
+    sums = 2.0 * t * f * (e + 1)
+    readout = 2.0 * t * f * (e + 1)
+    intra = 2.0 * t * CHUNK * (f + e) if causal else 0.0
+    return {"feature sums": heads * sums, "read-out": heads * (readout + intra)}
+
+
+class KernelizedAttention(Attention):
+    """Base of ``linear`` and ``performer``: q/k/v/output projections around the kernelised product. A
+    subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
+    this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
+
+    position_kinds = ()
+    no_position_reason = (
+        "it never forms a score per query-key pair (feature maps summed over keys), so no distance bias can be "
+        "added; rotary inside the feature map is not implemented here"
+    )
+
+    supports_memory = True  # causal: the running sums, constant size
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=0)  # sums only: no token kept, exact at any length
+
+    def __init__(self, d_model: int, n_heads: int, **kwargs):
+        super().__init__(d_model, n_heads, **kwargs)
+        self.add_projections(bias=self.options.bias)
+
+    def feature_maps(
+        self, q: Tensor, k: Tensor, pad_mask: Tensor | None, state: KernelState | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(phi(q), phi(k) [b, h, t, f], what a stream must pin to keep this map, or None)."""
+        raise NotImplementedError
+
+    def init_state(self, batch_size: int) -> KernelState:
+        super().init_state(batch_size)  # a bidirectional layer refuses, saying why
+        return KernelState()
+
+    def state_bound(self) -> int:
+        return 0
+
+    def keys_per_query(self, t: int) -> KeysPerQuery:
+        return kernel_keys(t, self.causal)
+
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+    ) -> AttnOutput:
+        self.check_inputs(x, context, pad_mask, state)
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        phi_q, phi_k, pinned = self.feature_maps(q, k, pad_mask, state)
+        phi_k, v = mask_keys(phi_k, v, pad_mask)
+        new_state = None
+        if not self.causal:
+            out = kernel_attention(phi_q, phi_k, v, self.options.eps)
+        else:
+            if state is not None and state.kv is not None and state.kv.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"{self.registry_name}: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}"
+                )
+            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state)
+            if state is not None:
+                new_state = KernelState(kv.detach(), z.detach(), pinned, state.seen + x.shape[1])
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check zoo experiments tests
 
 peers: $(STAMP)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,peers]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,peers,references]"
 
 bench: $(STAMP)
 	$(PY) -m zoo.bench --attention vanilla --lengths 256,512,1024

@@ -18,17 +18,21 @@ tokens of a split, token by token through its state, four ways with the same wei
 
 Every mode sees W + 1 tokens when predicting (the cache's W plus the token itself), except ``dense``.
 The stream is cut into chunks; each chunk is run by every mode, in an order rotated each chunk, so
-their tokens/s are compared under the same load. Positions: the model must use ``position=none``
-(no absolute signal: a stream of 20K tokens runs past any trained table), the setting of the
-command below. Deviation from the paper: a small character-level model (d 128, 4 layers, trained at
-256 tokens on Tiny Shakespeare) in place of Llama-2 on PG19; no RoPE (the zoo's relative positions
-inside attention are issue 23); the paper re-numbers positions inside the cache, which a model
-without positions does not need.
+their tokens/s are compared under the same load. Positions: either none (no absolute signal: a
+stream of 20K tokens runs past any trained table; the first pair of commands below) or a position acting
+inside attention: with ``position=rope`` the window and sinks modes number the cached keys by their place
+in the cache (``position.cache_positions``, StreamingLLM's rule, Section 3.2), the paper's setting (the
+second pair). Deviation from the paper: a small character-level model (d 128, 4 layers, trained at 256
+tokens on Tiny Shakespeare) in place of Llama-2 on PG19.
 
     python experiments/train.py experiment=shakespeare model=vanilla_lm position=none \\
         trainer.max_steps=2000 trainer.threads=1 logger=csv hydra.run.dir=runs/streaming/train
     python experiments/streaming.py runs/streaming/train/checkpoints/best.pt --tokens 20000 \\
-        --window 128 --sinks 4 --threads 1 --out results/streaming
+        --window 128 --sinks 4 --threads 1 --out results/streaming/nope
+    python experiments/train.py experiment=shakespeare model=vanilla_lm position=rope \\
+        trainer.max_steps=2000 trainer.threads=1 logger=csv hydra.run.dir=runs/streaming_rope/train
+    python experiments/streaming.py runs/streaming_rope/train/checkpoints/best.pt --tokens 20000 \\
+        --window 128 --sinks 4 --threads 1 --out results/streaming/rope
 
 Writes ``streaming.csv`` (per chunk and mode: bpc, tokens/s, cache MiB), ``summary.md`` and
 ``streaming.png`` into ``--out``.
@@ -52,6 +56,8 @@ from zoo.bench.generate import state_bytes
 from zoo.bench.machine import describe_machine
 from zoo.bench.report import write_csv
 from zoo.bench.timing import rotation
+from zoo.config import NoOptions
+from zoo.position.base import POSITION
 from zoo.train.eval_protocols import split_stream
 
 MODES = ("dense", "window", "sinks", "recompute")
@@ -66,11 +72,18 @@ def mode_models(model: torch.nn.Module, window: int, sinks: int) -> dict[str, to
         "sinks": {"max_cache": window, "sinks": sinks},
     }
     attention["recompute"] = attention["dense"]
+    position = dict(config["position"] if isinstance(config["position"], dict) else {"name": config["position"]})
+    # a rolled cache numbers its keys by their place in it (StreamingLLM, Section 3.2) where the position part
+    # can (rope): a key's rotation then never exceeds the window, the distances the model was trained on
+    renumber = "cache_positions" in getattr(POSITION.get(position["name"]), "Options", NoOptions).__dataclass_fields__
     out = {}
     for mode in MODES:
         part = dict(config["attention"] if isinstance(config["attention"], dict) else {"name": config["attention"]})
         require_vanilla(part["name"])
-        built = zoo.create_model(**{**config, "attention": {**part, **attention[mode]}})
+        rolled = {"cache_positions": True} if renumber and mode in ("window", "sinks") else {}
+        built = zoo.create_model(
+            **{**config, "attention": {**part, **attention[mode]}, "position": {**position, **rolled}}
+        )
         built.load_state_dict(model.state_dict())
         out[mode] = built.eval()
     return out

@@ -30,6 +30,11 @@ def test_one_override_syntax_dotted_key_value():
     )
     with pytest.raises(ValueError, match="key=value"):
         bench.parse_set(["oops"])
+    # as in the app: null is None, "none" the name of a part (position=none once read as None, refused)
+    assert bench.parse_set(["position=none", "attention.seed=null"]) == {
+        "position": "none",
+        "attention": {"seed": None},
+    }
     assert not hasattr(bench, "parse_spec")
     with pytest.raises(SystemExit):
         bench.main(["--attention", "lsh(n_hashes=4)", "--out", "/nonexistent"])

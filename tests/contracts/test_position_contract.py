@@ -1,4 +1,7 @@
-"""The contract every registered absolute position signal keeps (zoo/position/absolute.py).
+"""The contract every registered position part keeps at the model's input (zoo/position/).
+
+A part acting inside attention (rope, alibi, t5_bias) adds nothing here and passes these checks as the
+identity; its own contract runs over every mechanism that accepts it in test_positions_in_attention.py.
 
 A signal registered with ``@POSITION.register`` is exercised here the moment it registers (built
 with its ``contract_options()``), called as ``pos(x, offset=0) -> [b, t, d]``:

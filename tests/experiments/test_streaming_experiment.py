@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+import zoo
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -81,3 +83,15 @@ def test_the_modes_see_what_they_claim_and_the_window_caches_stay_constant(tmp_p
     assert cache["window"][0] == cache["window"][-1] and cache["sinks"][0] == cache["sinks"][-1]
     assert cache["dense"][-1] == 3 * cache["dense"][0] and cache["recompute"] == [0.0] * 3
     assert "| sinks |" in (out / "summary.md").read_text() and (out / "streaming.png").stat().st_size > 0
+
+
+def test_a_rotary_model_numbers_its_rolled_cache_by_the_place_in_it():
+    """With position=rope the window and sinks modes renumber the cache (StreamingLLM's rule); dense and
+    recompute count the stream, and a model without a renumbering position is left as it is."""
+    streaming = script()
+    rotary = zoo.create_model("vanilla_lm", vocab_size=12, position="rope", d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    modes = streaming.mode_models(rotary, window=8, sinks=2)
+    renumbered = {mode: model.position.cache_positions for mode, model in modes.items()}
+    assert renumbered == {"dense": False, "window": True, "sinks": True, "recompute": False}
+    plain = zoo.create_model("vanilla_lm", vocab_size=12, position="none", d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    assert not any(model.position.cache_positions for model in streaming.mode_models(plain, 8, 2).values())

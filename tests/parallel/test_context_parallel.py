@@ -85,6 +85,16 @@ DEFAULT = [
     ),
     Case("vanilla_padded", "vanilla_lm", pad=True),
     Case("short_halo", "vanilla_lm", {"attention": LOCAL}, short_halo=True),
+    # positions inside attention: rotated at each chunk's absolute positions, the bias by absolute distance
+    Case("vanilla_rope", "vanilla_lm", {"position": "rope"}),
+    Case("local_1d_alibi", "vanilla_lm", {"attention": LOCAL, "position": "alibi"}, pad=True),
+    Case("sparse_fixed_t5_bias", "sparse_transformer", {"attention": FIXED, "position": "t5_bias"}),
+    Case(
+        "adaptive_span_rope",
+        "adaptive_span_lm",
+        {"attention": {**SPAN, "relative_keys": False, "share_relative_keys": False}, "position": "rope"},
+        segments=2,
+    ),
 ]
 
 MATRIX = [
@@ -131,6 +141,26 @@ MATRIX = [
         "factorized_positions",
         "sparse_transformer",
         {"attention": FIXED, "position": {"name": "factorized", "stride": 4}},
+    ),
+    Case("vanilla_rope_contiguous_padded", "vanilla_lm", {"position": "rope"}, layout="contiguous", pad=True),
+    Case("vanilla_rope_plain_matmuls", "vanilla_lm", {"position": "rope"}, fused=False),
+    Case("local_1d_sinks_rope", "vanilla_lm", {"attention": SINKS, "position": "rope"}, pad=True),
+    Case("local_1d_t5_bias", "vanilla_lm", {"attention": LOCAL, "position": "t5_bias"}),
+    Case("local_2d_alibi", "image_transformer", {"attention": RASTER, "position": "alibi"}),
+    Case(
+        "sparse_strided_rope", "sparse_transformer", {"attention": {**STRIDED, "combine": "union"}, "position": "rope"}
+    ),
+    Case(
+        "sparse_fixed_per_head_alibi",
+        "sparse_transformer",
+        {"attention": {**FIXED, "combine": "per_head"}, "position": "alibi"},
+    ),
+    Case(
+        "adaptive_span_alibi_padded",
+        "adaptive_span_lm",
+        {"attention": {**SPAN, "relative_keys": False, "share_relative_keys": False}, "position": "alibi"},
+        segments=2,
+        pad=True,
     ),
 ]
 

@@ -163,6 +163,8 @@ def tiny(name, **overrides):
         ("sparse_transformer", {"attention": {"name": "sparse_fixed", "stride": 0}}, "stride=0 picks l"),
         ("vanilla_lm", {"attention": {"name": "synthesizer"}}, "attention 'synthesizer' gives each query a score row"),
         ("vanilla_lm", {"attention": {"name": "sinkhorn"}}, "attention 'sinkhorn' sorts blocks by a learned"),
+        ("vanilla_lm", {"position": "alibi"}, "with position 'alibi': ring attention merges blocks without a distance"),
+        ("vanilla_lm", {"position": "t5_bias"}, "with position 't5_bias': ring attention merges blocks without"),
     ],
 )
 def test_what_cannot_be_split_is_refused_with_the_parts_reason(name, overrides, reason):
@@ -184,6 +186,9 @@ def test_what_cannot_be_split_is_refused_with_the_parts_reason(name, overrides, 
         ("vanilla_lm", {"attention": {"name": "performer"}}),
         ("vanilla_lm", {"attention": {"name": "longformer"}}),
         ("vanilla_lm", {"attention": {"name": "local_1d"}, "stack": "reversible", "residual": "pre_norm"}),
+        ("vanilla_lm", {"position": "rope"}),
+        ("vanilla_lm", {"attention": {"name": "local_1d"}, "position": "alibi"}),
+        ("sparse_transformer", {"position": "t5_bias"}),
     ],
 )
 def test_supported_models_are_not_refused(name, overrides):

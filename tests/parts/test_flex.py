@@ -11,6 +11,7 @@ import torch
 import zoo
 from zoo.attention import flex
 from zoo.attention.base import ATTENTION
+from zoo.position.base import POSITION
 
 D, H = 32, 4
 FLEX = [n for n in zoo.list_attention() if "backend" in ATTENTION.get(n).Options.__dataclass_fields__]
@@ -125,3 +126,59 @@ def test_flex_gradients_equal_the_native_path_on_cuda(name):
         grads.append([xi.grad, *(p.grad for p in attn.parameters())])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+SCHEMES = ("rope", "alibi", "t5_bias")
+
+
+def with_position(name, options, causal, scheme):
+    """The native and the flex layer of ``name`` sharing one position part (T5's table included)."""
+    cls = POSITION.get(scheme)
+    position = cls(D, 256, n_heads=H, **cls.contract_options())
+    torch.nn.init.normal_(next(iter(position.parameters()), torch.empty(0)))  # a T5 table that is not zero
+    layers = [
+        zoo.create_attention(name, d_model=D, n_heads=H, causal=causal, position=position, **options, **backend).eval()
+        for backend in ({}, {"backend": "flex"})
+    ]
+    layers[1].load_state_dict(layers[0].state_dict())
+    return layers
+
+
+# the default run: both biases on a dense and a blocked layer (every case compiles FlexAttention anew, seconds
+# each on the CPU); every pattern with every scheme is marked slow
+POSITION_CASES = [
+    (name, scheme)
+    if name in ("vanilla", "local_1d") and scheme != "rope"
+    else pytest.param(name, scheme, marks=pytest.mark.slow)
+    for name in FLEX
+    for scheme in SCHEMES
+]
+
+
+@pytest.mark.parametrize("name,scheme", POSITION_CASES)
+@torch.no_grad()
+def test_a_position_inside_attention_runs_on_flex_as_on_the_native_path(name, scheme):
+    """rope rotates before either path; ALiBi's and T5's bias enter FlexAttention as its score_mod (a table
+    over the call's distances), equal to the native path's bias, padded and in a stream over a cache."""
+    options = VARIANTS.get(name, [{}])[0]
+    for causal in (True, False):
+        native, flexed = with_position(name, options, causal, scheme)
+        x = torch.randn(2, 19, D, generator=torch.Generator().manual_seed(3))
+        pad = torch.ones(2, 19, dtype=torch.bool)
+        pad[1, 9:] = False
+        for mask in (None, pad):
+            real = slice(None) if mask is None else mask
+            expected, got = native(x, pad_mask=mask).out, flexed(x, pad_mask=mask).out
+            torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-4)
+    if not (native.causal and native.supports_memory):
+        return
+    native, flexed = with_position(name, options, True, scheme)
+    x = torch.randn(2, 30, D, generator=torch.Generator().manual_seed(4))
+    outs = []
+    for attn in (native, flexed):
+        state, pieces = attn.init_state(2), []
+        for piece in x.split([11, 1, 18], dim=1):
+            result = attn(piece, state=state)
+            state, pieces = result.state, pieces + [result.out]
+        outs.append(torch.cat(pieces, dim=1))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import zoo
 from zoo.attention.base import reference_attention
+from zoo.position.base import POSITION
 
 D, H = 32, 4
 
@@ -22,7 +23,9 @@ def dense_lsh(attn, x, pad_mask=None):
     Per round r a query i may see key j iff j is real, in the same bucket, (causal) j <= i and at
     most ``chunk_size`` same-bucket items back (``look_back="window"``) or, with ``look_back="chunk"``,
     j's sorted slot in the own or the previous chunk of i's; (bidirectional) every same-bucket key,
-    valid when one chunk covers the sequence. Self only at score -1e5. Rounds combine by log-sum-exp."""
+    valid when one chunk covers the sequence. Self only at score -1e5. Rounds combine by log-sum-exp.
+    A position part inside attention: rope turns the shared q/k after hashing (buckets from the content),
+    a pair bias adds b(i - j) to every score."""
     b, t, _ = x.shape
     c = min(attn.options.chunk_size, t)
     tp = -(-t // c) * c
@@ -31,7 +34,12 @@ def dense_lsh(attn, x, pad_mask=None):
     buckets = attn.hash(F.pad(qk, (0, 0, 0, tp - t)), F.pad(real, (0, tp - t)), attn.n_buckets_for(tp))[
         ..., :t
     ]  # [b, h, R, t]
-    scores = torch.einsum("bhik,bhjk->bhij", qk, F.normalize(qk, dim=-1)) * qk.shape[-1] ** -0.5
+    turned = attn.rotate(qk, torch.arange(t))
+    scores = torch.einsum("bhik,bhjk->bhij", turned, F.normalize(turned, dim=-1)) * qk.shape[-1] ** -0.5
+    i = torch.arange(t)
+    bias = attn.pair_bias(i[:, None] - i[None, :], scores.dtype)
+    if bias is not None:
+        scores = scores + bias
     eye = torch.eye(t, dtype=torch.bool)
     outs, lses = [], []
     for r in range(buckets.shape[2]):
@@ -352,3 +360,21 @@ def test_unit_keys_are_scaled_normalised_queries_in_the_lead_chunk_layout():
     # gradients away from the clamp (finite differences at a zero query cross it)
     smooth = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: _UnitKeys.apply(x, 0.3), (smooth,))
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5_bias"])
+@pytest.mark.parametrize("causal,t,chunk", [(True, 61, 8), (False, 40, 64)], ids=["causal-chunked", "bidir-one-chunk"])
+def test_positions_inside_lsh_equal_the_dense_reference_values_and_gradients(scheme, causal, t, chunk):
+    """rope after hashing and a pair bias on the sorted chunks' pairs, against dense_lsh; T5's table gets
+    the reference's gradient."""
+    part = POSITION.get(scheme)(D, 128, n_heads=H)
+    attn = zoo.create_attention(
+        "lsh", d_model=D, n_heads=H, causal=causal, chunk_size=chunk, n_hashes=2, n_buckets=4, position=part
+    ).eval()
+    x = torch.randn(2, t, D, requires_grad=True)
+    out, expected = attn(x).out, dense_lsh(attn, x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    wanted = [x, *part.parameters()]
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, wanted, g), torch.autograd.grad(expected, wanted, g)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)

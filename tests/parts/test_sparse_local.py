@@ -5,6 +5,8 @@ as dense boolean [t, t] masks (test references only). Checked: the attended (i, 
 those sets exactly; outputs and gradients equal dense masked attention to 1e-5, causal and
 bidirectional, for lengths that are and are not multiples of the block/stride, with padding;
 cost grows sub-quadratically (saved activations); bad configurations and inputs are refused.
+With a pair bias (ALiBi, T5 buckets: ``zoo/position``), outputs and gradients equal the dense masked
+attention with the bias b_h(i - j) added to every score, for every pattern and combination.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 import zoo
 from zoo.attention.base import guard_empty_rows, reference_attention
+from zoo.position.base import POSITION
 from zoo.train.meter import ActivationMeter
 
 # -- the papers' sets, as dense [t, t] masks (i = query row, j = key column) ---------------------
@@ -78,13 +81,18 @@ def attended_pairs(attn, t, pad_mask=None, h=4):
     return out[0] > 1e-7
 
 
-def reference(q, k, v, allowed):
-    """Dense masked softmax; rows with no allowed key give 0 (as the mechanisms do)."""
+def reference(q, k, v, allowed, bias=None):
+    """Dense masked softmax (plus ``bias`` [h, t, t] on the scores); rows with no allowed key give 0
+    (as the mechanisms do)."""
     has_key = allowed.any(-1, keepdim=True)
-    return reference_attention(q, k, v, guard_empty_rows(allowed)) * has_key
+    if bias is None:
+        return reference_attention(q, k, v, guard_empty_rows(allowed)) * has_key
+    scores = torch.einsum("bhtk,bhsk->bhts", q, k) * q.shape[-1] ** -0.5 + bias
+    weights = torch.softmax(scores.masked_fill(~guard_empty_rows(allowed), float("-inf")), dim=-1)
+    return torch.einsum("bhts,bhsk->bhtk", weights, v) * has_key
 
 
-def check_against_reference(attn, t, allowed, pad_mask=None, b=2, h=4, dk=8):
+def check_against_reference(attn, t, allowed, pad_mask=None, b=2, h=4, dk=8, bias=None):
     """allowed [h, t, t]: forward and gradients of attn.attend equal the dense reference."""
     g = torch.Generator().manual_seed(t)
     q, k, v = (torch.randn(b, h, t, dk, generator=g, requires_grad=True) for _ in range(3))
@@ -93,7 +101,7 @@ def check_against_reference(attn, t, allowed, pad_mask=None, b=2, h=4, dk=8):
     if pad_mask is not None:
         full = full & pad_mask[:, None, None, :]
     out = attn.attend(q, k, v, pad_mask)
-    ref = reference(q, k, v, full)
+    ref = reference(q, k, v, full, bias)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
     ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v))
@@ -111,6 +119,37 @@ def padding(b, t):
 
 def build(name, causal, layer_index=0, **options):
     return zoo.create_attention(name, d_model=32, n_heads=4, causal=causal, layer_index=layer_index, **options).eval()
+
+
+def local_1d_with_sinks(t, causal):
+    """local_1d's set plus the first 2 positions (sinks), before the query when causal."""
+    i, j = grid(t)
+    sinks = (j < 2) & ((j <= i) if causal else True)
+    return (local_1d_set(t, 5, 3, causal) | sinks).expand(4, t, t)
+
+
+def pattern_cases():
+    """(id, name, layer, options, allowed(attn, t, causal) -> [h, t, t]) for every pattern and combination."""
+    cases = []
+    for combine, layer in COMBINE:
+        cases.append(
+            (f"sparse_strided-{combine}{layer}", "sparse_strided", layer, dict(stride=5, combine=combine),
+             lambda attn, t, causal: expected_heads(attn, t, strided_sets(t, 5, causal)))
+        )  # fmt: skip
+        cases.append(
+            (f"sparse_fixed-{combine}{layer}", "sparse_fixed", layer, dict(stride=5, c=2, combine=combine),
+             lambda attn, t, causal: expected_heads(attn, t, fixed_sets(t, 5, 2, causal)))
+        )  # fmt: skip
+    cases.append(
+        ("local_1d", "local_1d", 0, dict(block=5, memory=7), lambda a, t, c: local_1d_set(t, 5, 7, c).expand(4, t, t))
+    )
+    cases.append(
+        ("local_1d-sinks", "local_1d", 0, dict(block=5, memory=3, sinks=2), lambda a, t, c: local_1d_with_sinks(t, c))
+    )
+    cases.append(
+        ("local_2d", "local_2d", 0, SHAPES_2D[0], lambda a, t, c: local_2d_set(t, 6, 2, 3, 2, 2, c).expand(4, t, t))
+    )
+    return cases
 
 
 CAUSAL = [True, False]
@@ -345,3 +384,25 @@ def test_local_2d_says_once_what_shape_it_expects(caplog):
         attn(torch.randn(1, 35, 32))  # the whole image: nothing to say
     notes = [r.getMessage() for r in caplog.records if "local_2d expects" in r.getMessage()]
     assert len(notes) == 1 and "5 x 7 = 35" in notes[0] and "first 3 rows" in notes[0]
+
+
+# -- a pair bias on the pairs each pattern computes ---------------------------------------------
+
+PATTERN_CASES = pattern_cases()
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5_bias"])
+@pytest.mark.parametrize("causal", CAUSAL, ids=["causal", "bidir"])
+@pytest.mark.parametrize("pad", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("case", PATTERN_CASES, ids=[c[0] for c in PATTERN_CASES])
+def test_a_pair_bias_equals_the_dense_reference_with_the_bias(case, pad, causal, scheme):
+    """b_h(i - j) from the position part (T5: a random table) on exactly the pairs of the pattern's sets."""
+    _, name, layer, options, sets = case
+    t = 24 if name == "local_2d" else 23
+    part = POSITION.get(scheme)(
+        32, 64, n_heads=4, **({"buckets": 8, "max_distance": 12} if scheme == "t5_bias" else {})
+    )
+    attn = build(name, causal, layer, position=part, **options)
+    i, j = grid(t)
+    bias = part.bias(i - j, causal=causal)  # [h, t, t], the reference's only
+    check_against_reference(attn, t, sets(attn, t, causal), padding(2, t) if pad else None, bias=bias)

@@ -50,6 +50,11 @@ with log m, so it costs what q . k costs. Without relative keys the model's abso
 a copy from 200 characters back that made ours miss what the authors' code learns in a few hundred
 steps (results/adaptive_span_range).
 
+Positions inside attention (``zoo/position``): without ``relative_keys`` the layer takes rope (q and k
+rotated at their absolute positions; the span cache knows where the stream stands) and a pair bias
+(ALiBi, T5: b_h(x) for the distances x = 1 ... reach of the band, added with log m). With
+``relative_keys`` it refuses them: the score already has a learned term per distance.
+
 Deviations: (1) a table per layer unless ``share_relative_keys`` (the authors share one). (2) The
 span is parameterised as in the authors' code, z = S z' with z' in [0, 1] (clamped after each
 optimiser step), so Adam moves it at a useful rate; the paper writes the penalty on z.
@@ -102,10 +107,12 @@ MODES = ("learned", "dynamic", "fixed")
 
 @dataclass
 class SpanCache:
-    """Inputs of the last ``cache_size`` tokens of this layer. x: [b, m, d]; pad_mask: [b, m] or None."""
+    """Inputs of the last ``cache_size`` tokens of this layer. x: [b, m, d]; pad_mask: [b, m] or None;
+    ``next``: the absolute position of the next token (the cached inputs sit just before it)."""
 
     x: Tensor | None = None
     pad_mask: Tensor | None = None
+    next: int = 0
 
     @property
     def length(self) -> int:
@@ -118,6 +125,7 @@ class AdaptiveSpanAttention(Attention):
     supports_cross = False
     causal_only = True
     remembers_inputs = True  # the cache holds past layer inputs, normalised by the block on every call
+    position_kinds = ("rotary", "pair_bias")  # refused with relative_keys (position_refusal)
     memory_option = "cache_size"
 
     @dataclass
@@ -220,6 +228,15 @@ class AdaptiveSpanAttention(Attention):
     def init_state(self, batch_size: int) -> SpanCache:
         return SpanCache()
 
+    def position_refusal(self, position) -> str | None:
+        if self.options.relative_keys:
+            return (
+                "relative_keys=True already scores each distance with learned relative key embeddings (q . p_x); a "
+                "second relative scheme would add another term per distance. Set attention.relative_keys=false to use "
+                "the position part instead"
+            )
+        return super().position_refusal(position)
+
     # -- what it sees and costs ----------------------------------------------------------------------
     def keys_per_query(self, t: int) -> KeysPerQuery:
         """At most the S keys before the query (the window; learned spans start at 0 and stay shorter)."""
@@ -282,10 +299,20 @@ class AdaptiveSpanAttention(Attention):
         key_valid = join_key_padding(kept_pad, kept, pad_mask, x)
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(inputs)), self.split_heads(self.to_v(inputs))
+        start = state.next if state is not None else 0  # absolute position of x[:, 0]
+        q = self.rotate(q, torch.arange(start, start + t, device=x.device))
+        k = self.rotate(k, torch.arange(start - kept, start + t, device=x.device))
+        position_bias = self.pair_bias(torch.arange(1, max(reach, 1) + 1, device=x.device), q.dtype)  # [h, reach]
         dropout = self.dropout if self.training else 0.0
 
         def attend(
-            q: Tensor, k: Tensor, v: Tensor, fractions: Tensor, key_valid: Tensor | None, table: Tensor | None
+            q: Tensor,
+            k: Tensor,
+            v: Tensor,
+            fractions: Tensor,
+            key_valid: Tensor | None,
+            table: Tensor | None,
+            position_bias: Tensor | None,
         ) -> Tensor:
             spans = fractions * o.max_span
             return blocked_span_attention(
@@ -299,11 +326,12 @@ class AdaptiveSpanAttention(Attention):
                 block_size=o.block_size,
                 dropout=dropout,
                 key_position=table,
+                distance_bias=position_bias,
             )
 
         # the band's weights (and its blocked key copies) are recomputed in backward, not kept
         table = self.key_position if o.relative_keys else None
-        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, table, stochastic=dropout > 0)
+        out = recompute_in_backward(attend, q, k, v, fractions, key_valid, table, position_bias, stochastic=dropout > 0)
         out = self.to_out(self.merge_heads(out))
 
         aux, stats = {}, {}
@@ -329,7 +357,9 @@ class AdaptiveSpanAttention(Attention):
                 "span_max": spans_real.max().detach(),
                 "span_reach": torch.tensor(float(reach)),
             }
-        cache = None if state is None else self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask)
+        cache = None
+        if state is not None:
+            cache = self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask, start + t)
         return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
     # -- context parallelism (zoo/parallel) ----------------------------------------------------------
@@ -374,16 +404,17 @@ class AdaptiveSpanAttention(Attention):
             past = torch.cat([remembered(cache.x[:, cache.length - older :], layer_input), earlier], dim=1)
         older_pad = None if cache.pad_mask is None or not older else cache.pad_mask[:, cache.length - older :]
         past_pad = join_key_padding(older_pad, older, None if valid is None else valid[:, :n], earlier)
-        out = self.forward(own, pad_mask=pad_mask, state=SpanCache(past, past_pad))
+        # next: the absolute position of this chunk's first token (a rotation counts from the stream's start)
+        out = self.forward(own, pad_mask=pad_mask, state=SpanCache(past, past_pad, next=cache.next + start))
         carried = chunk.carry(to_remember(x, layer_input), pad_mask, self.options.cache_size, cache.x, cache.pad_mask)
-        out.state = None if state is None else SpanCache(*carried)
+        out.state = None if state is None else SpanCache(*carried, next=cache.next + chunk.layout.length)
         return out
 
     def _next_cache(
-        self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None
+        self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None, next_position: int
     ) -> SpanCache:
         """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""
         keep = self.options.cache_size
         xs = x.detach() if past is None else torch.cat([past, x.detach()], dim=1)
         pad = join_key_padding(past_pad, 0 if past is None else past.shape[1], pad_mask, x)
-        return SpanCache(xs[:, -keep:], None if pad is None else pad[:, -keep:])
+        return SpanCache(xs[:, -keep:], None if pad is None else pad[:, -keep:], next=next_position)

@@ -28,7 +28,7 @@ from zoo.attention.base import (
     dense_keys,
     guard_empty_rows,
 )
-from zoo.attention.vanilla import KVCache, extend_cache
+from zoo.attention.vanilla import KVCache, extend_cache, stream_positions
 from zoo.config import require
 
 SCORES = ("dot", "general", "concat")
@@ -38,6 +38,10 @@ SCORES = ("dot", "general", "concat")
 class AdditiveAttention(Attention):
     supports_cross = True
     supports_memory = True  # a KV cache of projected keys and values continues a stream (causal use)
+    position_kinds = (
+        "rotary",
+        "pair_bias",
+    )  # rotary only with score="dot" (position_refusal); the bias joins the scores
 
     @dataclass
     class Options:
@@ -67,6 +71,15 @@ class AdditiveAttention(Attention):
     @classmethod
     def contract_state(cls) -> StateContract:
         return StateContract(bound=None)  # dense: every earlier key stays visible, the cache grows
+
+    def position_refusal(self, position) -> str | None:
+        if position.rotary and self.options.score != "dot":
+            return (
+                f"score={self.options.score!r} is not a dot product of the rotated query and key (W_a or tanh sits "
+                "between them), so a rotation would not make it depend on i - j only; use score='dot', or a pair "
+                "bias (alibi, t5_bias)"
+            )
+        return super().position_refusal(position)
 
     def init_state(self, batch_size: int) -> KVCache:
         return KVCache()  # a bidirectional self-attention is refused when the state is used (check_inputs)
@@ -98,10 +111,15 @@ class AdditiveAttention(Attention):
         source = x if context is None else context
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(source)), self.split_heads(self.to_v(source))
-        new_state = None
+        new_state, bias = None, None
+        if context is None:  # self-attention: positions inside attention apply (cross-attention: two timelines)
+            positions, key_positions = stream_positions(state, x.shape[1], x.device)
+            q, k = self.rotate(q, positions), self.rotate(k, positions)
         if state is not None and context is None:  # self-attention continuing a stream: [cache ; segment]
             k, v, pad_mask = extend_cache(state, k, v, pad_mask, self.registry_name)
-            new_state = KVCache(k.detach(), v.detach(), pad_mask)
+            new_state = KVCache(k.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1)
+        if context is None:
+            bias = self.pair_bias(positions[:, None] - key_positions[None, :], q.dtype)  # [h, t, s] or None
         t, s = q.shape[2], k.shape[2]
         allowed = None
         if self.causal and context is None:
@@ -110,6 +128,8 @@ class AdditiveAttention(Attention):
             key_ok = pad_mask[:, None, None, :]
             allowed = key_ok if allowed is None else allowed & key_ok
         scores = self.scores(q, k)
+        if bias is not None:
+            scores = scores + bias
         if allowed is not None:
             scores = scores.masked_fill(~guard_empty_rows(allowed), float("-inf"))
         weights = self.attn_dropout(torch.softmax(scores, dim=-1))

@@ -21,6 +21,13 @@ A mechanism is called as ``attn(x, *, context=None, pad_mask=None, state=None) -
 Capability flags are class attributes: the builder refuses impossible combinations with a clear
 error and the tests skip by flag, never by a list of names.
 
+Positions inside attention (``zoo/position/``: ``rope`` rotates queries and keys, ``alibi`` and
+``t5_bias`` add b_h(i - j) to each score): a self-attention layer is built with the model's position
+part (``position=``) and applies it to exactly the (query, key) pairs it computes, at their absolute
+positions in the stream (a state carries where the stream stands, so segments equal one call). A
+mechanism lists the kinds it applies in ``position_kinds``; the base class refuses any other kind when
+the layer is built, with ``no_position_reason`` (or an option-dependent ``position_refusal``).
+
 What is true of one mechanism is answered by the mechanism, from its own resolved options, and every
 consumer (``describe``, the benchmark's FLOP model, the LRA tables, the data checks, the evaluation
 protocols) asks instead of switching on its registry name: ``keys_per_query``, ``forward_flops``,
@@ -33,14 +40,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from zoo.attention.flex import DistanceBias
 from zoo.config import NoOptions, build_options, check_type, require
 from zoo.registry import Registry
+
+if TYPE_CHECKING:
+    from zoo.position.base import Position
 
 
 @dataclass
@@ -141,6 +152,10 @@ class Attention(nn.Module):
     length_option: ClassVar[str | None] = None  # an option sizing parameters by the longest sequence (Linformer's
     # max_len): left 0, the stack builder sets it to the model's max_len (the app raises that to the task's length)
     lra_row: ClassVar[str | None] = None  # the row of Long Range Arena's tables (Tay et al. 2020) it corresponds to
+    # positions inside attention it applies to the pairs it computes: "rotary" and/or "pair_bias"
+    position_kinds: ClassVar[tuple[str, ...]] = ()
+    no_position_reason: ClassVar[str] = ""  # why a kind is missing from position_kinds, for the refusal
+    numbers_cache: ClassVar[bool] = False  # applies a part's cache_positions (StreamingLLM numbering)
 
     def __init__(
         self,
@@ -150,6 +165,7 @@ class Attention(nn.Module):
         causal: bool = False,
         dropout: float = 0.0,
         layer_index: int = 0,
+        position: Position | None = None,
         **options: Any,
     ):
         super().__init__()
@@ -172,6 +188,58 @@ class Attention(nn.Module):
             f"attention {name!r} has no causal form ({self.no_causal_reason or 'supports_causal=False'}); "
             "build it with causal=False (an encoder), or choose another attention for a decoder",
         )
+        if position is not None and position.kinds():
+            reason = self.position_refusal(position)
+            if reason is not None:
+                raise ValueError(f"attention {name!r} cannot take position {position.registry_name!r}: {reason}")
+        else:
+            position = None  # a signal added at the input (or none) is not the attention's business
+        # the model's part, shared by every layer (T5's one table): kept out of this module's
+        # parameters and state dict, which the model holds once
+        self.__dict__["position"] = position
+
+    # -- positions inside attention -----------------------------------------------------------
+    def position_refusal(self, position: Position) -> str | None:
+        """Why this layer, built as it is, cannot apply ``position`` (a part acting inside attention)
+        to the pairs it computes, or None. Default: by ``position_kinds`` and ``numbers_cache``."""
+        missing = [kind for kind in position.kinds() if kind not in self.position_kinds]
+        if missing:
+            why = f": {self.no_position_reason}" if self.no_position_reason else ""
+            return f"it applies no {' or '.join(missing)} position inside its attention{why}"
+        if position.cache_positions and not self.numbers_cache:
+            return (
+                "cache_positions numbers the keys of a decoding cache by their place in it, which this mechanism's "
+                "state does not do (the dense KV cache of vanilla does); leave position.cache_positions=false"
+            )
+        return None
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Queries or keys [..., n, k] at absolute positions long [n], rotated when the layer's position
+        part rotates (rope), else x itself."""
+        position = self.position
+        return x if position is None or not position.rotary else position.rotate(x, positions)
+
+    @property
+    def has_pair_bias(self) -> bool:
+        return self.position is not None and self.position.pair_bias
+
+    def flex_bias(self, query_positions: Tensor, key_positions: Tensor, dtype: torch.dtype) -> DistanceBias | None:
+        """The position part's pair bias as FlexAttention's score_mod (``zoo.attention.flex.DistanceBias``)
+        over the distances of these queries [t] and keys [s] (a table of t + s - 1 entries at most), or None."""
+        if not self.has_pair_bias or query_positions.numel() == 0 or key_positions.numel() == 0:
+            return None
+        low = int(query_positions.min() - key_positions.max())
+        high = int(query_positions.max() - key_positions.min())
+        table = self.pair_bias(torch.arange(low, high + 1, device=query_positions.device), dtype)
+        return DistanceBias(table, low, query_positions, key_positions)
+
+    def pair_bias(self, distance: Tensor, dtype: torch.dtype, head: Tensor | None = None) -> Tensor | None:
+        """b_h(i - j) of the layer's position part for query-minus-key distances (long [...]) ->
+        [h, ...] in ``dtype`` (or [...] with ``head``, see ``Position.distance_bias``); None when the
+        part adds no bias."""
+        if not self.has_pair_bias:
+            return None
+        return self.position.distance_bias(distance, causal=self.causal, dtype=dtype, head=head)
 
     # -- hooks for the contract suite (tests/contracts/test_attention.py) -----------------------------
     @classmethod

@@ -43,6 +43,11 @@ from zoo.config import require
 
 @ATTENTION.register("bigbird")
 class BigBirdAttention(Attention):
+    position_kinds = ()
+    no_position_reason = (
+        "its block window, global and random blocks have no rotation or distance-bias path here; use "
+        "position=sinusoidal or learned"
+    )
     supports_causal = False
     no_causal_reason = (
         "its global and random blocks see the whole sequence; the paper's block-sparse ITC attention is an encoder's"

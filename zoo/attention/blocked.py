@@ -15,6 +15,11 @@ ever forming a t x t tensor:
 - :func:`joint_softmax` normalises several score tensors together, for patterns whose key set is a
   union of differently shaped parts (the "merged head" of the Sparse Transformer).
 
+Positions inside attention (``Attention.position_kinds``): every pattern here takes rope (queries and
+keys rotated at their absolute positions before the pattern runs; the cache keeps rotated keys) and a
+pair bias (ALiBi, T5): the blocked kernels add it through ``pair_bias.py``, from one template per
+block shape, since within a pattern's block the distances repeat from block to block.
+
 Streaming (:class:`PatternCache`): a pattern that is a fixed rule over absolute positions continues
 a sequence from a state. Each pattern says which key positions a query position may see
 (``allowed``) and which kept keys a later query may still need (``state_bound`` for a window,
@@ -39,6 +44,7 @@ from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, guard_empty_rows, join_key_padding
 from zoo.attention.flex import Rule, flex_attend, use_flex
+from zoo.attention.pair_bias import attend_groups_biased, banded_biased, guard_rows
 
 STREAM_CHUNK = 256  # queries scored together against the cache: bounds the [chunk, keys] mask
 
@@ -75,6 +81,7 @@ class PatternAttention(Attention):
     segments == one call == token by token)."""
 
     supports_memory = True  # a causal pattern continues a stream through its PatternCache
+    position_kinds = ("rotary", "pair_bias")  # on the pairs each pattern computes (see the module notes)
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -86,8 +93,9 @@ class PatternAttention(Attention):
         self.check_inputs(x, context, pad_mask, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         if state is None:
+            positions = torch.arange(x.shape[1], device=x.device)
+            q, k = self.rotate(q, positions), self.rotate(k, positions)
             if self.on_flex(x.device):
-                positions = torch.arange(q.shape[2], device=x.device)
                 out = self.attend_flex(q, positions, k, v, positions, pad_mask)
             else:
                 out = self.attend(q, k, v, pad_mask)
@@ -126,11 +134,18 @@ class PatternAttention(Attention):
             valid=valid,
             heads_differ=heads_differ,
             cache_key=(type(self).__name__, options, self.causal, self.layer_index, self.n_heads),
+            bias=self.flex_bias(positions, key_positions, q.dtype),
         )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """The pattern's attention on projected heads: q, k, v [b, h, t, k] -> [b, h, t, k]."""
         raise NotImplementedError
+
+    def distance_bias(self, distance: Tensor, dtype: torch.dtype, heads: slice = slice(None)) -> Tensor | None:
+        """The position part's b_h(i - j) [h', ...] for the heads ``heads`` (per_head patterns split
+        them), or None without a pair bias."""
+        bias = self.pair_bias(distance, dtype)
+        return None if bias is None else bias[heads]
 
     @property
     def attn_dropout(self) -> float:
@@ -172,6 +187,7 @@ class PatternAttention(Attention):
                 f"{self.registry_name}: the cache holds batch size {cache.k.shape[0]}, the input has {q.shape[0]}"
             )
         positions = torch.arange(cache.next, cache.next + t, device=q.device)
+        q, k = self.rotate(q, positions), self.rotate(k, positions)  # cached rotated, at their stream positions
         if cache.k is None:  # nothing earlier: the pattern's own blocked pass is exact and cheapest
             keys, values, key_positions, valid = k, v, positions, pad_mask
             flex = self.on_flex(q.device)
@@ -204,7 +220,9 @@ class PatternAttention(Attention):
             if valid is not None:
                 mask = mask & valid[:, None, None, seen]
             kc, vc = k.index_select(2, seen), v.index_select(2, seen)
-            outs.append(attend_masked(q[:, :, start : start + STREAM_CHUNK], kc, vc, mask, dropout=self.attn_dropout))
+            bias = self.distance_bias(chunk[:, None] - key_positions[None, seen], q.dtype)  # [h, c, s'] or None
+            qc = q[:, :, start : start + STREAM_CHUNK]
+            outs.append(attend_masked(qc, kc, vc, mask, dropout=self.attn_dropout, bias=bias))
         return torch.cat(outs, dim=2)
 
     def kept_positions(self, j: Tensor, next_position: int) -> Tensor:
@@ -246,8 +264,9 @@ class PatternAttention(Attention):
         self.refuse_chunk_state(state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         self.check_stream_position(chunk.pieces[-1][1])
-        (keys, values), key_positions, valid = chunk.earlier([k, v], dim=2, select=self.kept_positions, valid=pad_mask)
         positions = chunk.positions(q.device)
+        q, k = self.rotate(q, positions), self.rotate(k, positions)  # rope: sent rotated, as a cache holds them
+        (keys, values), key_positions, valid = chunk.earlier([k, v], dim=2, select=self.kept_positions, valid=pad_mask)
         if self.on_flex(q.device):  # FlexAttention (flex.py) takes the rule over any absolute positions
             out = self.attend_flex(q, positions, keys, values, key_positions, valid)
             return AttnOutput(self.to_out(self.merge_heads(out)))
@@ -318,17 +337,30 @@ def windows(x: Tensor, block: int, before: int, after: int, dim: int, length: in
     return out.movedim(-1, dim + 1)
 
 
-def attend_masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, dropout: float = 0.0) -> Tensor:
+def attend_masked(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, dropout: float = 0.0, bias: Tensor | None = None
+) -> Tensor:
     """Fused attention under a boolean mask that may differ per head: q [b, h, t, k], k, v [b, h, s, k],
-    mask broadcastable to [b, h, t, s] (True = may attend). A query row with no allowed key returns 0,
-    as the dense reference and :func:`attend_groups` do."""
+    mask broadcastable to [b, h, t, s] (True = may attend); ``bias`` [h, t, s] added to the scores, or
+    None. A query row with no allowed key returns 0, as the dense reference and :func:`attend_groups` do."""
+    if bias is not None:  # the mask goes into the bias: -inf where a key may not be seen
+        biased, has_key = guard_rows(bias[None].masked_fill(~mask, float("-inf")))  # [b|1, h, t, s]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=biased, dropout_p=dropout)
+        return out if has_key is None else out * has_key.to(out.dtype)
     has_key = mask.any(-1, keepdim=True)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=guard_empty_rows(mask), dropout_p=dropout)
     return out if bool(has_key.all()) else out * has_key.to(out.dtype)
 
 
 def attend_groups(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, is_causal: bool = False, dropout: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    dropout: float = 0.0,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """Fused attention of every query group to its own key set.
 
@@ -336,7 +368,11 @@ def attend_groups(
     groups (passed once, ``enable_gqa``); mask bool broadcastable to [b, g, l, w] (True = may
     attend; no head axis, so it is shared by the heads), or None. ``is_causal``: causal inside
     each group (top-left aligned). Returns [b, h, g, l, k]. A query row with no allowed key
-    returns 0 (the value the dense reference gives: an empty softmax contributes nothing)."""
+    returns 0 (the value the dense reference gives: an empty softmax contributes nothing). ``bias``:
+    added to the scores, broadcastable to [b, h, g, l, w] (``pair_bias.attend_groups_biased``; causality
+    then goes into the bias or the mask, not ``is_causal``)."""
+    if bias is not None:
+        return attend_groups_biased(q, k, v, bias, mask, dropout=dropout)
     b, h, g = q.shape[:3]
     shared = k.shape[2] == 1 and g > 1
     flat = [rearrange(x, "b h g l k -> (b h) g l k") for x in (q, k, v)]
@@ -369,7 +405,8 @@ def banded_attention(
     after: int,
     allowed: Callable[[Tensor, Tensor], Tensor],
     dropout: float = 0.0,
-    shared: tuple[Tensor, Tensor, Tensor] | None = None,
+    shared: tuple[Tensor, ...] | None = None,
+    bias: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Queries in blocks of ``block``, each attending to its block and ``before``/``after``
     neighbouring blocks, restricted by a static relative pattern.
@@ -381,7 +418,9 @@ def banded_attention(
     so it is built once; only key validity (sequence ends, padding) varies per block.
     ``shared`` = (k_s, v_s [b, h, e, k], allowed_s bool [b or 1, n, e]): e extra keys every block may
     see under the same softmax (attention sinks), appended to each block's window (allowed_s must
-    leave out keys already in a block's window, or they would count twice).
+    leave out keys already in a block's window, or they would count twice); with ``bias`` a fourth
+    entry, their bias [h, n, s, e]. ``bias(distance [s, w]) -> [h, s, w]``: a distance bias (query
+    minus key position: qi - d), the same for every block (``pair_bias.banded_biased``).
     Returns [b, h, T, k]. Cost: T * (before + 1 + after) * block scores, linear in T."""
     length = valid.shape[1]
     qb = rearrange(pad_time(q, length), "b h (n s) k -> b h n s k", s=block)
@@ -390,9 +429,12 @@ def banded_attention(
     device = q.device
     qi = torch.arange(block, device=device)[:, None]
     d = torch.arange(kw.shape[3], device=device)[None, :] - before * block
+    if bias is not None:
+        out = banded_biased(qb, kw, vw, valid_w, allowed(qi, d), bias(qi - d), shared=shared, dropout=dropout)
+        return rearrange(out, "b h n s k -> b h (n s) k")
     mask = allowed(qi, d)[None, None] & valid_w[:, :, None, :]  # [b, n, s, w]
     if shared is not None:  # one copy of the windows with the extra keys behind them
-        k_s, v_s, allowed_s = shared
+        k_s, v_s, allowed_s = shared[:3]
         n = qb.shape[2]
         kw, vw = (torch.cat([w, x[:, :, None].expand(-1, -1, n, -1, -1)], dim=3) for w, x in ((kw, k_s), (vw, v_s)))
         extra = allowed_s[:, :, None, :].expand(-1, -1, block, -1)  # [b or 1, n, s, e]

@@ -16,6 +16,12 @@ Positions: queries at absolute ``query_positions`` [t] and keys at ``key_positio
 keys need not be contiguous: attention sinks and a rolled window), key padding ``valid`` [b, s]. A
 query row with no allowed key returns 0, as the mechanisms' own paths do.
 
+A position part that adds a bias per query-key distance (ALiBi, T5 buckets: ``zoo/position``) enters as
+FlexAttention's ``score_mod``: :class:`DistanceBias` holds the bias of every distance the call can meet,
+a table [h, D] (D = the range of query minus key positions, at most t + s - 1: linear, never t x s), and
+the score of (i, j) gets ``table[h, pos(i) - pos(j) - low]``. A learned table (T5) receives its gradient
+through FlexAttention where its backward runs (CUDA).
+
 Shapes: q [b, h, t, k]; k, v [b, h, s, k]; ``BLOCK`` = FlexAttention's block size.
 """
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -32,6 +39,26 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 BLOCK = 128
 BACKENDS = ("auto", "native", "flex")
 Rule = Callable[[Tensor, Tensor, Tensor], Tensor]  # (head, query position, key position) -> may attend
+
+
+@dataclass
+class DistanceBias:
+    """b_h(d) for the distances d = low ... low + D - 1 of one call: ``table`` [h, D]; ``query_positions`` [t]
+    and ``key_positions`` [s] number the pairs by the positions the bias counts (they may differ from the
+    mask's numbering: vanilla's cache-order keys)."""
+
+    table: Tensor
+    low: int
+    query_positions: Tensor
+    key_positions: Tensor
+
+    def score_mod(self) -> Callable[..., Tensor]:
+        table, low, qpos, kpos = self.table, self.low, self.query_positions, self.key_positions
+
+        def add_bias(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[h, qpos[q_idx] - kpos[kv_idx] - low].to(score.dtype)
+
+        return add_bias
 
 
 RECOMPILES = 64  # compiled variants of FlexAttention kept per process (one per shape and per mask rule)
@@ -84,8 +111,9 @@ def flex_attend(
     valid: Tensor | None,
     heads_differ: bool,
     cache_key: tuple,
+    bias: DistanceBias | None = None,
 ) -> Tensor:
-    """softmax(q k^T / sqrt(d)) v over the pairs ``rule`` allows (and ``valid`` keys), through
+    """softmax(q k^T / sqrt(d) + bias) v over the pairs ``rule`` allows (and ``valid`` keys), through
     FlexAttention. q [b, h, t, k]; k, v [b, h, s, k] -> [b, h, t, k]."""
     b, h = q.shape[:2]
     mask = block_mask(
@@ -94,7 +122,8 @@ def flex_attend(
     mask, has_key = mask
     with warnings.catch_warnings():  # the compiled kernel warns once about its CPU path
         warnings.simplefilter("ignore")
-        out = compiled_flex()(q, k, v, block_mask=mask)
+        score_mod = None if bias is None else bias.score_mod()
+        out = compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)
     # a query that may see no key returns 0, as the mechanisms' own paths do (the kernel's value there
     # is not specified; the CPU's compiled path cannot return the log-sum-exp that would say so)
     return torch.where(has_key[..., None], out, torch.zeros((), dtype=out.dtype, device=out.device))

@@ -127,6 +127,12 @@ class KernelizedAttention(Attention):
     subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
     this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
 
+    position_kinds = ()
+    no_position_reason = (
+        "it never forms a score per query-key pair (feature maps summed over keys), so no distance bias can be "
+        "added; rotary inside the feature map is not implemented here"
+    )
+
     supports_memory = True  # causal: the running sums, constant size
 
     @classmethod

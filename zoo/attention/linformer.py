@@ -43,6 +43,10 @@ SHARING = ("none", "headwise", "kv", "layerwise")
 
 @ATTENTION.register("linformer")
 class LinformerAttention(Attention):
+    position_kinds = ()
+    no_position_reason = (
+        "its keys are projected along the length to k mixtures of positions, which have no distance to a query"
+    )
     supports_causal = False
     no_causal_reason = (
         "Linformer's length projection mixes every position into each projected key; the paper gives no causal form"

@@ -145,17 +145,23 @@ class Local1DAttention(PatternAttention):
             allowed=allowed,
             dropout=self.attn_dropout,
             shared=self.sink_keys(k, v, valid) if self.sinks else None,
+            bias=(lambda distance: self.distance_bias(distance, q.dtype)) if self.has_pair_bias else None,
         )
         return out[:, :, :t]
 
-    def sink_keys(self, k: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def sink_keys(self, k: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, ...]:
         """The first ``sinks`` keys for every block, each allowed only to blocks whose window starts
-        after it (inside the window it is already seen once): (k_s, v_s [b, h, e, k], allowed [b, n, e])."""
-        e = min(self.sinks, k.shape[2])
-        n = valid.shape[1] // self.options.block
-        window_start = torch.arange(n, device=k.device) * self.options.block - self.options.memory  # [n]
+        after it (inside the window it is already seen once): (k_s, v_s [b, h, e, k], allowed [b, n, e]),
+        and with a pair bias their bias [h, n, s, e] (query n l_q + i minus sink j)."""
+        e, block = min(self.sinks, k.shape[2]), self.options.block
+        n = valid.shape[1] // block
+        window_start = torch.arange(n, device=k.device) * block - self.options.memory  # [n]
         before_window = torch.arange(e, device=k.device)[None, :] < window_start[:, None]  # [n, e]
-        return k[:, :, :e], v[:, :, :e], before_window[None] & valid[:, None, :e]
+        sinks = (k[:, :, :e], v[:, :, :e], before_window[None] & valid[:, None, :e])
+        if not self.has_pair_bias:
+            return sinks
+        query = torch.arange(n * block, device=k.device).view(n, block, 1)
+        return (*sinks, self.distance_bias(query - torch.arange(e, device=k.device), k.dtype))
 
 
 @functools.lru_cache(maxsize=64)
@@ -334,16 +340,18 @@ class Local2DAttention(PatternAttention):
 
         kw, vw = (rearrange(memory(grid(x), (2, 3)), "b h n m k i j -> b h (n m) (i j) k") for x in (k, v))
         valid_w = rearrange(memory(valid, (1, 2)), "b n m i j -> b (n m) (i j)")
+        device = q.device  # query (qr, qc) of a block, key (kr, kc) of its window, relative to the block's corner
+        qr = torch.arange(qh, device=device).repeat_interleave(qw)[:, None]
+        qc = torch.arange(qw, device=device).repeat(qh)[:, None]
+        kr = torch.arange(fh + qh, device=device).repeat_interleave(qw + 2 * fw)[None, :] - fh
+        kc = torch.arange(qw + 2 * fw, device=device).repeat(fh + qh)[None, :] - fw
         if self.causal:  # key (i, j) of the window precedes query (qr, qc) of the block in raster order
-            device = q.device
-            qr = torch.arange(qh, device=device).repeat_interleave(qw)[:, None]
-            qc = torch.arange(qw, device=device).repeat(qh)[:, None]
-            kr = torch.arange(fh + qh, device=device).repeat_interleave(qw + 2 * fw)[None, :] - fh
-            kc = torch.arange(qw + 2 * fw, device=device).repeat(fh + qh)[None, :] - fw
             static = (kr < qr) | ((kr == qr) & (kc <= qc))  # [q_h q_w, window]
             mask = static[None, None] & valid_w[:, :, None, :]
         else:
             mask = valid_w[:, :, None, :]
-        out = attend_groups(qb, kw, vw, mask, dropout=self.attn_dropout)
+        # a pair bias on the raster distance, the same in every block: one template [h, q_h q_w, window]
+        bias = self.distance_bias((qr - kr) * width + (qc - kc), q.dtype)
+        out = attend_groups(qb, kw, vw, mask, dropout=self.attn_dropout, bias=None if bias is None else bias[:, None])
         out = rearrange(out, "b h (n m) (i j) k -> b h (n i) (m j) k", n=grid_h // qh, i=qh, j=qw)
         return rearrange(out[:, :, :rows, :width], "b h r c k -> b h (r c) k")[:, :, :t]

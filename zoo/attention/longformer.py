@@ -46,6 +46,13 @@ from zoo.config import require
 
 @ATTENTION.register("longformer")
 class LongformerAttention(PatternAttention):
+    # its own paths (residue classes of the dilated window, global rows through their own projections) apply
+    # no position part: refused rather than silently dropped (PatternAttention's rotation and bias do not reach them)
+    position_kinds = ()
+    no_position_reason = (
+        "its dilated residue classes and global rows (own projections) have no rotation or distance-bias path "
+        "here; use position=sinusoidal or learned"
+    )
     lra_row = "Longformer"
 
     @dataclass

@@ -55,6 +55,12 @@ Deviations (each on purpose, each tested):
   (a recomputing stack gets the same buckets in backward without touching the RNG), while
   training still sees fresh rotations every step, as in the paper.
 
+Positions inside attention: rope rotates the shared query-key vectors at their absolute positions
+after hashing (the buckets stay a function of the content, so a shift of every position leaves the
+key sets alone; rotation keeps |q|, so the unit keys are the rotated unit keys and oneself still
+scores highest); a pair bias (ALiBi, T5) is added to each sorted chunk's scores from the original
+positions that travel with the sorted items ([B, R, n, c, 2c], the size of the chunk scores).
+
 Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real). Internally B = b*h, R = n_hashes,
 n = chunks per round, c = chunk size, k = head dim.
 """
@@ -87,6 +93,7 @@ from zoo.train.precision import float32
 class LSHAttention(SharedQKProjections):
     supports_memory = True  # a bucket cache continues a stream exactly (lsh_stream.py), given n_buckets
     content_routed = True  # the buckets (hence each query's key set) depend on the content
+    position_kinds = ("rotary", "pair_bias")  # rotation after hashing; the bias on the sorted chunks' pairs
     lra_row = "Reformer"
 
     def context_refusal(self) -> str:
@@ -260,6 +267,7 @@ class LSHAttention(SharedQKProjections):
 
         buckets = self.hash(qk, real, n_buckets)  # [b, h, R, tp]
         positions = torch.arange(tp, device=x.device)
+        qk = self.rotate(qk, positions)  # after hashing: the buckets are the content's (see the module notes)
         # sort by (bucket, position) within each round; ``order`` holds original positions
         order = (buckets * tp + positions).argsort(dim=-1)  # [b, h, R, tp]
         order = rearrange(order, "b h r t -> (b h) r t")
@@ -291,9 +299,13 @@ class LSHAttention(SharedQKProjections):
                 (B, R, n, 2 * c), (R * n * c, n * c, c, 1)
             )
             masked = (bucket_keys[..., None, :] != bucket_sorted[..., :, None]) | static_masked
+            key_positions = _lead_chunk(pos_sorted.reshape(-1), c).as_strided(
+                (B, R, n, 2 * c), (R * n * c, n * c, c, 1)
+            )
         else:
             k_sorted = F.normalize(q_sorted, dim=-1)  # shared QK: keys are unit-length queries
             keys, values = _look_back(k_sorted), _look_back(v_sorted)  # [B, R, n, w, k], w = 2c (c if n == 1)
+            key_positions = _look_back(pos_sorted)
             if across:  # keys of any bucket: causality and padding by position, per element
                 real_sorted = (
                     rearrange(real[:, None].expand(b, h, tp), "b h t -> (b h) t")
@@ -312,7 +324,11 @@ class LSHAttention(SharedQKProjections):
                 if static_masked is not None:
                     masked = masked | static_masked
             q_sorted = q_sorted * k**-0.5  # (the lead-chunk keys carry the scale instead)
-        out_sorted, lse = _ChunkAttention.apply(q_sorted, keys, values, masked, dropout)
+        bias = None
+        if self.has_pair_bias:  # b(i - j) over the chunk's pairs, each row with its own head
+            head = (torch.arange(B, device=x.device) % h).view(B, 1, 1, 1, 1)
+            bias = self.pair_bias(pos_sorted[..., :, None] - key_positions[..., None, :], q_sorted.dtype, head)
+        out_sorted, lse = _ChunkAttention.apply(q_sorted, keys, values, masked, dropout, bias)
 
         # un-sort: position p came from sorted slot undo[p]
         out = _Gather.apply(out_sorted.reshape(B * R * tp, k), undo_rows, order_rows, 1, tp).view(B, R, tp, k)
@@ -329,8 +345,17 @@ class LSHAttention(SharedQKProjections):
         qk, v = self.split_heads(self.to_qk(x)), self.split_heads(self.to_v(x))
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if pad_mask is None else pad_mask
         buckets = self.hash(qk, real, self.options.n_buckets)
+        qk = self.rotate(qk, torch.arange(cache.next, cache.next + x.shape[1], device=x.device))  # cached rotated
         dropout = self.dropout if self.training else 0.0
+        bias_of = (lambda distance, head: self.pair_bias(distance, qk.dtype, head)) if self.has_pair_bias else None
         out, cache = stream_lsh(
-            qk, v, buckets, cache, chunk=self.options.chunk_size, n_buckets=self.options.n_buckets, dropout=dropout
+            qk,
+            v,
+            buckets,
+            cache,
+            chunk=self.options.chunk_size,
+            n_buckets=self.options.n_buckets,
+            dropout=dropout,
+            bias_of=bias_of,
         )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=cache)

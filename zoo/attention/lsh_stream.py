@@ -25,6 +25,7 @@ Shapes: b batch, h heads, R rounds, N = n_buckets x c cached slots, L = N + t it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -70,10 +71,13 @@ def stream_lsh(
     chunk: int,
     n_buckets: int,
     dropout: float = 0.0,
+    bias_of: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, LSHCache]:
     """Continue LSH attention over new tokens: qk, v [b, h, t, k] (shared query-key projections and
-    values), buckets [b, h, R, t] (padding in bucket n_buckets). Returns the outputs [b, h, t, k]
-    before the output projection, and the cache to carry on (detached)."""
+    values, already rotated when the layer uses rope), buckets [b, h, R, t] (padding in bucket
+    n_buckets). ``bias_of(distance, head)`` -> the pair bias of each entry (the layer's ``pair_bias``),
+    or None. Returns the outputs [b, h, t, k] before the output projection, and the cache to carry
+    on (detached)."""
     b, h, t, k = qk.shape
     rounds = buckets.shape[2]
     if cache.keys is None:
@@ -82,17 +86,26 @@ def stream_lsh(
     elif cache.keys.shape[0] != b:
         raise ValueError(f"lsh: the cache holds batch size {cache.keys.shape[0]}, the input has {b}")
     if t == 1:  # decoding: no sort needed, the cache already holds each bucket's window
-        return _one_token(qk, v, buckets, cache, chunk, n_buckets, dropout)
+        return _one_token(qk, v, buckets, cache, chunk, n_buckets, dropout, bias_of)
     outs = []
     for start in range(0, t, PIECE):
         piece = slice(start, start + PIECE)
-        out, cache = _piece(qk[:, :, piece], v[:, :, piece], buckets[..., piece], cache, chunk, n_buckets, dropout)
+        out, cache = _piece(
+            qk[:, :, piece], v[:, :, piece], buckets[..., piece], cache, chunk, n_buckets, dropout, bias_of
+        )
         outs.append(out)
     return torch.cat(outs, dim=2), cache
 
 
 def _piece(
-    qk: Tensor, v: Tensor, buckets: Tensor, cache: LSHCache, c: int, n_buckets: int, dropout: float
+    qk: Tensor,
+    v: Tensor,
+    buckets: Tensor,
+    cache: LSHCache,
+    c: int,
+    n_buckets: int,
+    dropout: float,
+    bias_of: Callable[[Tensor, Tensor], Tensor] | None,
 ) -> tuple[Tensor, LSHCache]:
     b, h, t, k = qk.shape
     rounds, slots = buckets.shape[2], cache.keys.shape[3]
@@ -120,6 +133,10 @@ def _piece(
     window_keys = keys.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
     window_values = values.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
     scores = torch.einsum("bhtk,bhrtwk->bhrtw", qk * k**-0.5, window_keys)
+    if bias_of is not None:  # the positions travel with the cached items
+        key_position = sorted_position.gather(-1, window.flatten(-2)).view_as(window)
+        head = torch.arange(h, device=qk.device).view(1, h, 1, 1, 1)
+        scores = scores + bias_of(positions.view(1, 1, 1, t, 1) - key_position, head)
     scores = scores.masked_fill(~visible, MASKED_SCORE)
     scores[..., -1] = SELF_SCORE  # oneself: only when nothing else is visible (the paper's rule)
     lse = torch.logsumexp(scores, dim=-1)  # [b, h, R, t]
@@ -132,7 +149,14 @@ def _piece(
 
 
 def _one_token(
-    qk: Tensor, v: Tensor, buckets: Tensor, cache: LSHCache, c: int, n_buckets: int, dropout: float
+    qk: Tensor,
+    v: Tensor,
+    buckets: Tensor,
+    cache: LSHCache,
+    c: int,
+    n_buckets: int,
+    dropout: float,
+    bias_of: Callable[[Tensor, Tensor], Tensor] | None,
 ) -> tuple[Tensor, LSHCache]:
     """One new token: its keys in round r are the cached items of its bucket (the cache keeps exactly
     the c most recent ones), scored in place over all N slots under a mask (O(N k), no sort); it then
@@ -141,7 +165,11 @@ def _one_token(
     bucket = buckets[..., 0]  # [b, h, R]
     filled = cache.position >= 0
     same = (cache.bucket == bucket[..., None]) & filled  # [b, h, R, N]
-    scores = torch.einsum("bhk,bhrnk->bhrn", qk[:, :, 0] * k**-0.5, cache.keys).masked_fill(~same, MASKED_SCORE)
+    scores = torch.einsum("bhk,bhrnk->bhrn", qk[:, :, 0] * k**-0.5, cache.keys)
+    if bias_of is not None:  # the cached items carry their positions; empty slots are masked below
+        head = torch.arange(qk.shape[1], device=qk.device).view(1, -1, 1, 1)
+        scores = scores + bias_of(cache.next - cache.position, head)
+    scores = scores.masked_fill(~same, MASKED_SCORE)
     scores = torch.cat([scores, torch.full_like(scores[..., :1], SELF_SCORE)], dim=-1)  # oneself, last
     lse = torch.logsumexp(scores, dim=-1)  # [b, h, R]
     probs = torch.exp(scores - lse[..., None])

@@ -59,6 +59,8 @@ def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
 
 @ATTENTION.register("nystromformer")
 class NystromAttention(Attention):
+    position_kinds = ()
+    no_position_reason = "its landmarks average many positions, which have no single distance to a query"
     supports_causal = False
     no_causal_reason = "its landmarks are segment means that include later tokens; the paper gives no causal form"
     lra_row = "Nyströmformer"

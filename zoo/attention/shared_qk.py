@@ -30,7 +30,7 @@ from zoo.attention.base import (
     dense_keys,
     guard_empty_rows,
 )
-from zoo.attention.vanilla import KVCache, extend_cache
+from zoo.attention.vanilla import KVCache, extend_cache, stream_positions
 
 
 class SharedQKProjections(Attention):
@@ -64,6 +64,9 @@ class SharedQKAttention(SharedQKProjections):
     Dense, O(t^2), through fused SDPA."""
 
     supports_memory = True  # a KV cache of unit keys and values: a stream continues exactly (causal use)
+    # rotation keeps |q|, so the unit keys of rotated queries are the rotated unit keys; the bias joins
+    # the [t, s] mask this dense layer builds anyway
+    position_kinds = ("rotary", "pair_bias")
 
     @dataclass
     class Options:
@@ -90,12 +93,13 @@ class SharedQKAttention(SharedQKProjections):
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
-        q = self.split_heads(self.to_qk(x))
+        positions, key_positions = stream_positions(state, x.shape[1], x.device)
+        q = self.rotate(self.split_heads(self.to_qk(x)), positions)
         keys, v = F.normalize(q, dim=-1), self.split_heads(self.to_v(x))
         new_state = None
         if state is not None:  # [cache ; segment]: the segment's queries sit at the end
             keys, v, pad_mask = extend_cache(state, keys, v, pad_mask, self.registry_name)
-            new_state = KVCache(keys.detach(), v.detach(), pad_mask)
+            new_state = KVCache(keys.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1)
         t, s = x.shape[1], keys.shape[2]
         eye = torch.arange(s, device=x.device)[None, :] == torch.arange(t, device=x.device)[:, None] + (s - t)
         allowed = causal_allowed(t, s, x.device) if self.causal else torch.ones(t, s, dtype=torch.bool, device=x.device)
@@ -103,8 +107,11 @@ class SharedQKAttention(SharedQKProjections):
         if pad_mask is not None:
             allowed = allowed & pad_mask[:, None, None, :]
         allowed = allowed | (eye & ~allowed.any(-1, keepdim=True))  # oneself, when nothing else is visible
-        allowed = guard_empty_rows(allowed)
+        mask = guard_empty_rows(allowed)
+        bias = self.pair_bias(positions[:, None] - key_positions[None, :], q.dtype)  # [h, t, s] or None
+        if bias is not None:
+            mask = bias.masked_fill(~mask, float("-inf"))  # [1 or b, h, t, s]
         out = F.scaled_dot_product_attention(
-            q, keys, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0
+            q, keys, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

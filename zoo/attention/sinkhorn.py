@@ -61,6 +61,10 @@ def sinkhorn(logits: Tensor, allowed: Tensor, iterations: int, columns: bool = T
 
 @ATTENTION.register("sinkhorn")
 class SinkhornAttention(Attention):
+    position_kinds = ()
+    no_position_reason = (
+        "its sorted blocks attend to blocks moved by a learned sort, whose distances are not computed here"
+    )
     length_option = "max_len"
     lra_row = "Sinkhorn Trans."
 

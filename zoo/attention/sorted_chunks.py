@@ -145,12 +145,15 @@ class _ChunkAttention(torch.autograd.Function):
     number of query chunks, read through :func:`_windows` (w = 2c); q . k is the score, so the
     1 / sqrt(d_k) scale is already on q (look-back blocks) or on the keys (lead-chunk layout).
     masked bool broadcastable to [..., c, w]; a query's own key (score SELF_SCORE) is the diagonal
-    at offset w - c of its block. Hand-written backward so that only the probabilities are kept
+    at offset w - c of its block. ``bias`` [..., c, w] or None: added to the scores (a pair bias; its
+    gradient is the scores'). Hand-written backward so that only the probabilities are kept
     (not scores and probabilities, as autograd through logsumexp + exp would) and one exp pass
     serves both outputs: lse = max(s) - log(max(p)), since p_max = exp(max(s) - lse)."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, masked: Tensor, dropout: float):
+    def forward(
+        ctx, q: Tensor, keys: Tensor, values: Tensor, masked: Tensor, dropout: float, bias: Tensor | None = None
+    ):
         ctx.q_shape, ctx.lead_chunk, ctx.dropout = q.shape, keys.dim() == 2, dropout
         ctx.set_materialize_grads(False)
         c = q.shape[-2]
@@ -159,6 +162,8 @@ class _ChunkAttention(torch.autograd.Function):
             masked = masked.reshape(q.shape[0], c, 2 * c)
         keys_w, values_w = (_windows(keys, c), _windows(values, c)) if ctx.lead_chunk else (keys, values)
         scores = torch.matmul(q, keys_w.transpose(-1, -2))
+        if bias is not None:
+            scores += bias.reshape(scores.shape)
         # oneself: one diagonal of each [c, w] block, written through a view rather than a
         # masked pass over all scores
         scores.diagonal(offset=keys_w.shape[-2] - c, dim1=-2, dim2=-1).fill_(SELF_SCORE)
@@ -197,6 +202,10 @@ class _ChunkAttention(torch.autograd.Function):
         # the own key's score is the constant SELF_SCORE, not q . k: no gradient flows through it
         # (it matters where oneself is all a query sees: there its weight is 1)
         d_scores.diagonal(offset=probs.shape[-1] - c, dim1=-2, dim2=-1).zero_()
+        # the bias is the sixth input when given: its gradient is the scores'
+        wants_bias = len(ctx.needs_input_grad) > 5 and ctx.needs_input_grad[5]
+        d_bias = d_scores.view(*ctx.q_shape[:-1], d_scores.shape[-1]) if wants_bias else None
+        extra = (d_bias,) if len(ctx.needs_input_grad) > 5 else ()
         d_q = torch.matmul(d_scores, keys_w).view(ctx.q_shape)
         if not ctx.lead_chunk:
             return (
@@ -205,9 +214,10 @@ class _ChunkAttention(torch.autograd.Function):
                 torch.matmul(weights.transpose(-1, -2), d_out),
                 None,
                 None,
+                *extra,
             )
         # each window's two halves separately, folded back onto the lead-chunk layout
         own, previous = slice(c, None), slice(None, c)
         d_keys = _unwindow(*(torch.matmul(d_scores[..., half].transpose(-1, -2), q) for half in (own, previous)))
         d_values = _unwindow(*(torch.matmul(weights[..., half].transpose(-1, -2), d_out) for half in (own, previous)))
-        return d_q, d_keys, d_values, None, None
+        return d_q, d_keys, d_values, None, None, *extra

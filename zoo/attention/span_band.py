@@ -55,6 +55,7 @@ def blocked_span_attention(
     block_size: int = 0,
     dropout: float = 0.0,
     key_position: Tensor | None = None,
+    distance_bias: Tensor | None = None,
 ) -> Tensor:
     """Causal soft-masked attention of t queries over the keys 1 ... ``reach`` positions before each.
 
@@ -64,7 +65,8 @@ def blocked_span_attention(
     span_reach guarantees); key_valid: bool [b, s] (True = real key) or None. A query with no key
     to see gets the zero vector (the empty sum of eq. (4)). key_position: [k, >= reach] or None, the
     paper's learned relative key embeddings (column x - 1 for distance x): q . p_x / sqrt(k) is added
-    to the score s_tr, as q . k is. Returns [b, h, t, k]."""
+    to the score s_tr, as q . k is. distance_bias: [h, >= reach] or None, a position part's pair bias
+    b_h(x) (column x - 1), added likewise. Returns [b, h, t, k]."""
     b, h, t, _ = q.shape
     s = k.shape[2]
     m = s - t
@@ -102,6 +104,9 @@ def blocked_span_attention(
     if key_position is not None:  # q . p_x over the band: [b, h, n, a, w], as large as the band's scores
         index = distance.long().clamp(1, max(reach, 1)) - 1  # outside the window: masked below anyway
         relative = torch.einsum("bhnak,kaw->bhnaw", qb, key_position[:, index]) * q.shape[-1] ** -0.5
+    if distance_bias is not None:  # one [1, h, 1, a, w] template, the band's distances being the same per block
+        index = distance.long().clamp(1, max(reach, 1)) - 1
+        mask_bias = distance_bias[:, index][None, :, None]
     neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
     tiny = torch.finfo(q.dtype).tiny  # log(m) with -inf where m = 0; the clamp keeps log's gradient finite there
 
@@ -113,6 +118,8 @@ def blocked_span_attention(
         score = mask.clamp_min(tiny).log()  # log m(0) = 0 on the stand-in key
         if key_position is not None:
             score = score + relative[:, :, part]
+        if distance_bias is not None:
+            score = score + mask_bias
         bias = torch.where(allowed, score, neg_inf)
         out = F.scaled_dot_product_attention(
             qb[:, :, part], kb[:, :, part], vb[:, :, part], attn_mask=bias, dropout_p=dropout

@@ -1,4 +1,4 @@
-"""Factorised sparse attention: the strided and fixed patterns.
+"""Factorised sparse attention: the strided and fixed patterns (the fixed one's class: ``sparse_fixed.py``).
 
 Paper: "Generating Long Sequences with Sparse Transformers", Child, Gray, Radford, Sutskever 2019,
 arXiv:1904.10509, Sections 4.2-4.3.
@@ -31,6 +31,12 @@ themselves), the rest use one mask row per block. The merged head computes the s
 parts (A2 restricted to keys outside A1, so nothing is counted twice) and normalises them
 together with one softmax. Its scores cannot go through a fused kernel, so only q, k, v are kept
 for backward and the scores are recomputed there (``recompute.py``).
+
+Positions inside attention: rope rotates q and k before the pattern runs; a pair bias (ALiBi, T5) is
+added to the pairs each part computes, from templates that repeat from block to block (the band's
+[h, l, w], the columns' [h, R, R]); only the fixed pattern's summaries need a bias per query block
+([h, n, l, n c], the size of that part's scores). The merged head takes them as inputs of its
+recomputation, so a learned bias gets its gradient.
 
 Deviations: a query whose set is empty (causal fixed A2 for the first l - c positions, or all its
 keys padded) outputs 0, as the dense masked reference does; the paper does not say. ``stride=0``
@@ -192,18 +198,22 @@ class FactorisedSparseAttention(PatternAttention):
         padded = pad_mask is not None
         combine = self.options.combine
         if combine == "union":
-            # the two explicit score tensors are recomputed in backward, not kept for every layer
-            merged = functools.partial(self.merged, stride=stride)
-            out = recompute_in_backward(merged, q, k, v, valid, stochastic=self.training and self.dropout > 0)
+            # the two explicit score tensors are recomputed in backward, not kept for every layer (a pair
+            # bias goes in as an input, so that its gradient reaches T5's table)
+            def merged(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, *biases: Tensor | None) -> Tensor:
+                return self.merged(q, k, v, valid, stride, *biases)
+
+            biases = self.merged_biases(length, stride, q.dtype)
+            out = recompute_in_backward(merged, q, k, v, valid, *biases, stochastic=self.training and self.dropout > 0)
         elif combine == "interleaved":
             part = self.first if self.layer_index % 2 == 0 else self.second
             out = part(q, k, v, valid, stride, padded)
         else:
-            half = self.n_heads // 2
+            half = slice(None, self.n_heads // 2), slice(self.n_heads // 2, None)
             out = torch.cat(
                 [
-                    self.first(q[:, :half], k[:, :half], v[:, :half], valid, stride, padded),
-                    self.second(q[:, half:], k[:, half:], v[:, half:], valid, stride, padded),
+                    self.first(q[:, half[0]], k[:, half[0]], v[:, half[0]], valid, stride, padded, heads=half[0]),
+                    self.second(q[:, half[1]], k[:, half[1]], v[:, half[1]], valid, stride, padded, heads=half[1]),
                 ],
                 dim=1,
             )
@@ -211,6 +221,10 @@ class FactorisedSparseAttention(PatternAttention):
 
     def check_stride(self, stride: int) -> None:
         """Refuse a stride the pattern cannot use (the fixed pattern needs c <= l)."""
+
+    def merged_biases(self, length: int, stride: int, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        """The pair bias of the merged head's two score tensors (see ``merged``), or (None, None)."""
+        raise NotImplementedError
 
 
 @ATTENTION.register("sparse_strided")
@@ -251,7 +265,9 @@ class StridedSparseAttention(FactorisedSparseAttention):
             return stride + 1.0, (t / stride) / 2
         return 2.0 * stride + 1.0, t / stride
 
-    def first(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
+    def first(
+        self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool, heads: slice = slice(None)
+    ) -> Tensor:
         """A1: the band max(0, i - l) <= j <= i (causal) or |i - j| <= l: blocks of l queries
         attend to their block and the previous one (and the next one when bidirectional)."""
         if self.causal:
@@ -273,26 +289,56 @@ class StridedSparseAttention(FactorisedSparseAttention):
             after=0 if self.causal else 1,
             allowed=allowed,
             dropout=self.attn_dropout,
+            bias=(lambda distance: self.distance_bias(distance, q.dtype, heads)) if self.has_pair_bias else None,
         )
 
-    def second(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
+    def second(
+        self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool, heads: slice = slice(None)
+    ) -> Tensor:
         """A2: (i - j) mod l = 0, i.e. the same column of the R x l grid: attention along columns."""
         qc, kc, vc = (rearrange(x, "b h (r c) k -> b h c r k", c=stride) for x in (q, k, v))
-        if self.causal and not padded:
+        rows = qc.shape[3]
+        grid = torch.arange(rows, device=q.device)
+        bias = self.distance_bias((grid[:, None] - grid[None, :]) * stride, q.dtype, heads)  # [h, r, u]: one per column
+        if bias is not None:
+            mask = rearrange(valid, "b (r c) -> b c r", c=stride)[:, :, None, :]  # [b, c, 1, r]
+            if self.causal:
+                mask = mask & (grid[:, None] >= grid[None, :])
+            out = attend_groups(qc, kc, vc, mask, dropout=self.attn_dropout, bias=bias[:, None])
+        elif self.causal and not padded:
             # keys past the end lie in later rows than every real query of their column: the
             # fused causal kernel alone is exact, no mask tensor at all
             out = attend_groups(qc, kc, vc, is_causal=True, dropout=self.attn_dropout)
         else:
-            rows = qc.shape[3]
             mask = rearrange(valid, "b (r c) -> b c r", c=stride)[:, :, None, :]  # [b, c, 1, r]
             if self.causal:
                 mask = mask & torch.ones(rows, rows, dtype=torch.bool, device=q.device).tril()
             out = attend_groups(qc, kc, vc, mask, dropout=self.attn_dropout)
         return rearrange(out, "b h c r k -> b h (r c) k")
 
-    def merged(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int) -> Tensor:
+    def merged_biases(self, length: int, stride: int, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        """The band's template [h, 1, s, w] (distance qi - d) and the columns' [h, r, 1, u] ((r - u) l)."""
+        if not self.has_pair_bias:
+            return None, None
+        width, rows = (2 if self.causal else 3) * stride, length // stride
+        qi, d = torch.arange(stride)[:, None], torch.arange(width)[None, :] - stride
+        r = torch.arange(rows)
+        band = self.distance_bias(qi - d, dtype)[:, None]
+        return band, self.distance_bias((r[:, None] - r[None, :]) * stride, dtype)[:, :, None]
+
+    def merged(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        valid: Tensor,
+        stride: int,
+        band_bias: Tensor | None = None,
+        column_bias: Tensor | None = None,
+    ) -> Tensor:
         """A1 ∪ A2 under one softmax. A2 keys inside A1 (j = i and j = i - l, or i + l when
-        bidirectional) are taken from A1 only: A2 keeps rows at least two away from i's row."""
+        bidirectional) are taken from A1 only: A2 keeps rows at least two away from i's row.
+        ``band_bias`` [h, 1, s, w] and ``column_bias`` [h, r, 1, u]: a pair bias on the two parts."""
         scale = q.shape[-1] ** -0.5
         device = q.device
         after = 0 if self.causal else 1
@@ -309,6 +355,8 @@ class StridedSparseAttention(FactorisedSparseAttention):
         qc = rearrange(q * scale, "b h (r c) k -> b h c r k", c=stride)
         kc, vc = (rearrange(x, "b h (r c) k -> b h c r k", c=stride) for x in (k, v))
         scores2 = rearrange(torch.einsum("bhcrk,bhcuk->bhcru", qc, kc), "b h c r u -> b h r c u")
+        if band_bias is not None:
+            scores1, scores2 = scores1 + band_bias.to(q.device), scores2 + column_bias.to(q.device)
         rows = qc.shape[3]
         r, u = torch.arange(rows, device=device)[:, None], torch.arange(rows, device=device)[None, :]
         far = (u <= r - 2) if self.causal else ((r - u).abs() >= 2)  # [r, u]: outside the band
@@ -317,140 +365,3 @@ class StridedSparseAttention(FactorisedSparseAttention):
         out1 = rearrange(torch.einsum("bhnsw,bhnwk->bhnsk", p1, vw), "b h n s k -> b h (n s) k")
         out2 = torch.einsum("bhcru,bhcuk->bhcrk", rearrange(p2, "b h r c u -> b h c r u"), vc)
         return out1 + rearrange(out2, "b h c r k -> b h (r c) k")
-
-
-@ATTENTION.register("sparse_fixed")
-class FixedSparseAttention(FactorisedSparseAttention):
-    @dataclass
-    class Options:
-        stride: int = 128  # l, the block length; 0 = ceil(sqrt(t)) for each call
-        c: int = 8  # summary positions per block (the paper uses 8, 16 or 32 for l = 128 or 256)
-        combine: str = "interleaved"  # interleaved | union | per_head (Section 4.3)
-        bias: bool = True
-        backend: str = (
-            "auto"  # auto (FlexAttention on CUDA) | native (blocked SDPA) | flex (FlexAttention; CPU: forward only)
-        )
-
-        def __post_init__(self) -> None:
-            check_backend(self.backend, "backend")
-            require(
-                isinstance(self.stride, int) and self.stride >= 0,
-                f"stride must be an int >= 0 (0 = ceil(sqrt(t))), got {self.stride!r}",
-            )
-            require(isinstance(self.c, int) and self.c >= 1, f"c must be an int >= 1, got {self.c!r}")
-            require(
-                self.stride == 0 or self.c <= self.stride,
-                f"c ({self.c}) must be <= stride l ({self.stride}): a block has only l positions to summarise",
-            )
-            require(self.combine in COMBINE, f"combine must be one of {', '.join(COMBINE)}; got {self.combine!r}")
-
-    @classmethod
-    def contract_options(cls) -> dict:
-        return {"stride": 4, "c": 2, "combine": "union"}
-
-    set_names = ("own block", "summary columns")
-
-    def first_bound(self) -> int:
-        return self.options.stride - 1  # the own block's positions before the next one
-
-    def first_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
-        block = j // stride == i // stride
-        return block & (j <= i) if self.causal else block
-
-    def second_allowed(self, i: Tensor, j: Tensor, stride: int) -> Tensor:
-        summary = j % stride >= stride - self.options.c
-        return summary & (j <= i) if self.causal else summary
-
-    def still_needed(self, j: Tensor, next_position: int) -> Tensor:
-        """Summary positions, forever; the own block's earlier positions while A1 is read."""
-        stride = self.options.stride
-        summary = j % stride >= stride - self.options.c
-        return summary | (j >= (next_position // stride) * stride) if self.sets_of_heads()[0] else summary
-
-    def set_keys(self, t: int, stride: int) -> tuple[float, float]:
-        """A1: the query's block (up to itself when causal: (l + 1) / 2 on average); A2: c summary
-        positions of each of the t / l blocks (of the blocks before it when causal: half on average)."""
-        blocks = t / stride
-        if self.causal:
-            return (stride + 1) / 2, self.options.c * blocks / 2
-        return float(stride), self.options.c * blocks
-
-    def check_stride(self, stride: int) -> None:
-        require(
-            self.options.c <= stride,
-            f"sparse_fixed: c ({self.options.c}) must be <= stride l ({stride}); with stride=0, l = ceil(sqrt(t)) "
-            "is too small for this sequence length",
-        )
-
-    def first(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
-        """A1: the query's own block (up to itself when causal)."""
-        qb, kb, vb = (rearrange(x, "b h (n s) k -> b h n s k", s=stride) for x in (q, k, v))
-        if self.causal and not padded:  # keys past the end are later than every real query
-            out = attend_groups(qb, kb, vb, is_causal=True, dropout=self.attn_dropout)
-        else:
-            mask = rearrange(valid, "b (n s) -> b n s", s=stride)[:, :, None, :]  # [b, n, 1, s]
-            if self.causal:
-                mask = mask & torch.ones(stride, stride, dtype=torch.bool, device=q.device).tril()
-            out = attend_groups(qb, kb, vb, mask, dropout=self.attn_dropout)
-        return rearrange(out, "b h n s k -> b h (n s) k")
-
-    def summaries(self, k: Tensor, v: Tensor, valid: Tensor, stride: int) -> tuple[Tensor, Tensor, Tensor]:
-        """The last c positions of every block: keys/values [b, h, n*c, k], validity [b, n*c]."""
-        c = self.options.c
-        ks, vs = (
-            rearrange(
-                rearrange(x, "b h (n s) k -> b h n s k", s=stride)[:, :, :, stride - c :], "b h n c k -> b h (n c) k"
-            )
-            for x in (k, v)
-        )
-        return ks, vs, rearrange(rearrange(valid, "b (n s) -> b n s", s=stride)[:, :, stride - c :], "b n c -> b (n c)")
-
-    def second(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int, padded: bool) -> Tensor:
-        """A2: the summary keys (up to the query when causal). The n*c summary keys are passed
-        once and shared by every block of queries."""
-        c = self.options.c
-        ks, vs, valid_s = self.summaries(k, v, valid, stride)
-        ks, vs = ks[:, :, None], vs[:, :, None]  # [b, h, 1, n*c, k]: one key set for all groups
-        if not self.causal:
-            out = attend_groups(q[:, :, None], ks, vs, valid_s[:, None, None, :], dropout=self.attn_dropout)
-            return out[:, :, 0]
-        device = q.device
-        qb = rearrange(q, "b h (n s) k -> b h n s k", s=stride)
-        n = qb.shape[2]
-        block = torch.arange(n, device=device)[:, None, None]  # query block [n, 1, 1]
-        key_block = (torch.arange(n * c, device=device) // c)[None, None, :]  # [1, 1, n*c]
-        earlier = (key_block < block) & valid_s[:, None, None, :]  # [b, n, 1, n*c]
-        parts = []
-        if stride > c:  # queries before their block's summaries: one mask row per block
-            parts.append(attend_groups(qb[:, :, :, : stride - c], ks, vs, earlier, dropout=self.attn_dropout))
-        # the last c queries of a block also see their own block's summaries up to themselves
-        qi = torch.arange(c, device=device)[None, :, None]  # [1, c, 1]
-        key_offset = (torch.arange(n * c, device=device) % c)[None, None, :]
-        own = (key_block == block) & (key_offset <= qi) & valid_s[:, None, None, :]
-        parts.append(attend_groups(qb[:, :, :, stride - c :], ks, vs, earlier | own, dropout=self.attn_dropout))
-        return rearrange(torch.cat(parts, dim=3), "b h n s k -> b h (n s) k")
-
-    def merged(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, stride: int) -> Tensor:
-        """A1 ∪ A2 under one softmax: own block (part 1) plus other blocks' summaries (part 2;
-        the own block's summaries are already in part 1)."""
-        c = self.options.c
-        scale = q.shape[-1] ** -0.5
-        device = q.device
-        qb = rearrange(q * scale, "b h (n s) k -> b h n s k", s=stride)
-        kb, vb = (rearrange(x, "b h (n s) k -> b h n s k", s=stride) for x in (k, v))
-        valid_b = rearrange(valid, "b (n s) -> b n s", s=stride)
-        inside = torch.ones(stride, stride, dtype=torch.bool, device=device)
-        if self.causal:
-            inside = inside.tril()
-        mask1 = inside & valid_b[:, None, :, None, :]  # [b, 1, n, s, s]
-        scores1 = torch.einsum("bhnsk,bhnuk->bhnsu", qb, kb)
-        ks, vs, valid_s = self.summaries(k, v, valid, stride)
-        n = qb.shape[2]
-        block = torch.arange(n, device=device)[:, None]
-        key_block = (torch.arange(n * c, device=device) // c)[None, :]
-        other = (key_block < block) if self.causal else (key_block != block)  # [n, n*c]
-        mask2 = other[:, None, :] & valid_s[:, None, None, None, :]  # [b, 1, n, 1, n*c]
-        scores2 = torch.einsum("bhnsk,bhuk->bhnsu", qb, ks)
-        p1, p2 = joint_softmax([scores1, scores2], [mask1, mask2], dropout=self.dropout, training=self.training)
-        out = torch.einsum("bhnsu,bhnuk->bhnsk", p1, vb) + torch.einsum("bhnsu,bhuk->bhnsk", p2, vs)
-        return rearrange(out, "b h n s k -> b h (n s) k")

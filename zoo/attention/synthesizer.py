@@ -56,6 +56,8 @@ MIXES = ("none", "dot")
 
 @ATTENTION.register("synthesizer")
 class SynthesizerAttention(Attention):
+    position_kinds = ()
+    no_position_reason = "its scores are synthesized per position (no query-key dot product to rotate or bias)"
     length_option = "max_len"
     lra_row = "Synthesizer"
 

@@ -13,10 +13,15 @@ projected keys/values of earlier tokens (detached) so each new token costs O(s),
 ``max_cache`` bounds it to the most recent keys (a sliding window over the stream: a new token
 sees the last ``max_cache`` cached ones and its own segment); ``sinks`` keeps the first k keys of
 the stream in it besides (Xiao et al. 2023, "Efficient Streaming Language Models with Attention
-Sinks", arXiv:2309.17453: the cache keeps the sinks and rolls the window). Positions are the
-model's business here: an absolute signal added at the input numbers tokens by their place in the
-stream, so a stream past the trained length needs ``position=none`` (or, once relative positions
-inside attention land, their in-cache numbering).
+Sinks", arXiv:2309.17453: the cache keeps the sinks and rolls the window).
+
+Positions inside attention (``zoo/position``): ``rope`` rotates q and k at their absolute positions
+in the stream (the cache keeps rotated keys and the position of each, so eviction and sinks keep
+every distance); ``alibi`` / ``t5_bias`` add b_h(i - j), through blocks of queries
+(``pair_bias.py``) since SDPA takes the bias as a float mask; rope alone keeps the fused causal
+kernel. With the part's ``cache_positions`` (StreamingLLM's rule), keys are cached un-rotated and a
+call numbers the cache's keys 0 ... s - 1 by their place in it (the queries follow them), so after
+eviction the distances are those inside the cache, as the paper does for Llama-2's rotary.
 """
 
 from __future__ import annotations
@@ -38,13 +43,18 @@ from zoo.attention.base import (
     guard_empty_rows,
     join_key_padding,
 )
-from zoo.attention.flex import check_backend, flex_attend, use_flex
+from zoo.attention.flex import DistanceBias, check_backend, flex_attend, use_flex
+from zoo.attention.pair_bias import biased_sdpa
 from zoo.config import require
 
 
 @dataclass
 class KVCache:
-    """Keys/values of the tokens seen so far. k, v: [b, h, m, k]; pad_mask: [b, m] or None.
+    """Keys/values of the tokens seen so far. k, v: [b, h, m, k]; pad_mask: [b, m] or None;
+    ``next``: the absolute position of the next token; ``sinks``: the cache leads with the stream's
+    first ``sinks`` tokens and holds the most recent ones after them (vanilla's eviction), so the
+    position of every cached key follows (:meth:`positions`; plain integers, which beam search's
+    reordering of batch rows leaves alone).
 
     ``static`` marks a cross-attention cache (keys/values of the encoder output, computed once)."""
 
@@ -52,10 +62,19 @@ class KVCache:
     v: Tensor | None = None
     pad_mask: Tensor | None = None
     static: bool = False
+    next: int = 0
+    sinks: int = 0
 
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
+
+    def positions(self, device: torch.device | None = None) -> Tensor:
+        """Absolute positions of the cached keys, long [m], ascending: the first min(sinks, m) of the
+        stream, then the most recent ones up to ``next``."""
+        m = self.length
+        first = min(self.sinks, m)
+        return torch.cat([torch.arange(first), torch.arange(self.next - (m - first), self.next)]).to(device)
 
 
 def extend_cache(
@@ -73,12 +92,24 @@ def extend_cache(
     return torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2), pad_mask
 
 
+def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(absolute positions of the t new tokens [t], of the keys [cache ; new] [m + t]) for a dense
+    self-attention continuing a stream from ``cache`` (None: a sequence starting at 0)."""
+    start = 0 if cache is None else cache.next
+    new = torch.arange(start, start + t, device=device)
+    if cache is None or cache.k is None:
+        return new, new
+    return new, torch.cat([cache.positions(device), new])
+
+
 @ATTENTION.register("vanilla")
 class VanillaAttention(Attention):
     supports_memory = True  # KV cache for incremental decoding
     supports_cross = True
     memory_option = "max_cache"
     lra_row = "Transformer"
+    position_kinds = ("rotary", "pair_bias")
+    numbers_cache = True  # position.cache_positions: StreamingLLM's numbering inside the cache
 
     @dataclass
     class Options:
@@ -129,27 +160,37 @@ class VanillaAttention(Attention):
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
-        if context is not None:
+        dropout = self.dropout if self.training else 0.0
+        q_pos = k_pos = None
+        if context is not None:  # cross-attention: two timelines, no positions inside attention
             k, v, key_pad, new_state = self._cross_keys(context, pad_mask, state)
             causal = False
         else:
-            k, v, key_pad, new_state = self._self_keys(x, pad_mask, state)
+            q, k, v, key_pad, new_state, q_pos, k_pos = self._self_keys(q, x, pad_mask, state)
             causal = self.causal
         t, s = q.shape[2], k.shape[2]
-        dropout = self.dropout if self.training else 0.0
         cached = state is not None and s > t  # a growing cache: a new shape (a new compilation) every call
         if (self.options.backend == "flex" or not cached) and use_flex(
             self.options.backend, x.device, "vanilla", dropout
         ):
-            out = self.attend_flex(q, k, v, key_pad, causal)
+            bias = None if q_pos is None else self.flex_bias(q_pos, k_pos, q.dtype)
+            out = self.attend_flex(q, k, v, key_pad, causal, bias)
+        elif q_pos is not None and self.has_pair_bias:
+            bias_of = lambda d: self.pair_bias(d, q.dtype)  # noqa: E731
+            out = biased_sdpa(
+                q, k, v, bias_of, q_pos=q_pos, k_pos=k_pos, causal=causal, key_pad=key_pad, dropout=dropout
+            )
         else:
             mask, is_causal = _sdpa_mask(t, s, causal, key_pad, x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout)
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
 
-    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool) -> Tensor:
+    def attend_flex(
+        self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, bias: DistanceBias | None = None
+    ) -> Tensor:
         """The same attention through FlexAttention: keys numbered 0 ... s - 1 in cache order, the t
-        queries the last t of them (a cache's keys all precede them, sinks included), so causality is j <= i."""
+        queries the last t of them (a cache's keys all precede them, sinks included), so causality is j <= i.
+        ``bias``: a position part's pair bias over the stream positions it counts by (score_mod)."""
         t, s = q.shape[2], k.shape[2]
         keys = torch.arange(s, device=q.device)
         rule = (lambda h, i, j: j <= i) if causal else (lambda h, i, j: j >= 0)
@@ -163,6 +204,7 @@ class VanillaAttention(Attention):
             valid=key_pad,
             heads_differ=False,
             cache_key=("vanilla", causal),
+            bias=bias,
         )
 
     # -- context parallelism (zoo/parallel): ring attention over the split sequence --------------------
@@ -179,6 +221,11 @@ class VanillaAttention(Attention):
                 f"attention 'vanilla' with max_cache={self.options.max_cache} carries a KV cache from segment to "
                 "segment, which is not continued over a split sequence; set max_cache=0"
             )
+        if self.has_pair_bias:
+            return (
+                f"attention 'vanilla' with position {self.position.registry_name!r}: ring attention merges blocks "
+                "without a distance bias; use position=rope (rotated at each chunk's positions) or run in one process"
+            )
         if self.options.backend == "flex":
             return (
                 "attention 'vanilla' has backend=flex: ring attention runs its own blocks (the fused CPU kernel, "
@@ -193,19 +240,34 @@ class VanillaAttention(Attention):
         self, x: Tensor, chunk, *, pad_mask: Tensor | None = None, state: KVCache | None = None, **kwargs
     ) -> AttnOutput:
         """Ring attention (Liu et al. 2023): each rank's keys and values go around the ring once. q and k
-        enter as ``forward`` projects them: a position scheme applied inside the mechanism (a rotation, a
-        distance bias) must be applied here too, at this rank's ``chunk.positions``, or refused."""
+        are rotated (rope) at this rank's absolute ``chunk.positions`` before they travel, as ``forward``
+        rotates them over the whole sequence; a distance bias is refused (``context_refusal``)."""
         self.check_inputs(x, None, pad_mask, None)
         self.refuse_chunk_state(state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        positions = chunk.positions(x.device)
+        q, k = self.rotate(q, positions), self.rotate(k, positions)
         return AttnOutput(self.to_out(self.merge_heads(chunk.ring_attention(q, k, v, key_valid=pad_mask))))
 
-    def _self_keys(self, x: Tensor, pad_mask: Tensor | None, state: KVCache | None):
+    def _self_keys(self, q: Tensor, x: Tensor, pad_mask: Tensor | None, state: KVCache | None):
+        """Queries and keys/values of [cache ; segment] with the position part applied, their key
+        padding, the cache to carry on, and the positions the part numbers queries and keys by."""
         k, v = self.split_heads(self.to_k(x)), self.split_heads(self.to_v(x))
-        if state is None:
-            return k, v, pad_mask, None
-        k, v, pad_mask = extend_cache(state, k, v, pad_mask, "vanilla")
-        return k, v, pad_mask, self.evicted(KVCache(k.detach(), v.detach(), pad_mask))
+        positions, key_positions = stream_positions(state, x.shape[1], x.device)
+        in_cache = state is not None and self.position is not None and self.position.cache_positions
+        if not in_cache:  # rotated at their place in the stream, and cached rotated
+            q, k = self.rotate(q, positions), self.rotate(k, positions)
+        new_state = None
+        if state is not None:
+            k, v, pad_mask = extend_cache(state, k, v, pad_mask, "vanilla")
+            cache = KVCache(k.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1, sinks=state.sinks)
+            new_state = self.evicted(cache)
+        if in_cache:  # StreamingLLM: number the keys by their place in the cache, the queries after them
+            s = k.shape[2]
+            key_positions = torch.arange(s, device=x.device)
+            positions = key_positions[s - x.shape[1] :]
+            q, k = self.rotate(q, positions), self.rotate(k, key_positions)
+        return q, k, v, pad_mask, new_state, positions, key_positions
 
     def evicted(self, cache: KVCache) -> KVCache:
         """The cache within ``max_cache``: the stream's first ``sinks`` tokens (they lead the cache from
@@ -216,7 +278,8 @@ class VanillaAttention(Attention):
         sinks = self.options.sinks
         index = torch.cat([torch.arange(sinks), torch.arange(n - (keep - sinks), n)]).to(cache.k.device)
         pad = None if cache.pad_mask is None else cache.pad_mask[:, index]
-        return KVCache(cache.k.index_select(2, index), cache.v.index_select(2, index), pad)
+        k, v = cache.k.index_select(2, index), cache.v.index_select(2, index)
+        return KVCache(k, v, pad, next=cache.next, sinks=sinks)
 
     def _cross_keys(self, context: Tensor, pad_mask: Tensor | None, state: KVCache | None):
         if state is not None and state.k is not None:  # encoder keys/values computed once per sequence

@@ -119,6 +119,7 @@ class XLRelativeAttention(Attention):
     supports_cross = False  # keys come from [memory ; x]; relative positions need one timeline
     remembers_inputs = True  # memory = past layer inputs, normalised by the block on every call
     score_terms = 3  # (a) + (c) against the keys, (b) + (d) against W_R r, and the weighted values
+    no_position_reason = "it scores distances itself (Dai et al.'s terms (b) + (d) over r_{i-j}); use position=none"
     memory_option = "mem_len"
 
     @dataclass

@@ -44,8 +44,9 @@ def _literal(text: str) -> Any:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
+        # the app's (YAML's) words: null is None, while "none" stays a string (position=none is a part)
         lowered = text.lower()
-        return {"true": True, "false": False, "none": None, "null": None}.get(lowered, text)
+        return {"true": True, "false": False, "null": None}.get(lowered, text)
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ class SequenceClassifier(ZooModel):
         self.embed = TokenEmbedding(config.vocab_size, config.d_model)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
-        self.stack = build_stack(config, causal=False, cross=False, n_layers=config.n_layers)
+        self.stack = build_stack(config, causal=False, cross=False, n_layers=config.n_layers, position=self.position)
         self.norm = self.final_norm()
         self.head = classifier_head(config, config.d_model)
 

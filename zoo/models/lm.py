@@ -33,7 +33,7 @@ class CausalLM(ZooModel):
         self.embed = adaptive[0] if adaptive else TokenEmbedding(config.vocab_size, config.d_model)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
-        self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers)
+        self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers, position=self.position)
         self.position.attach(self.stack)  # a signal at every layer's input (Al-Rfou et al. 2018) hooks in here
         self.norm = self.final_norm()
         if adaptive:

@@ -37,10 +37,19 @@ class EncoderDecoder(ZooModel):
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         self.encoder = build_stack(
-            config, causal=False, cross=False, n_layers=config.n_encoder_layers or config.n_layers
+            config,
+            causal=False,
+            cross=False,
+            n_layers=config.n_encoder_layers or config.n_layers,
+            position=self.position,
         )
         self.encoder_norm = self.final_norm()
-        self.decoder = build_stack(config, causal=True, cross=True, n_layers=config.n_layers)
+        # a part acting inside attention gets one instance per stack (T5: the decoder has its own table);
+        # a signal added at the input is the one self.position adds to both sides
+        self.decoder_position = create_position(config) if self.position.kinds() else None
+        self.decoder = build_stack(
+            config, causal=True, cross=True, n_layers=config.n_layers, position=self.decoder_position or self.position
+        )
         self.decoder_norm = self.final_norm()
         self.head = nn.Linear(d, config.vocab_size, bias=False) if config.head == "linear" else None
         if config.tie_embeddings and self.head is not None:

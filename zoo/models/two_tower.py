@@ -48,7 +48,7 @@ class TwoTowerClassifier(ZooModel):
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         causal = attention_class(config.attention).causal_only
-        self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers)
+        self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers, position=self.position)
         self.norm = self.final_norm()
         activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()
         # the interaction MLP is this model's head: head="none" drops it (out.hidden only); head="mlp" is the

@@ -1,5 +1,8 @@
 """Absolute position signals added to the token embeddings.
 
+These parts set ``adds_signal``; the schemes acting inside attention are ``rotary.py``, ``alibi.py``
+and ``t5_bias.py``.
+
 ``sinusoidal`` (Vaswani et al. 2017, Section 3.5), ``learned`` (a table of ``max_len`` vectors) and
 ``none``.
 
@@ -121,7 +124,6 @@ class LearnedPosition(Position):
 
 @POSITION.register("none")
 class NoPosition(Position):
-    """No absolute signal: for mechanisms that encode position themselves (XL's relative scores)."""
+    """No position at all: for mechanisms that encode position themselves (XL's relative scores)."""
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        return x
+    adds_signal = False

@@ -1,9 +1,23 @@
 """The position axis: where a token's position enters the model.
 
-A position module is called as ``pos(x, offset=0) -> x + signal`` where ``x`` is [b, t, d] and
-``offset`` is the absolute position of ``x[:, 0]`` (non-zero when decoding with a cache).
-Relative schemes (Transformer-XL's r_{i-j}) live inside their attention; the Universal
-Transformer adds its own timestep signal. Both reuse :func:`sinusoid_table`.
+A position part says what it is, through three class flags the builder and the mechanisms read
+(never its registry name):
+
+- ``adds_signal``: ``pos(x, offset=0) -> x + signal`` adds an absolute signal to the token vectors
+  [b, t, d] at the input, ``offset`` being the absolute position of ``x[:, 0]`` (``absolute.py``).
+- ``rotary``: it acts inside attention by rotating every query and key by its absolute position
+  (:meth:`Position.rotate`; ``rotary.py``), so that q_i . k_j depends on i - j only.
+- ``pair_bias``: it acts inside attention by adding b_h(i - j) to the score of query position i and
+  key position j in head h (:meth:`Position.bias`, a function of the distance only; ``alibi.py``,
+  ``t5_bias.py``).
+
+A part acting inside attention is handed to every self-attention layer of the model when it is
+built (``Attention(position=...)``, one part shared by the layers, so T5's table is shared as in
+T5); each mechanism applies it to exactly the (query, key) pairs it computes, or refuses it by its
+capability flag ``Attention.position_kinds`` with the reason. Its ``forward`` adds nothing.
+Mechanism-specific relative schemes (Transformer-XL's r_{i-j}, adaptive span's relative keys) live
+inside their attention; the Universal Transformer adds its own timestep signal. The sinusoids are
+shared through :func:`sinusoid_table`.
 """
 
 from __future__ import annotations
@@ -43,11 +57,68 @@ def sinusoid_table(
 class Position(nn.Module):
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
+    # what the part is: the builder and every mechanism ask these, never the registry name
+    adds_signal: ClassVar[bool] = True  # forward adds an absolute signal to the token vectors
+    rotary: ClassVar[bool] = False  # rotates queries and keys by their absolute positions inside attention
+    pair_bias: ClassVar[bool] = False  # adds b_h(i - j) to every score inside attention
 
-    def __init__(self, d_model: int, max_len: int, **options):
+    def __init__(self, d_model: int, max_len: int, *, n_heads: int = 1, **options):
         super().__init__()
-        self.d_model, self.max_len = d_model, max_len
-        self.options = build_options(self.Options, options, f"position {self.registry_name!r}")
+        name = self.registry_name or type(self).__name__
+        require(isinstance(n_heads, int) and n_heads >= 1, f"position {name!r}: n_heads must be an int >= 1")
+        self.d_model, self.max_len, self.n_heads = d_model, max_len, n_heads
+        self.options = build_options(self.Options, options, f"position {name!r}")
+
+    @classmethod
+    def kinds(cls) -> tuple[str, ...]:
+        """How the part acts inside attention: a subset of ("rotary", "pair_bias"); () for a signal
+        added at the input (or none)."""
+        return tuple(kind for kind in ("rotary", "pair_bias") if getattr(cls, kind))
+
+    @classmethod
+    def encodes_position(cls) -> bool:
+        """False only for the part that encodes no position at all (``none``)."""
+        return cls.adds_signal or bool(cls.kinds())
+
+    @property
+    def cache_positions(self) -> bool:
+        """Number the keys of a decoding cache by their place in it rather than in the stream
+        (StreamingLLM's rule, Xiao et al. 2023, Section 3.2); a part's option, False by default."""
+        return bool(getattr(self.options, "cache_positions", False))
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x [b, t, d] (x[:, 0] at absolute position ``offset``) plus the part's signal: a part that
+        adds one overrides this; one that acts inside attention (or none) leaves x as it is."""
+        if self.adds_signal:
+            raise NotImplementedError(f"position {self.registry_name!r} sets adds_signal: define forward")
+        return x
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Queries or keys x [..., n, k] at absolute positions ``positions`` (long [n]) -> rotated,
+        same shape and dtype. Only for a part with ``rotary``."""
+        raise NotImplementedError(f"position {self.registry_name!r} does not rotate queries and keys")
+
+    def bias(self, distance: Tensor, *, causal: bool) -> Tensor:
+        """b_h(i - j) for distances i - j (query position minus key position, long [...]) -> float
+        [h, ...] (in the part's dtype). ``causal``: the layer sees no later key (T5's causal bucket
+        rule). Only for a part with ``pair_bias``."""
+        raise NotImplementedError(f"position {self.registry_name!r} adds no pair bias")
+
+    def distance_bias(
+        self, distance: Tensor, *, causal: bool, dtype: torch.dtype, head: Tensor | None = None
+    ) -> Tensor:
+        """:meth:`bias` for many pairs at the cost of their distinct distances: the bias is computed
+        once per distance in [min, max] and gathered. distance long [...] -> [h, ...] in ``dtype``;
+        with ``head`` (long, broadcastable to ``distance``: the head of each entry, for layouts that
+        fold the heads into another axis, LSH's sorted chunks) -> [...] with each entry's own head."""
+        if distance.numel() == 0:  # no pair (a query that sees no key): an empty bias of the right shape
+            shape = distance.shape if head is not None else (self.n_heads, *distance.shape)
+            return torch.zeros(shape, dtype=dtype, device=distance.device)
+        low, high = int(distance.min()), int(distance.max())
+        values = self.bias(torch.arange(low, high + 1, device=distance.device), causal=causal).to(dtype)  # [h, D]
+        if head is None:
+            return values[:, distance - low]
+        return values.flatten()[head * values.shape[1] + (distance - low)]
 
     @classmethod
     def contract_options(cls) -> dict:

@@ -47,11 +47,16 @@ def residual_factory(config: ModelConfig) -> Callable[[], Residual]:
 
 def create_position(config: ModelConfig) -> Position:
     name, options = split_part(config.position)
-    return POSITION.get(name)(config.d_model, config.max_len, **options)
+    return POSITION.get(name)(config.d_model, config.max_len, n_heads=config.n_heads, **options)
 
 
-def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int) -> Stack:
-    """A stack of ``n_layers`` blocks of the configured attention/residual/feed-forward."""
+def build_stack(
+    config: ModelConfig, *, causal: bool, cross: bool, n_layers: int, position: Position | None = None
+) -> Stack:
+    """A stack of ``n_layers`` blocks of the configured attention/residual/feed-forward. ``position``: the
+    model's position part; one acting inside attention (rope, alibi, t5_bias) is handed to every
+    self-attention layer (one part for all, so a learned table is shared by the layers), which applies
+    it or refuses it, with the reason, here. Cross-attention relates two timelines: it gets none."""
     attn_name, attn_options = split_part(config.attention)
     attn_cls = ATTENTION.get(attn_name)
     if attn_cls.causal_only and not causal:
@@ -80,6 +85,7 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
             causal=causal,
             dropout=config.attention_dropout,
             layer_index=layer_index,
+            position=position,
             **attn_options,
         )
         cross_attention = None
@@ -105,7 +111,7 @@ def build_stack(config: ModelConfig, *, causal: bool, cross: bool, n_layers: int
     stack_name, stack_options = split_part(config.stack)
     stack_cls = STACK.get(stack_name)
     position_name = split_part(config.position)[0]
-    if stack_cls.adds_position_signal(stack_options) and position_name != "none":
+    if stack_cls.adds_position_signal(stack_options) and POSITION.get(position_name).encodes_position():
         raise ValueError(
             f"stack {stack_name!r} adds its own position signal (before every step) and "
             f"position={position_name!r} adds one at the embedding: positions would be added twice; "

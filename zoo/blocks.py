@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from zoo.attention.base import Attention, AttnOutput, LayerInput
 from zoo.config import require
+from zoo.parallel.chunk import active_chunk
 from zoo.residual.base import Residual
 
 
@@ -118,14 +119,19 @@ class Block(nn.Module):
         return None if own is None and cross is None else BlockState(own, cross)
 
     def _attend(self, x: Tensor, pad_mask: Tensor | None, state: Any) -> AttnOutput:
-        """The self-attention sub-layer on the stream x (before its residual join)."""
+        """The self-attention sub-layer on the stream x (before its residual join). While a sequence is
+        split over ranks (``zoo.parallel``), the mechanism's ``attend_chunk`` reads what it needs of the
+        other ranks' chunks."""
         residual = self.attention_residual
         h = residual.sublayer_input(x)
+        extra = {}
         if self.attention.remembers_inputs:
             version = tuple((p.data_ptr(), p._version) for p in residual.parameters())
-            layer_input = LayerInput(x, residual.sublayer_input, version)
-            return self.attention(h, pad_mask=pad_mask, state=state, layer_input=layer_input)
-        return self.attention(h, pad_mask=pad_mask, state=state)
+            extra["layer_input"] = LayerInput(x, residual.sublayer_input, version)
+        chunk = active_chunk()
+        if chunk is not None:
+            return self.attention.attend_chunk(h, chunk, pad_mask=pad_mask, state=state, **extra)
+        return self.attention(h, pad_mask=pad_mask, state=state, **extra)
 
     def forward(
         self,

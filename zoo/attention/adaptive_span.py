@@ -362,6 +362,54 @@ class AdaptiveSpanAttention(Attention):
             cache = self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask, start + t)
         return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
+    # -- context parallelism (zoo/parallel) ----------------------------------------------------------
+    def context_refusal(self) -> None:
+        return None  # causal only: a query reads at most ``reach`` positions back
+
+    def current_reach(self, x: Tensor, pad_mask: Tensor | None = None) -> int:
+        """The distances this call's spans can weigh (as ``forward`` crops): min(S, ceil(max z + R) - 1),
+        the largest span over the real tokens for dynamic spans."""
+        with torch.no_grad():
+            spans = self.span_fractions(x) * self.options.max_span
+            if spans.dim() == 3 and pad_mask is not None:
+                spans = spans.masked_fill(~pad_mask[:, None, :], 0.0)
+            return min(span_reach(float(spans.max()), self.options.ramp), self.options.max_span)
+
+    def attend_chunk(
+        self,
+        x: Tensor,
+        chunk,
+        *,
+        pad_mask: Tensor | None = None,
+        state: SpanCache | None = None,
+        layer_input: LayerInput | None = None,
+    ) -> AttnOutput:
+        """A halo of the current maximum span: this rank's queries read the sub-layer inputs of the
+        ``reach`` positions before the chunk (the largest reach over the group, so every rank agrees on
+        what is sent), from the earlier ranks and, where the halo runs past the sequence's start, from the
+        cache of earlier segments. The cache handed on is the last ``cache_size`` inputs of [cache ; the
+        whole sequence], gathered from the ranks that hold them."""
+        reach = int(chunk.maximum(self.current_reach(x, pad_mask), x.device))
+        start, cache = chunk.start, state if state is not None else SpanCache()
+
+        def halo(j: Tensor, start: int) -> Tensor:
+            return j >= start - reach
+
+        (inputs,), _, valid = chunk.earlier([x], dim=1, select=halo, valid=pad_mask)
+        n = inputs.shape[1] - x.shape[1]
+        earlier, own = inputs[:, :n], inputs[:, n:]  # use the own part: its gradient returns what was sent
+        older = min(cache.length, max(0, reach - start))  # the halo's part before the sequence
+        past = earlier
+        if older:
+            past = torch.cat([remembered(cache.x[:, cache.length - older :], layer_input), earlier], dim=1)
+        older_pad = None if cache.pad_mask is None or not older else cache.pad_mask[:, cache.length - older :]
+        past_pad = join_key_padding(older_pad, older, None if valid is None else valid[:, :n], earlier)
+        # next: the absolute position of this chunk's first token (a rotation counts from the stream's start)
+        out = self.forward(own, pad_mask=pad_mask, state=SpanCache(past, past_pad, next=cache.next + start))
+        carried = chunk.carry(to_remember(x, layer_input), pad_mask, self.options.cache_size, cache.x, cache.pad_mask)
+        out.state = None if state is None else SpanCache(*carried, next=cache.next + chunk.layout.length)
+        return out
+
     def _next_cache(
         self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None, next_position: int
     ) -> SpanCache:

@@ -50,6 +50,12 @@ class AdditiveAttention(Attention):
         def __post_init__(self) -> None:
             require(self.score in SCORES, f"score must be one of {', '.join(SCORES)}; got {self.score!r}")
 
+    def context_refusal(self) -> str:
+        return (
+            f"attention 'additive' (score={self.options.score}) is dense and its scores are not the scaled dot "
+            "product ring attention's fused blocks compute; run it in one process"
+        )
+
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         h, k = self.n_heads, self.head_dim

@@ -298,6 +298,36 @@ class Attention(nn.Module):
         table, ``zoo.bench --generate`` and the contract suite."""
         return None
 
+    # -- context parallelism: the sequence split over ranks (zoo/parallel) ---------------------------
+    def context_refusal(self) -> str | None:
+        """Why this layer cannot run with its sequence split over the ranks of a context group, or None
+        when it can: then ``attend_chunk`` computes, for this rank's queries, exactly what ``forward``
+        computes over the whole sequence, reading from the other ranks only what its pattern sees."""
+        name = self.registry_name or type(self).__name__
+        return f"attention {name!r} does not say which keys of other ranks' chunks it reads (no attend_chunk)"
+
+    def context_layouts(self) -> tuple[str, ...]:
+        """The chunk layouts (``zoo.parallel.chunk.LAYOUTS``) this layer runs on, the one it prefers first."""
+        return ("contiguous",)
+
+    def attend_chunk(
+        self, x: Tensor, chunk: Any, *, pad_mask: Tensor | None = None, state: Any = None, **kwargs: Any
+    ) -> AttnOutput:
+        """``forward`` for this rank's part x [b, t, d] of sequences split over a context group
+        (``chunk``: a :class:`zoo.parallel.chunk.Chunk`, its positions and what it may ask of the other
+        ranks; every rank of the group calls this together). ``state``: the layer's state for the whole
+        sequence (the same on every rank), and the state returned is the whole sequence's too."""
+        raise ValueError(self.context_refusal() or f"{type(self).__name__} does not implement attend_chunk")
+
+    def refuse_chunk_state(self, state: Any) -> None:
+        """A decoding cache is not continued over a split sequence: refuse one, naming the layer."""
+        if state is not None:
+            name = self.registry_name or type(self).__name__
+            raise ValueError(
+                f"attention {name!r} does not continue a state over a sequence split across ranks; feed the whole "
+                "sequence (state=None) or run it in one process"
+            )
+
     def carries_segment_memory(self) -> bool:
         """True when the state kept across calls is bounded segment memory that training and
         evaluation carry from segment to segment (XL memory, span cache). A decoding cache (the

@@ -225,6 +225,63 @@ class PatternAttention(Attention):
             outs.append(attend_masked(qc, kc, vc, mask, dropout=self.attn_dropout, bias=bias))
         return torch.cat(outs, dim=2)
 
+    def kept_positions(self, j: Tensor, next_position: int) -> Tensor:
+        """bool like j (absolute positions, each < ``next_position``): is key j among those ``kept`` holds
+        once a stream has reached ``next_position``, i.e. may a later query still see it? The same rule
+        as ``kept``, over positions alone: the sinks and the newest ``state_bound()`` keys of a bounded
+        pattern, ``still_needed`` for an unbounded one."""
+        bound = self.state_bound()
+        if bound is None:
+            return self.still_needed(j, next_position)
+        sinks = min(self.sinks, bound)
+        return (j < sinks) | (j >= next_position - (bound - sinks))
+
+    # -- context parallelism (zoo/parallel): this rank's queries read what ``kept`` would hold -------------
+    def context_refusal(self) -> str | None:
+        if not self.causal:
+            return (
+                f"attention {self.registry_name!r} is bidirectional here: its queries read later chunks, and only "
+                "the causal pattern says which earlier keys it reads"
+            )
+        return self.stream_refusal()  # a pattern that cannot continue a stream cannot take a halo either
+
+    def shift_period(self) -> int | None:
+        """The shift s under which this layer's pattern is the same (allowed(i + s, j + s) == allowed(i, j)
+        for every multiple s of it), when it is bounded; None when no shift leaves it alone (sinks are
+        absolute positions) or it reads back without bound. Context parallelism then runs the blocked pass
+        on a chunk that starts at a multiple of it, as if it started at 0."""
+        return None
+
+    def attend_chunk(self, x: Tensor, chunk, *, pad_mask: Tensor | None = None, state=None, **kwargs) -> AttnOutput:
+        """This rank's queries over the keys earlier ranks hold that the pattern lets them see, which are
+        exactly what a stream's cache would keep after the earlier chunks (``kept_positions``): a halo of
+        the window for a bounded pattern (local_1d: its sinks and the l_m + l_q - 1 keys before the chunk),
+        the columns or summaries for an unbounded one. The first chunk runs the blocked pass. A later one
+        scores its queries against [received keys ; its own] by absolute position (``attend_cached``),
+        except where the pattern is bounded and shifts to the chunk's start (``shift_period``): there only
+        the first ``state_bound()`` queries can see an earlier key, and the rest take the blocked pass."""
+        self.check_inputs(x, None, pad_mask, None)
+        self.refuse_chunk_state(state)
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        self.check_stream_position(chunk.pieces[-1][1])
+        positions = chunk.positions(q.device)
+        q, k = self.rotate(q, positions), self.rotate(k, positions)  # rope: sent rotated, as a cache holds them
+        (keys, values), key_positions, valid = chunk.earlier([k, v], dim=2, select=self.kept_positions, valid=pad_mask)
+        if self.on_flex(q.device):  # FlexAttention (flex.py) takes the rule over any absolute positions
+            out = self.attend_flex(q, positions, keys, values, key_positions, valid)
+            return AttnOutput(self.to_out(self.merge_heads(out)))
+        if chunk.start == 0:  # the first chunk reads nothing earlier: the pattern's own blocked pass
+            return AttnOutput(self.to_out(self.merge_heads(self.attend(q, keys, values, valid))))
+        period, head = self.shift_period(), q.shape[2]
+        if period and chunk.start % period == 0:
+            head = min(head, self.state_bound())  # queries past it see only this chunk's keys
+        out = self.attend_cached(q[:, :, :head], positions[:head], keys, values, key_positions, valid)
+        if head < q.shape[2]:
+            n = keys.shape[2] - k.shape[2]  # the own part of [received ; own], whose gradient reaches the senders
+            own = self.attend(q, keys[:, :, n:], values[:, :, n:], None if valid is None else valid[:, n:])
+            out = torch.cat([out, own[:, :, head:]], dim=2)
+        return AttnOutput(self.to_out(self.merge_heads(out)))
+
     def kept(self, k: Tensor, v: Tensor, positions: Tensor, valid: Tensor | None, next_position: int) -> PatternCache:
         """The cache after a call: a bounded pattern keeps its sinks and the newest ``state_bound()``
         keys, an unbounded one the keys ``still_needed`` names. Detached: no gradient crosses calls."""

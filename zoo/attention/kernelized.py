@@ -159,6 +159,29 @@ class KernelizedAttention(Attention):
     def keys_per_query(self, t: int) -> KeysPerQuery:
         return kernel_keys(t, self.causal)
 
+    # -- context parallelism (zoo/parallel): the earlier chunks' running sums -----------------------------
+    def context_refusal(self) -> str | None:
+        if not self.causal:
+            return f"attention {self.registry_name!r} is bidirectional here: every query reads every chunk's sums"
+        return None
+
+    def attend_chunk(self, x: Tensor, chunk, *, pad_mask: Tensor | None = None, state=None, **kwargs) -> AttnOutput:
+        """Of the earlier chunks a causal kernelised layer reads only their running sums S = sum phi(k) v^T
+        and z = sum phi(k) ([f, e] + [f] per head, whatever the length): every rank sends its chunk's sums to
+        the later ranks (an exclusive prefix sum over the ranks, as flash-linear-attention splits linear
+        attention) and continues from them as a stream continues from its state."""
+        self.check_inputs(x, None, pad_mask, None)
+        self.refuse_chunk_state(state)
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        phi_q, phi_k, _ = self.feature_maps(q, k, pad_mask, None)
+        phi_k, v = mask_keys(phi_k, v, pad_mask)
+        f, e = phi_k.shape[-1], v.shape[-1]
+        sums = torch.cat([torch.einsum("bhtf,bhte->bhfe", phi_k, v).flatten(2), phi_k.sum(2)], dim=-1)
+        before = chunk.sum_before(sums)  # [b, h, f e + f]
+        carried = KernelState(before[..., : f * e].unflatten(-1, (f, e)), before[..., f * e :])
+        out, _, _ = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, carried)
+        return AttnOutput(self.to_out(self.merge_heads(out)))
+
     def forward(
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
     ) -> AttnOutput:

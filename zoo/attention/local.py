@@ -111,6 +111,9 @@ class Local1DAttention(PatternAttention):
         """A query at i >= o sees keys from (o // l_q) l_q - l_m on: at most l_m + l_q - 1 earlier keys."""
         return self.options.sinks + self.options.memory + self.options.block - 1
 
+    def shift_period(self) -> int | None:
+        return None if self.sinks else self.options.block  # windows are block-aligned; sinks are absolute
+
     def allowed(self, i: Tensor, j: Tensor) -> Tensor:
         """The query's memory block and its own block (up to itself when causal), and the sinks."""
         block = i // self.options.block
@@ -257,6 +260,9 @@ class Local2DAttention(PatternAttention):
         (q_h + f_h) rows of keys before the next position o."""
         o = self.options
         return (o.query_height + o.flange_height) * o.width
+
+    def shift_period(self) -> int:
+        return self.options.query_height * self.options.width  # whole rows of query blocks
 
     def allowed(self, i: Tensor, j: Tensor) -> Tensor:
         """Key (row, column) inside the query's block window (rows from R q_h - f_h through the block,

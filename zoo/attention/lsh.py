@@ -96,6 +96,13 @@ class LSHAttention(SharedQKProjections):
     position_kinds = ("rotary", "pair_bias")  # rotation after hashing; the bias on the sorted chunks' pairs
     lra_row = "Reformer"
 
+    def context_refusal(self) -> str:
+        return (
+            "attention 'lsh' routes keys by content: which earlier keys a query sees depends on the hash buckets "
+            "of every earlier token (sorted into chunks over the whole sequence), so a chunk cannot name the keys "
+            "it reads without gathering all of them"
+        )
+
     @dataclass
     class Options:
         n_hashes: int = 4  # rounds of hashing

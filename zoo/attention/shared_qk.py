@@ -80,6 +80,12 @@ class SharedQKAttention(SharedQKProjections):
         super().init_state(batch_size)  # refuses a bidirectional layer, with the reason
         return KVCache()
 
+    def context_refusal(self) -> str:
+        return (
+            "attention 'shared_qk' lets a token see its own key only when nothing else is visible, which depends "
+            "on every earlier key's padding; ring attention here runs causal dot-product blocks without that rule"
+        )
+
     def keys_per_query(self, t: int) -> KeysPerQuery:
         return dense_keys(t, self.causal)
 

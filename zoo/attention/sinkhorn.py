@@ -68,6 +68,12 @@ class SinkhornAttention(Attention):
     length_option = "max_len"
     lra_row = "Sinkhorn Trans."
 
+    def context_refusal(self) -> str:
+        return (
+            "attention 'sinkhorn' sorts blocks by a learned soft permutation over every earlier block (content "
+            "routed), so a chunk's keys are mixtures of all earlier chunks' blocks; not written"
+        )
+
     @dataclass
     class Options:
         block: int = 64  # positions per block

@@ -118,6 +118,10 @@ class FactorisedSparseAttention(PatternAttention):
         """Bounded only when no head of this layer reads A2 (an interleaved layer of A1): A1's bound."""
         return None if self.sets_of_heads()[1] else self.first_bound()
 
+    def shift_period(self) -> int | None:
+        """Layers that read only A1 (bounded) repeat with the stride; the others read back to the start."""
+        return self.options.stride if self.options.stride and self.state_bound() is not None else None
+
     def first_bound(self) -> int:
         """Earlier keys A1 lets a query at a position >= o see, at most."""
         raise NotImplementedError

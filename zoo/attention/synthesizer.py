@@ -61,6 +61,12 @@ class SynthesizerAttention(Attention):
     length_option = "max_len"
     lra_row = "Synthesizer"
 
+    def context_refusal(self) -> str:
+        return (
+            "attention 'synthesizer' gives each query a score row over every position (synthesized or learned), "
+            "dense over the values: a chunk would read every earlier value, which is not written"
+        )
+
     @dataclass
     class Options:
         synthesis: str = "dense"  # dense | random | factorized_dense | factorized_random

@@ -207,6 +207,48 @@ class VanillaAttention(Attention):
             bias=bias,
         )
 
+    # -- context parallelism (zoo/parallel): ring attention over the split sequence --------------------
+    def context_refusal(self) -> str | None:
+        if not self.causal:
+            return "attention 'vanilla' is bidirectional here; ring attention is run for causal layers only"
+        if self.dropout:
+            return (
+                f"attention 'vanilla' has attention dropout {self.dropout}: ring attention merges blocks of the "
+                "fused kernel without attention-weight dropout; set attention_dropout=0"
+            )
+        if self.carries_segment_memory():
+            return (
+                f"attention 'vanilla' with max_cache={self.options.max_cache} carries a KV cache from segment to "
+                "segment, which is not continued over a split sequence; set max_cache=0"
+            )
+        if self.has_pair_bias:
+            return (
+                f"attention 'vanilla' with position {self.position.registry_name!r}: ring attention merges blocks "
+                "without a distance bias; use position=rope (rotated at each chunk's positions) or run in one process"
+            )
+        if self.options.backend == "flex":
+            return (
+                "attention 'vanilla' has backend=flex: ring attention runs its own blocks (the fused CPU kernel, "
+                "plain matmuls elsewhere), not FlexAttention; set backend=auto or native"
+            )
+        return None
+
+    def context_layouts(self) -> tuple[str, ...]:
+        return ("zigzag", "contiguous")  # dense causal attention: zigzag gives every rank the same work
+
+    def attend_chunk(
+        self, x: Tensor, chunk, *, pad_mask: Tensor | None = None, state: KVCache | None = None, **kwargs
+    ) -> AttnOutput:
+        """Ring attention (Liu et al. 2023): each rank's keys and values go around the ring once. q and k
+        are rotated (rope) at this rank's absolute ``chunk.positions`` before they travel, as ``forward``
+        rotates them over the whole sequence; a distance bias is refused (``context_refusal``)."""
+        self.check_inputs(x, None, pad_mask, None)
+        self.refuse_chunk_state(state)
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        positions = chunk.positions(x.device)
+        q, k = self.rotate(q, positions), self.rotate(k, positions)
+        return AttnOutput(self.to_out(self.merge_heads(chunk.ring_attention(q, k, v, key_valid=pad_mask))))
+
     def _self_keys(self, q: Tensor, x: Tensor, pad_mask: Tensor | None, state: KVCache | None):
         """Queries and keys/values of [cache ; segment] with the position part applied, their key
         padding, the cache to carry on, and the positions the part numbers queries and keys by."""

@@ -377,6 +377,46 @@ class XLRelativeAttention(Attention):
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return AttnOutput(self.to_out(self.merge_heads(out)), state=self._next_memory(stored, key_pad, cache))
 
+    # -- context parallelism (zoo/parallel) ----------------------------------------------------------
+    def context_refusal(self) -> str | None:
+        if not self.causal:
+            return "attention 'xl_rel' is bidirectional here: its queries read later chunks"
+        return None
+
+    def attend_chunk(
+        self,
+        x: Tensor,
+        chunk,
+        *,
+        pad_mask: Tensor | None = None,
+        state: XLMemory | None = None,
+        layer_input: LayerInput | None = None,
+    ) -> AttnOutput:
+        """Within a segment XL is dense: this rank's queries read every earlier position of the segment
+        and the memory of earlier segments. The earlier ranks' sub-layer inputs (with their gradient) join
+        the memory, normalised with today's weights as ``forward`` does, and ``forward`` runs this rank's
+        queries over [memory ; earlier ranks ; own] with the relative distances of that one timeline. The
+        next segment's memory is the last ``mem_len`` inputs of [memory ; the whole segment], gathered
+        from the ranks that hold them. Keys kept grow with the position in the segment (dense attention):
+        the last rank holds the whole segment's inputs."""
+        memory = state if state is not None else XLMemory()
+        self._check_memory(memory, x)
+
+        def every(j: Tensor, start: int) -> Tensor:
+            return torch.ones_like(j, dtype=torch.bool)
+
+        (inputs,), _, valid = chunk.earlier([x], dim=1, select=every, valid=pad_mask)
+        n = inputs.shape[1] - x.shape[1]
+        earlier, own = inputs[:, :n], inputs[:, n:]  # use the own part: its gradient returns what was sent
+        states = earlier if memory.length == 0 else torch.cat([remembered(memory.states, layer_input), earlier], 1)
+        pads = join_key_padding(memory.pad_mask, memory.length, None if valid is None else valid[:, :n], earlier)
+        out = self.forward(own, pad_mask=pad_mask, state=XLMemory(states, pads))
+        states, pads = chunk.carry(
+            to_remember(x, layer_input), pad_mask, self.memory_length, memory.states, memory.pad_mask
+        )
+        out.state = XLMemory(states, pads)
+        return out
+
     def to_q(self, x: Tensor) -> Tensor:
         return F.linear(x, self.to_qkv.weight[: self.d_model])
 

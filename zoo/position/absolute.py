@@ -109,7 +109,7 @@ class LearnedPosition(Position):
             "learned positions with every_layer=true need a model that attaches them to its stack (kind lm)",
         )
         shift_max = self.options.random_offset_max if self.training else 0
-        end = offset + x.shape[1] + shift_max
+        end = offset + self.sequence_length(x) + shift_max
         if end > self.max_len:
             shifted = f" with random_offset_max={shift_max}" if shift_max else ""
             raise ValueError(

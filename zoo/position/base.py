@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.config import NoOptions, build_options, require
+from zoo.parallel.chunk import active_chunk
 from zoo.registry import Registry
 
 
@@ -128,6 +129,12 @@ class Position(nn.Module):
         """Called by the model once its stack is built: a signal that enters every layer's input (not only
         the embedding's) hooks into the stack's blocks here. Default: nothing to attach."""
 
+    def sequence_length(self, x: Tensor) -> int:
+        """Positions in the sequence ``x`` [b, t, d] belongs to: t, or the whole sequence's length while it
+        is split over ranks."""
+        chunk = active_chunk()
+        return x.shape[1] if chunk is None else chunk.length
+
     def length_limit(self) -> int | None:
         """The most positions a sequence may reach in evaluation (a learned table's ``max_len``); None
         when the signal has no limit (sinusoids, no signal). Decoding asks before it starts."""
@@ -135,9 +142,12 @@ class Position(nn.Module):
 
     def positions(self, x: Tensor, offset: int) -> Tensor:
         """Absolute positions of ``x`` [b, t, d]: offset + index, [1, t] (broadcast over the batch); in
-        training with random_offset_max > 0, [b, t] with a random start u_b in 0..R per sequence."""
+        training with random_offset_max > 0, [b, t] with a random start u_b in 0..R per sequence. While
+        a sequence is split over ranks (``zoo.parallel``), index = this rank's positions in it."""
         b, t = x.shape[:2]
-        index = torch.arange(offset, offset + t, device=x.device)
+        chunk = active_chunk()
+        index = torch.arange(t, device=x.device) if chunk is None else chunk.positions(x.device)
+        index = index + offset
         shift_max = getattr(self.options, "random_offset_max", 0)
         if not (self.training and shift_max):
             return index[None]

@@ -54,7 +54,7 @@ class FactorizedPosition(Position):
         return self.max_len
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        end = offset + x.shape[1]
+        end = offset + self.sequence_length(x)
         if end > self.max_len:
             raise ValueError(
                 f"factorized positions: sequence reaches position {end} but the block table covers max_len="

@@ -99,6 +99,11 @@ class Stack(nn.Module):
             f": {self.no_state_reason}" if self.no_state_reason else ""
         )
 
+    def context_refusal(self) -> str | None:
+        """Why this stack cannot run on a chunk of a sequence split over ranks (``zoo.parallel``), or None
+        when it can: its blocks then see the chunk through ``zoo.parallel.chunk.active_chunk``."""
+        return f"stack {self.registry_name!r} does not say that it runs on a chunk of a sequence split over ranks"
+
     def check_state(self, state: list[Any] | None) -> list[Any]:
         if state is None:
             return [None] * self.n_layers

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from zoo.blocks import Block, merge_into, prefixed
+from zoo.parallel.chunk import active_chunk, splitting
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 from zoo.train.precision import AutocastState
 
@@ -137,6 +138,9 @@ class ReversibleStack(Stack):
     def recompute_passes(self) -> float:
         return 1.0 if self.options.recompute else 0.0  # backward runs every layer's branches again
 
+    def context_refusal(self) -> None:
+        return None  # backward recomputes each layer's attention over the forward's chunk (kept with its RNG)
+
     def forward(
         self,
         x: Tensor,
@@ -211,6 +215,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 aux_values.extend(layer_aux.values())
                 layer_aux_counts.append(len(layer_aux))
         ctx.stack, ctx.pad_mask, ctx.rng, ctx.layer_aux_counts = stack, pad_mask, rng, layer_aux_counts
+        ctx.chunk = active_chunk()  # a sequence split over ranks (zoo/parallel): recomputed over the same chunk
         ctx.autocast = AutocastState.now(x1.device)  # backward runs outside autocast: replayed there
         ctx.save_for_backward(x1, x2)  # the only activations kept: the last layer's outputs
         return (x1, x2, *aux_values)
@@ -257,7 +262,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 f_rng.restore()
                 with torch.enable_grad():
                     x2_in = x2.detach().requires_grad_(True)
-                    with ctx.autocast.replay():
+                    with ctx.autocast.replay(), splitting(ctx.chunk):
                         f, layer_aux, _, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
                     outputs, upstream = [f], [dy1]
                     for value, d_value in zip(layer_aux.values(), d_layer_aux):

@@ -30,6 +30,9 @@ class SequentialStack(Stack):
     def recompute_passes(self) -> float:
         return 0.0
 
+    def context_refusal(self) -> None:
+        return None  # blocks one after another: each runs on the chunk as it would on the whole sequence
+
     def init_state(self, batch_size: int) -> list[Any] | None:
         states = [block.init_state(batch_size) for block in self.blocks]
         return None if all(s is None for s in states) else states

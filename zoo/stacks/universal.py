@@ -92,6 +92,12 @@ class UniversalStack(Stack):
         "earlier tokens exists for later ones to read"
     )
 
+    def context_refusal(self) -> str:
+        return (
+            "stack 'universal' adds its own position signal, numbered from each call's first token, so a chunk of "
+            "a sequence split over ranks would be numbered from 0"
+        )
+
     @dataclass
     class Options:
         act: bool = False  # per-position halting (Graves 2016)

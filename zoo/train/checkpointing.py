@@ -53,7 +53,7 @@ class CheckpointedRun:
             optim=self.optim_opts,
             state=self.state,
             progress=progress,
-            world_size=self.dist.world_size,
+            world_size=self.dist.data_world,  # data-parallel replicas: the rows each step reads
             config=self.config,
         )
 
@@ -76,7 +76,7 @@ class CheckpointedRun:
 
     def resume(self, path: str | Path) -> None:
         """Continue the run saved at ``path`` (refused unless it continues this one: :mod:`zoo.train.resume`)."""
-        ckpt = checked(path, model=self.model, task=self.task, world_size=self.dist.world_size, optim=self.optim_opts)
+        ckpt = checked(path, model=self.model, task=self.task, world_size=self.dist.data_world, optim=self.optim_opts)
         progress, self.state = restore(
             ckpt,
             path,

@@ -1,5 +1,9 @@
 """Data-parallel helpers for ``torchrun``: rank/world from the environment, gloo on CPU and nccl on
-CUDA, and sums across ranks. A single process is world size 1 and every helper is a no-op."""
+CUDA, and sums across ranks. A single process is world size 1 and every helper is a no-op.
+
+With context parallelism (``trainer.context_parallel=N``, ``zoo/parallel``) N consecutive ranks share
+each sequence: they read the same rows, so the data is split over ``data_world = world_size / N``
+replicas and rank r reads replica ``data_rank = r // N``'s rows."""
 
 from __future__ import annotations
 
@@ -15,6 +19,17 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    context: int = 1  # ranks sharing each sequence (context parallelism)
+
+    @property
+    def data_rank(self) -> int:
+        """Which data-parallel replica this rank belongs to (the rows it reads)."""
+        return self.rank // self.context
+
+    @property
+    def data_world(self) -> int:
+        """Data-parallel replicas: processes / ranks per sequence."""
+        return self.world_size // self.context
 
     @property
     def enabled(self) -> bool:
@@ -25,16 +40,27 @@ class DistInfo:
         return self.rank == 0
 
 
-def from_env() -> DistInfo:
-    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK (defaults: one process)."""
-    return DistInfo(
-        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+def from_env(context: int = 1) -> DistInfo:
+    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK (defaults: one process); ``context`` ranks share
+    each sequence, refused unless they divide the processes."""
+    info = DistInfo(
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+        context,
     )
+    if context > 1 and info.world_size % context:
+        launch = "torchrun --nproc_per_node=N" if info.world_size == 1 else f"{info.world_size} processes"
+        raise ValueError(
+            f"trainer.context_parallel={context} ranks share each sequence, but this run has {info.world_size} "
+            f"process(es): launch a multiple of {context} ({launch}), or set trainer.context_parallel=1"
+        )
+    return info
 
 
-def setup(device: torch.device) -> DistInfo:
+def setup(device: torch.device, context: int = 1) -> DistInfo:
     """Join the process group torchrun set up (once); gloo for CPU, nccl for CUDA."""
-    info = from_env()
+    info = from_env(context)
     if info.enabled and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return info

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from zoo.config import IGNORE_INDEX
 from zoo.data.base import Task, metric_value
+from zoo.parallel.context import ContextParallel
 from zoo.train import distributed
 from zoo.train.steps import initial_state
 
@@ -59,7 +60,9 @@ def evaluate_model(
     rank: int = 0,
     world_size: int = 1,
 ) -> dict[str, float]:
-    """The task metric of ``model`` on ``split`` (``max_batches`` 0/None = the whole split)."""
+    """The task metric of ``model`` on ``split`` (``max_batches`` 0/None = the whole split). A model split
+    over a context group (:class:`~zoo.parallel.context.ContextParallel`) scores its chunk of each batch;
+    the sum over every rank then counts each token once. ``rank``/``world_size``: the data replica."""
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -72,7 +75,7 @@ def evaluate_model(
         with autocast():
             out = model(**batch, state=state) if state is not None else model(**batch)
         state = out.state if task.contiguous else None
-        n, c, k = score_batch(out.logits, batch)
+        n, c, k = score_batch(out.logits, model.local_batch(batch) if isinstance(model, ContextParallel) else batch)
         nll, correct, count = nll + n, correct + c, count + k
     model.train(was_training)
     nll, correct, count = distributed.all_sum([nll, correct, count], device)

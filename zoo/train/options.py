@@ -47,6 +47,11 @@ class TrainerOptions:
     overfit_batches: int = 0
     profile_steps: int = 0
     detect_anomaly: bool = False
+    # context parallelism (zoo/parallel): this many torchrun ranks share each sequence, each holding a chunk
+    # of it; the other processes form data-parallel replicas. The layout of the chunks: auto (what every
+    # attention layer runs on, zigzag for dense causal attention), contiguous or zigzag
+    context_parallel: int = 1
+    context_layout: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):
@@ -62,6 +67,19 @@ class TrainerOptions:
             "profile_steps",
         ):
             require(getattr(self, key) >= 0, f"trainer.{key} must be >= 0, got {getattr(self, key)!r}")
+        require(
+            isinstance(self.context_parallel, int) and self.context_parallel >= 1,
+            f"trainer.context_parallel must be an int >= 1 (ranks per sequence), got {self.context_parallel!r}",
+        )
+        require(
+            self.context_layout in ("auto", "contiguous", "zigzag"),
+            f"trainer.context_layout must be auto, contiguous or zigzag, got {self.context_layout!r}",
+        )
+        require(
+            self.context_parallel == 1 or not self.compile,
+            "trainer.compile is not supported with trainer.context_parallel > 1 (the exchanges between ranks run "
+            "eagerly); set one of them back",
+        )
         require(self.precision in PRECISIONS, f"trainer.precision must be fp32 or bf16, got {self.precision!r}")
         require(self.eval_split in ("val", "test"), f"trainer.eval_split must be val or test, got {self.eval_split!r}")
         require(self.clip >= 0 and self.max_time_s >= 0, "trainer.clip and trainer.max_time_s must be >= 0")

@@ -12,7 +12,8 @@ claimed and locked for the run, which checkpoint, whether it fits, what changed)
 4 straight, bit for bit; early stopping on the validation metric; a NaN/inf loss stops the run naming
 the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first (:mod:`zoo.train.stop`); the
 debugging aids of ``conf/debug/`` (:mod:`zoo.train.debug`); ``torchrun`` data parallelism: DDP, each
-rank reads its own rows, only rank 0 logs and saves.
+rank reads its own rows, only rank 0 logs and saves; context parallelism (``trainer.context_parallel=N``,
+:mod:`zoo.parallel.context`): N ranks share each sequence, the rest are data-parallel replicas.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from zoo.data.base import SPLITS, Task
+from zoo.parallel.context import ContextParallel, context_mesh
 from zoo.train import distributed
 from zoo.train.checkpointing import CheckpointedRun
 from zoo.train.debug import StepProfiler, anomaly_detection
@@ -94,9 +96,9 @@ class Trainer(CheckpointedRun):
         self.callbacks = list(callbacks)
         if trainer.threads:
             torch.set_num_threads(trainer.threads)
-        self.dist = distributed.from_env()
+        self.dist = distributed.from_env(trainer.context_parallel)
         self.device = run_device(trainer, self.dist.local_rank)
-        check_splits(task, self.dist.world_size)
+        check_splits(task, self.dist.data_world)
         self.claim, self.resume_from = open_run(self.run_dir, trainer.resume, is_main=self.dist.is_main)
         try:
             self._set_up(model, trainer, optim, loggers)
@@ -108,11 +110,17 @@ class Trainer(CheckpointedRun):
         """What follows the claim of the run directory (released if any of it fails)."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.dist = distributed.setup(self.device)
+        self.dist = distributed.setup(self.device, trainer.context_parallel)
         self.loggers = list(loggers) if self.dist.is_main else []
         self.model = model.to(self.device)
         self.net: nn.Module = self.model
-        if self.dist.enabled:
+        self.context: ContextParallel | None = None
+        if trainer.context_parallel > 1:  # N ranks share each sequence; gradients synced by sync_gradients
+            mesh = context_mesh(trainer.context_parallel, self.device.type)
+            self.context = ContextParallel(self.model, mesh, layout=trainer.context_layout)
+            self.context.layout(trainer.seq_len)  # refuses a length the ranks cannot split, before any step
+            self.net = self.context
+        elif self.dist.enabled:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
         if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
@@ -160,13 +168,13 @@ class Trainer(CheckpointedRun):
             index = self.step * accumulate + micro
             if self.opts.overfit_batches:  # the same few batches over and over (debug=overfit)
                 index %= self.opts.overfit_batches
-            rows = self.task.batch("train", index, rank=self.dist.rank, world_size=self.dist.world_size)
+            rows = self.task.batch("train", index, rank=self.dist.data_rank, world_size=self.dist.data_world)
             batch = {k: v.to(self.device) for k, v in rows.items()}
             if not carry:
                 self.state = None
             elif self.task.starts_stream(index):
                 self.state = initial_state(self.model, next(iter(batch.values())).shape[0])
-            last = micro == accumulate - 1 or not self.dist.enabled
+            last = micro == accumulate - 1 or not self.dist.enabled or self.context is not None
             sync = contextlib.nullcontext() if last else self.net.no_sync()
             meter = ActivationMeter(self.model) if self.act_mib is None else None
             context = functools.partial(self.forward_context, meter)
@@ -189,17 +197,19 @@ class Trainer(CheckpointedRun):
                 aux_sum[name] = aux_sum.get(name, 0.0) + float(value.detach()) / accumulate
             stats = out.stats
             tokens += int((batch["tokens"] if "tokens" in batch else batch["tgt"]).numel())
+        if self.context is not None:
+            self.context.sync_gradients()
         grad_norm = optimizer_step(self.model, self.optimizer, scheduler=self.scheduler, clip=self.opts.clip)
         self.step += 1
         synchronize(self.device)
         elapsed = time.perf_counter() - t0
-        tok_s = tokens * self.dist.world_size / max(elapsed, 1e-9)
+        tok_s = tokens * self.dist.data_world / max(elapsed, 1e-9)  # the ranks of a context group share rows
         metrics = {
             "train/loss": loss_sum,
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/grad_norm": float(grad_norm),
             "train/tokens_per_s": tok_s,
-            "train/fwd_bwd_tokens_per_s": tokens * self.dist.world_size / max(fwd_bwd_s, 1e-9),
+            "train/fwd_bwd_tokens_per_s": tokens * self.dist.data_world / max(fwd_bwd_s, 1e-9),
         }
         metrics.update({f"train/aux/{k}": v for k, v in aux_sum.items()})
         metrics.update(scalar_stats(stats, "train/stats/"))
@@ -211,14 +221,14 @@ class Trainer(CheckpointedRun):
         if max_batches is None:
             max_batches = self.opts.overfit_batches or self.opts.eval_batches
         return evaluate_model(
-            self.model,
+            self.context if self.context is not None else self.model,
             self.task,
             split,
             max_batches,
             device=self.device,
             autocast=self.autocast,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
+            rank=self.dist.data_rank,
+            world_size=self.dist.data_world,
         )
 
     def is_better(self, value: float) -> bool:

@@ -1,0 +1,133 @@
+"""The same sink measurement on a model we did not write: Hugging Face's Llama, same data, size and budget.
+
+Why: ``experiments/sink_mass.py`` finds that our small rotary model trained on Tiny Shakespeare gives its
+first keys less than a uniform share of attention, so StreamingLLM's window attention does not fail for it
+(results/streaming/rope). Before calling that a matter of scale, the same question is put to an
+implementation we did not write: ``transformers.LlamaForCausalLM`` (rotary, pre-norm RMSNorm, SwiGLU),
+d 128, 4 layers, 4 heads, d_ff 512, attention dropout 0.1, trained here for the same 2,000 steps of 16 x 256
+characters of the same split (read in place through our task), Adam at 1e-3 with 100 warm-up steps and a
+cosine decay, as ``experiment=shakespeare`` trains ours; then the mean attention weight its queries at
+positions 128-255 give to the first 4 keys, per layer and head, from its own ``output_attentions``.
+
+Deviations: Llama's block (RMSNorm, SwiGLU, untied output layer: 1.07M parameters against our 0.80M) is
+not ours; batches are drawn at random positions of the training split with a seeded generator, not by our
+trainer's sampler. Needs ``transformers`` (``make peers``).
+
+    python experiments/llama_sink_reference.py runs/streaming_rope/train/checkpoints/best.pt \\
+        --steps 2000 --out results/streaming/rope
+
+(the checkpoint only names the task and its data: the Llama model is trained from scratch). Writes
+``llama_sink_mass.csv`` and ``llama_result.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from zoo.app.run import load_run
+from zoo.train.eval_protocols import split_stream
+
+
+def build_llama(vocab: int, length: int):
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as error:  # an optional reference: say how to get it
+        raise SystemExit(f"this check needs Hugging Face transformers (make peers): {error}") from error
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=length,
+        attention_dropout=0.1,
+        attn_implementation="eager",  # the attention weights themselves, for output_attentions
+    )
+    return LlamaForCausalLM(config)
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
+@torch.no_grad()
+def sink_rows(model, segments: torch.Tensor, first: int, sinks: int) -> list[dict]:
+    attentions = model(segments, output_attentions=True).attentions  # per layer [n, h, t, t]
+    t = segments.shape[1]
+    uniform = float((sinks / torch.arange(first + 1, t + 1, dtype=torch.float64)).mean())
+    rows = []
+    for layer, weights in enumerate(attentions):
+        for head, mass in enumerate(weights[:, :, first:, :sinks].sum(-1).mean((0, 2)).tolist()):
+            rows.append(dict(layer=layer, head=head, mass=mass, uniform=uniform, ratio=mass / uniform))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a run of ours whose task (and data path) the reference trains on")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--from", dest="first", type=int, default=128)
+    parser.add_argument("--sinks", type=int, default=4)
+    parser.add_argument("--segments", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    _, task, _, _ = load_run(args.checkpoint)
+    train = torch.from_numpy(split_stream(task, "train"))
+    test = torch.from_numpy(split_stream(task, "test"))
+    model = build_llama(task.vocab_size, args.length)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    generator = torch.Generator().manual_seed(args.seed)
+    begin = time.perf_counter()
+    model.train()
+    for step in tqdm(range(args.steps), desc="llama", unit="step", disable=None):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, args.steps, args.lr, args.warmup)
+        starts = torch.randint(0, len(train) - args.length - 1, (args.batch_size,), generator=generator)
+        batch = torch.stack([train[s : s + args.length + 1] for s in starts.tolist()])
+        loss = model(batch[:, :-1], labels=batch[:, :-1]).loss  # HF shifts the labels itself
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+    n = min(args.segments, len(test) // args.length)
+    segments = test[: n * args.length].view(n, args.length)
+    with torch.no_grad():
+        test_bpc = float(model(segments, labels=segments).loss) / math.log(2)
+    rows = sink_rows(model, segments, args.first, args.sinks)
+    print(f"llama: {args.steps} steps in {time.perf_counter() - begin:.0f} s, test bpc {test_bpc:.3f} on {n} segments")
+    for layer in sorted({r["layer"] for r in rows}):
+        heads = [r for r in rows if r["layer"] == layer]
+        print(f"  layer {layer}: " + "  ".join(f"{r['mass']:.4f} ({r['ratio']:.1f}x)" for r in heads))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "llama_sink_mass.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        summary = dict(vars(args), test_bpc=test_bpc, parameters=sum(p.numel() for p in model.parameters()))
+        (out / "llama_result.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

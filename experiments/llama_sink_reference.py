@@ -23,7 +23,6 @@ trainer's sampler. Needs ``transformers`` (``make peers``).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import time
@@ -33,10 +32,11 @@ import torch
 from tqdm import tqdm
 
 from zoo.app.run import load_run
+from zoo.bench.report import write_csv
 from zoo.train.eval_protocols import split_stream
 
 
-def build_llama(vocab: int, length: int):
+def build_llama(vocab: int, length: int, intermediate: int = 512, tie: bool = False):
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as error:  # an optional reference: say how to get it
@@ -44,13 +44,14 @@ def build_llama(vocab: int, length: int):
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=128,
-        intermediate_size=512,
+        intermediate_size=intermediate,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=length,
         attention_dropout=0.1,
         attn_implementation="eager",  # the attention weights themselves, for output_attentions
+        tie_word_embeddings=tie,
     )
     return LlamaForCausalLM(config)
 
@@ -80,6 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--intermediate", type=int, default=512, help="SwiGLU width (341 with --tie: our model's parameter count)"
+    )
+    parser.add_argument("--tie", action="store_true", help="tie the output layer to the embedding, as ours")
+    parser.add_argument("--prefix", default="llama", help="file name prefix of the outputs")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--from", dest="first", type=int, default=128)
     parser.add_argument("--sinks", type=int, default=4)
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     _, task, _, _ = load_run(args.checkpoint)
     train = torch.from_numpy(split_stream(task, "train"))
     test = torch.from_numpy(split_stream(task, "test"))
-    model = build_llama(task.vocab_size, args.length)
+    model = build_llama(task.vocab_size, args.length, args.intermediate, args.tie)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
     begin = time.perf_counter()
@@ -121,12 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "llama_sink_mass.csv", "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(out / f"{args.prefix}_sink_mass.csv", rows)
         summary = dict(vars(args), test_bpc=test_bpc, parameters=sum(p.numel() for p in model.parameters()))
-        (out / "llama_result.json").write_text(json.dumps(summary, indent=2))
+        (out / f"{args.prefix}_result.json").write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ Writes ``sink_mass.csv`` (layer, head, mass, uniform, ratio) and prints a table 
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import torch
 
 from zoo.app.run import load_run
 from zoo.attention.vanilla import VanillaAttention
+from zoo.bench.report import write_csv
 from zoo.train.eval_protocols import split_stream
 
 
@@ -104,10 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "sink_mass.csv", "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(out / "sink_mass.csv", rows)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import zoo
 from zoo.app.run import load_run
 from zoo.bench.report import write_csv
 from zoo.train.eval_protocols import split_stream
@@ -54,6 +55,14 @@ def build_llama(vocab: int, length: int, intermediate: int = 512, tie: bool = Fa
         tie_word_embeddings=tie,
     )
     return LlamaForCausalLM(config)
+
+
+def next_token_loss(model, batch: torch.Tensor, ours: bool) -> torch.Tensor:
+    """Mean cross-entropy of each next token inside batch [b, t] (t - 1 predictions; ours takes tokens and
+    targets, HF's labels = the inputs, shifted inside)."""
+    if ours:
+        return model(batch[:, :-1], batch[:, 1:]).loss
+    return model(batch, labels=batch).loss
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -86,6 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--tie", action="store_true", help="tie the output layer to the embedding, as ours")
     parser.add_argument("--prefix", default="llama", help="file name prefix of the outputs")
+    parser.add_argument(
+        "--ours",
+        action="store_true",
+        help="train our model of the checkpoint's config (fresh weights) in this same loop instead: separates "
+        "the model from our trainer's data order (lanes of consecutive segments) and settings",
+    )
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--from", dest="first", type=int, default=128)
     parser.add_argument("--sinks", type=int, default=4)
@@ -96,10 +111,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    _, task, _, _ = load_run(args.checkpoint)
+    _, task, ours, _ = load_run(args.checkpoint)
     train = torch.from_numpy(split_stream(task, "train"))
     test = torch.from_numpy(split_stream(task, "test"))
-    model = build_llama(task.vocab_size, args.length, args.intermediate, args.tie)
+    if args.ours:
+        model = zoo.create_model(**ours.config.to_dict())  # the same architecture, initialised afresh
+    else:
+        model = build_llama(task.vocab_size, args.length, args.intermediate, args.tie)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
     begin = time.perf_counter()
@@ -109,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             group["lr"] = learning_rate(step, args.steps, args.lr, args.warmup)
         starts = torch.randint(0, len(train) - args.length - 1, (args.batch_size,), generator=generator)
         batch = torch.stack([train[s : s + args.length + 1] for s in starts.tolist()])
-        loss = model(batch[:, :-1], labels=batch[:, :-1]).loss  # HF shifts the labels itself
+        loss = next_token_loss(model, batch[:, :-1], args.ours)  # 256 tokens, 255 predictions, both models
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -118,7 +136,14 @@ def main(argv: list[str] | None = None) -> None:
     n = min(args.segments, len(test) // args.length)
     segments = test[: n * args.length].view(n, args.length)
     with torch.no_grad():
-        test_bpc = float(model(segments, labels=segments).loss) / math.log(2)
+        test_bpc = float(next_token_loss(model, segments, args.ours)) / math.log(2)
+    if args.ours:  # its attention weights: experiments/sink_mass.py on a checkpoint of the app
+        print(f"ours in this loop: {args.steps} steps, test bpc {test_bpc:.3f} on {n} segments")
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            summary = dict(vars(args), test_bpc=test_bpc, parameters=sum(p.numel() for p in model.parameters()))
+            (Path(args.out) / f"{args.prefix}_result.json").write_text(json.dumps(summary, indent=2))
+        return
     rows = sink_rows(model, segments, args.first, args.sinks)
     print(f"llama: {args.steps} steps in {time.perf_counter() - begin:.0f} s, test bpc {test_bpc:.3f} on {n} segments")
     for layer in sorted({r["layer"] for r in rows}):

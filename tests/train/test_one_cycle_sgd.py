@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zoo.train.one_cycle import one_cycle_factor, one_cycle_momentum
 from zoo.train.options import OptimOptions, make_optimizer, make_schedule
 
 
@@ -58,3 +59,12 @@ def test_cosine_floor_is_min_lr_ratio():
         opt.step(), sched.step()
     # Transformer-XL's CosineAnnealingLR(max_step, eta_min=0): 0.5 (1 + cos(pi t / T))
     assert rates == pytest.approx([0.5 * (1 + torch.cos(torch.tensor(torch.pi * t / 10)).item()) for t in range(11)])
+
+
+def test_one_cycle_holds_its_final_rate_past_the_last_step():
+    """A scheduler stepped once more after the last optimiser step (the trainer logs that rate) must not
+    carry the linear anneal below zero: a LRA ListOps run logged lr = -2.5e-8 at step 5,000 of 5,000."""
+    final = one_cycle_factor(4999, 1000, 5000)
+    assert final == pytest.approx(1 / 25 / 1e4)
+    assert all(one_cycle_factor(step, 1000, 5000) == final for step in (5000, 5001, 10_000))
+    assert one_cycle_momentum(5000, 1000, 5000) == one_cycle_momentum(4999, 1000, 5000) == pytest.approx(0.95)

@@ -30,8 +30,11 @@ def _phases(warmup: int, total: int) -> tuple[float, float]:
 
 
 def one_cycle_factor(step: int, warmup: int, total: int) -> float:
-    """Rate at ``step`` divided by the peak rate."""
+    """Rate at ``step`` divided by the peak rate. Past the last step it stays at its final value (the
+    factor a scheduler holds after the last optimiser step; a linear anneal carried on would turn negative
+    there, and OneCycleLR raises instead)."""
     first_end, last_end = _phases(warmup, total)
+    step = min(step, int(last_end))
     initial = 1.0 / DIV_FACTOR
     final = initial / FINAL_DIV_FACTOR
     if step <= first_end:
@@ -40,8 +43,9 @@ def one_cycle_factor(step: int, warmup: int, total: int) -> float:
 
 
 def one_cycle_momentum(step: int, warmup: int, total: int) -> float:
-    """beta1 (Adam) or momentum (SGD) at ``step``."""
+    """beta1 (Adam) or momentum (SGD) at ``step`` (held at its final value past the last step)."""
     first_end, last_end = _phases(warmup, total)
+    step = min(step, int(last_end))
     if step <= first_end:
         pct = step / first_end if first_end > 0 else 1.0
         return MAX_MOMENTUM + (BASE_MOMENTUM - MAX_MOMENTUM) * pct

@@ -24,7 +24,12 @@ for run in sorted(p for p in root.glob("listops_*_s*") if p.is_dir()):
             rows.append([run.name, m["step"], f"{100 * m['val/accuracy']:.2f}", f"{mean:.4f}", ""])
             losses = []
     test = run / "test_best.txt"
-    rows.append([run.name, last, "", "", test.read_text().strip().splitlines()[-1] if test.is_file() else "running"])
+    if test.is_file():  # evaluate.py's JSON: the test accuracy of the best dev checkpoint and its step
+        scored = json.loads(test.read_text()[test.read_text().index("{") :])
+        done = f"{100 * scored['test/accuracy']:.2f}% (best checkpoint: step {scored['step']})"
+    else:
+        done = "running"
+    rows.append([run.name, last, "", "", done])
 with open(Path(__file__).with_name("listops_curve.csv"), "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(["run", "step", "dev_accuracy", "train_loss_since_last_eval", "test_of_best"])

@@ -57,11 +57,28 @@ def build_llama(vocab: int, length: int, intermediate: int = 512, tie: bool = Fa
     return LlamaForCausalLM(config)
 
 
-def next_token_loss(model, batch: torch.Tensor, ours: bool) -> torch.Tensor:
+def build_xtransformers(vocab: int, length: int):
+    """x-transformers' decoder in our ``vanilla_lm`` pre-norm shape: LayerNorm before each sub-layer, GELU
+    feed-forward of 512 with biases, 4 heads of 32, rotary over the whole head, tied embeddings, attention
+    dropout 0.1 (798,464 parameters against our 801,664)."""
+    try:
+        from x_transformers import Decoder, TransformerWrapper
+    except ImportError as error:
+        raise SystemExit(f"--model x-transformers needs x-transformers (make peers): {error}") from error
+    layers = Decoder(dim=128, depth=4, heads=4, attn_dim_head=32, rotary_pos_emb=True, ff_mult=4, attn_dropout=0.1)
+    return TransformerWrapper(
+        num_tokens=vocab, max_seq_len=length, use_abs_pos_emb=False, tie_embedding=True, attn_layers=layers
+    )
+
+
+def next_token_loss(model, batch: torch.Tensor, kind: str) -> torch.Tensor:
     """Mean cross-entropy of each next token inside batch [b, t] (t - 1 predictions; ours takes tokens and
-    targets, HF's labels = the inputs, shifted inside)."""
-    if ours:
+    targets, HF's labels = the inputs, shifted inside, x-transformers returns logits)."""
+    if kind == "ours":
         return model(batch[:, :-1], batch[:, 1:]).loss
+    if kind == "x-transformers":
+        logits = model(batch[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
     return model(batch, labels=batch).loss
 
 
@@ -96,10 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tie", action="store_true", help="tie the output layer to the embedding, as ours")
     parser.add_argument("--prefix", default="llama", help="file name prefix of the outputs")
     parser.add_argument(
-        "--ours",
-        action="store_true",
-        help="train our model of the checkpoint's config (fresh weights) in this same loop instead: separates "
-        "the model from our trainer's data order (lanes of consecutive segments) and settings",
+        "--model",
+        choices=["llama", "ours", "x-transformers"],
+        default="llama",
+        help="ours: our model of the checkpoint's config (fresh weights) in this same loop, which separates the "
+        "model from our trainer's data order and settings; x-transformers: its decoder in our pre-norm shape",
     )
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--from", dest="first", type=int, default=128)
@@ -114,8 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     _, task, ours, _ = load_run(args.checkpoint)
     train = torch.from_numpy(split_stream(task, "train"))
     test = torch.from_numpy(split_stream(task, "test"))
-    if args.ours:
+    if args.model == "ours":
         model = zoo.create_model(**ours.config.to_dict())  # the same architecture, initialised afresh
+    elif args.model == "x-transformers":
+        model = build_xtransformers(task.vocab_size, args.length)
     else:
         model = build_llama(task.vocab_size, args.length, args.intermediate, args.tie)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -127,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             group["lr"] = learning_rate(step, args.steps, args.lr, args.warmup)
         starts = torch.randint(0, len(train) - args.length - 1, (args.batch_size,), generator=generator)
         batch = torch.stack([train[s : s + args.length + 1] for s in starts.tolist()])
-        loss = next_token_loss(model, batch[:, :-1], args.ours)  # 256 tokens, 255 predictions, both models
+        loss = next_token_loss(model, batch[:, :-1], args.model)  # 256 tokens, 255 predictions, both models
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -136,9 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     n = min(args.segments, len(test) // args.length)
     segments = test[: n * args.length].view(n, args.length)
     with torch.no_grad():
-        test_bpc = float(next_token_loss(model, segments, args.ours)) / math.log(2)
-    if args.ours:  # its attention weights: experiments/sink_mass.py on a checkpoint of the app
-        print(f"ours in this loop: {args.steps} steps, test bpc {test_bpc:.3f} on {n} segments")
+        test_bpc = float(next_token_loss(model, segments, args.model)) / math.log(2)
+    if args.model != "llama":  # attention weights: Llama's own output; ours through experiments/sink_mass.py
+        print(f"{args.model} in this loop: {args.steps} steps, test bpc {test_bpc:.3f} on {n} segments")
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             summary = dict(vars(args), test_bpc=test_bpc, parameters=sum(p.numel() for p in model.parameters()))

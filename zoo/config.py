@@ -25,6 +25,9 @@ from zoo.registry import did_you_mean, unknown
 
 IGNORE_INDEX = -100  # a target that is not scored (padding, prompt positions): the data/model contract
 PART_AXES = ("attention", "cross_attention", "residual", "stack", "position")
+# classifier pooling (zoo/models/classifier.py pool): the mean over the real tokens, the first token, or the
+# PyTorch LRA code's mean: padded outputs zeroed and averaged over the whole padded length
+POOLINGS = ("mean", "first", "padded_mean")
 
 
 @dataclass
@@ -175,6 +178,9 @@ class ModelConfig:
     ff_chunk_size: int = 0  # 0 = whole sequence at once
     max_len: int = 4096  # learned position table size; a sequence past it is refused
     tie_embeddings: bool = True
+    # token table: 0 = weights N(0, 1/d) read times sqrt(d) (rows at RMS 1, Vaswani et al.); > 0 = a plain
+    # table N(0, token_init_std) read unscaled (BERT, the PyTorch LRA code: 0.02). zoo/models/base.py
+    token_init_std: float = 0.0
     label_smoothing: float = 0.0
     attention: dict = field(default_factory=lambda: {"name": "vanilla"})
     cross_attention: dict = field(default_factory=lambda: {"name": "vanilla"})
@@ -229,10 +235,16 @@ class ModelConfig:
             0.0 <= self.attention_dropout < 1.0, f"attention_dropout must be in [0, 1), got {self.attention_dropout}"
         )
         require(self.activation in ("relu", "gelu"), f"activation must be relu or gelu, got {self.activation!r}")
-        require(self.pooling in ("mean", "first"), f"pooling must be mean or first, got {self.pooling!r}")
+        require(self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        require(self.token_init_std >= 0.0, f"token_init_std must be >= 0 (0 = scaled), got {self.token_init_std}")
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         adaptive_ok = not self.adaptive or self.kind == "lm"
         require(adaptive_ok, f"adaptive (input + softmax) is an LM option; kind is {self.kind!r}")
+        require(
+            not (self.adaptive and self.token_init_std),
+            "token_init_std sets the plain token table; adaptive input has its own clusters and scale "
+            "(zoo/models/adaptive_softmax.py): leave token_init_std at 0",
+        )
         if self.aux_losses:
             require(self.kind == "lm", f"aux_losses (Al-Rfou et al. 2018) is an LM option; kind is {self.kind!r}")
             # head="none" keeps them (weights load both ways); such a model refuses targets, so they never run

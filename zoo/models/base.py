@@ -92,16 +92,24 @@ def reorder_state(state: Any, index: Tensor) -> Any:
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids -> vectors scaled by sqrt(d_model); also the tied output projection."""
+    """Token ids -> vectors; also the tied output projection.
 
-    def __init__(self, vocab_size: int, d_model: int, name: str = "tokens"):
+    ``init_std=0`` (the default): weights N(0, 1/d_model) read times sqrt(d_model) (Vaswani et al.
+    2017, Section 3.4), so rows enter the stack at RMS 1. ``init_std > 0``: a plain table N(0, init_std)
+    read as it is (BERT's and the PyTorch LRA code's 0.02). The two differ in training, not only at
+    the start: Adam moves a weight by about lr per step whatever its gradient's scale, so a row read
+    times sqrt(d_model) moves sqrt(d_model) times faster than a plain one."""
+
+    def __init__(self, vocab_size: int, d_model: int, name: str = "tokens", init_std: float = 0.0):
         super().__init__()
         self.vocab_size, self.d_model, self.name = vocab_size, d_model, name
-        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)
+        self.scale = math.sqrt(d_model) if init_std == 0 else 1.0
+        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * (init_std or d_model**-0.5))
 
     def forward(self, tokens: Tensor) -> Tensor:
         check_tokens(tokens, self.name, self.vocab_size)
-        return F.embedding(tokens.long(), self.weight) * math.sqrt(self.d_model)
+        vectors = F.embedding(tokens.long(), self.weight)
+        return vectors * self.scale if self.scale != 1.0 else vectors
 
 
 class ZooModel(nn.Module):

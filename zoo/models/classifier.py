@@ -3,9 +3,9 @@ pooling + a linear layer (``head="linear"``) or a two-layer MLP (``head="mlp"``)
 
 ``head="mlp"`` is the head of the PyTorch LRA re-implementations (mlpen/Nystromformer
 ``LRA/code/model_wrapper.py``, ``SCHead``): Linear(d_model, d_ff) -> ReLU -> Linear(d_ff, n_classes),
-no dropout. Their pooling differs from ours: they zero the padded positions' outputs and average over
-the whole padded length; we average over the real tokens (``pooling="mean"``), so the pooled vector does
-not shrink with the padding.
+no dropout. Their pooling is ``pooling="padded_mean"``: they zero the padded positions' outputs and
+average over the whole padded length, so the pooled vector shrinks with the padding (and tells the
+head the sequence's length); ``pooling="mean"`` averages over the real tokens.
 """
 
 from __future__ import annotations
@@ -34,13 +34,26 @@ def classifier_head(config: ModelConfig, d_in: int) -> nn.Module | None:
     return nn.Linear(d_in, config.n_classes)
 
 
+def pool(h: Tensor, pad_mask: Tensor | None, mode: str) -> Tensor:
+    """[n, t, d] -> [n, d]: the first position (``first``), the mean over the real positions (``mean``),
+    or the padded outputs zeroed and the sum divided by t, real or not (``padded_mean``)."""
+    if mode == "first":
+        return h[:, 0]
+    if pad_mask is None:
+        return h.mean(1)
+    weights = pad_mask.to(h.dtype)[..., None]
+    if mode == "padded_mean":
+        return (h * weights).mean(1)
+    return (h * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
 @HEAD.register("classifier")
 class SequenceClassifier(ZooModel):
     output_heads = ("linear", "mlp", "none")  # head="mlp": the PyTorch LRA code's classifier MLP
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
-        self.embed = TokenEmbedding(config.vocab_size, config.d_model)
+        self.embed = TokenEmbedding(config.vocab_size, config.d_model, init_std=config.token_init_std)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=False, cross=False, n_layers=config.n_layers, position=self.position)
@@ -74,14 +87,7 @@ class SequenceClassifier(ZooModel):
         check_pad_mask(pad_mask, x[..., 0])
         out = self.stack(self.drop(self.position(x)), pad_mask=pad_mask)
         h = self.norm(out.x)  # [b, t, d]
-        if self.config.pooling == "first":
-            pooled = h[:, 0]
-        elif pad_mask is None:
-            pooled = h.mean(1)
-        else:
-            weights = pad_mask.to(h.dtype)[..., None]
-            pooled = (h * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-        logits = self.output_head(pooled)
+        logits = self.output_head(pool(h, pad_mask, self.config.pooling))
         loss, stats = None, out.stats
         if targets is not None:
             n_classes = self.config.n_classes

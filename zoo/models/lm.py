@@ -30,7 +30,11 @@ class CausalLM(ZooModel):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         adaptive = adaptive_input_and_softmax(config) if config.adaptive else None  # zoo/models/adaptive_softmax.py
-        self.embed = adaptive[0] if adaptive else TokenEmbedding(config.vocab_size, config.d_model)
+        self.embed = (
+            adaptive[0]
+            if adaptive
+            else TokenEmbedding(config.vocab_size, config.d_model, init_std=config.token_init_std)
+        )
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=True, cross=False, n_layers=config.n_layers, position=self.position)

@@ -28,12 +28,14 @@ class EncoderDecoder(ZooModel):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         d = config.d_model
-        self.tgt_embed = TokenEmbedding(config.vocab_size, d, name="tgt")
+        self.tgt_embed = TokenEmbedding(config.vocab_size, d, name="tgt", init_std=config.token_init_std)
         shared_vocab = config.src_vocab_size in (0, config.vocab_size)
         if shared_vocab and config.tie_embeddings:
             self.src_embed = self.tgt_embed  # three-way tying: source = target = output projection
         else:
-            self.src_embed = TokenEmbedding(config.src_vocab_size or config.vocab_size, d, name="src")
+            self.src_embed = TokenEmbedding(
+                config.src_vocab_size or config.vocab_size, d, name="src", init_std=config.token_init_std
+            )
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         self.encoder = build_stack(

@@ -22,19 +22,9 @@ from torch import Tensor, nn
 
 from zoo.config import ModelConfig
 from zoo.models.base import HEAD, ModelOutput, TokenEmbedding, ZooModel
-from zoo.models.classifier import classifier_head
+from zoo.models.classifier import classifier_head, pool
 from zoo.models.inputs import check_pad_mask
 from zoo.stacks.build import attention_class, build_stack, create_position
-
-
-def pool(h: Tensor, pad_mask: Tensor | None, mode: str) -> Tensor:
-    """[n, t, d] -> [n, d]: the first position, or the mean over real positions."""
-    if mode == "first":
-        return h[:, 0]
-    if pad_mask is None:
-        return h.mean(1)
-    weights = pad_mask.to(h.dtype)[..., None]
-    return (h * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 @HEAD.register("pair_classifier")
@@ -44,7 +34,7 @@ class TwoTowerClassifier(ZooModel):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         d = config.d_model
-        self.embed = TokenEmbedding(config.vocab_size, d)
+        self.embed = TokenEmbedding(config.vocab_size, d, init_std=config.token_init_std)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
         causal = attention_class(config.attention).causal_only

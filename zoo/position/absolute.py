@@ -58,9 +58,13 @@ class LearnedPosition(Position):
     class Options:
         random_offset_max: int = 0  # training positions start at a random 0..R (Dehghani et al. 2019)
         every_layer: bool = False  # a separate table at every layer's input (Al-Rfou et al. 2018)
+        # the tables' N(0, std): 1 = the scale of our token rows (see below); 0.02 with model.token_init_std=0.02
+        # is BERT's and the PyTorch LRA code's pair (lra_setting=nystromformer)
+        init_std: float = 1.0
 
         def __post_init__(self) -> None:
             check_random_offset_max(self.random_offset_max)
+            require(self.init_std > 0.0, f"learned positions: init_std must be > 0, got {self.init_std}")
 
     def __init__(self, d_model: int, max_len: int, **options):
         super().__init__(d_model, max_len, **options)
@@ -75,7 +79,7 @@ class LearnedPosition(Position):
         # d^-0.5 times sqrt(d)), sinusoids at 0.71. GPT-style std 0.02 would leave the positions at 2%
         # of the tokens, nearly invisible after the first norm: a 1-layer model then needs hundreds of
         # steps to find a key by position (results/reformer_table2: duplication stayed at chance).
-        nn.init.normal_(self.table.weight, std=1.0)
+        nn.init.normal_(self.table.weight, std=self.options.init_std)
 
         self.layer_tables: nn.Parameter | None = None  # [n_layers - 1, max_len, d]: layers 2 ... n (every_layer)
         self._positions: Tensor | None = None  # this call's positions, for the layers' hooks
@@ -90,7 +94,7 @@ class LearnedPosition(Position):
             f"layer, each called in turn; stack {stack.registry_name!r} has none (Stack.layer_blocks() is None)",
         )
         self.layer_tables = nn.Parameter(torch.empty(len(blocks) - 1, self.max_len, self.d_model))
-        nn.init.normal_(self.layer_tables, std=1.0)  # the input table's scale (see above)
+        nn.init.normal_(self.layer_tables, std=self.options.init_std)  # the input table's scale (see above)
         for index, block in enumerate(blocks[1:]):
             # a bound method in a partial: a deep copy of the model rebinds it to the copy's tables
             block.register_forward_pre_hook(functools.partial(self._add_layer_signal, index))

@@ -1,0 +1,162 @@
+"""ListOps in our app beside mlpen/Nystromformer's LRA code, step for step (results/lra_parity/README.md).
+
+Our side is the app's own path: the config ``experiment=lra_listops lra_setting=nystromformer`` composes
+(plus the overrides given), ``zoo.app.run.build`` makes the task and model, ``make_optimizer`` /
+``make_schedule`` the AdamW and one-cycle schedule, ``train_step`` each step. Their side is their
+``ModelForSC`` (``model_wrapper.py``) with their ListOps config (``lra_config.py``) and the optimiser,
+``OneCycleLR`` and step of their ``run_tasks.py``, fp32 (their ``mixed_precision`` off: no GPU here).
+Their model starts from our initial weights, copied (``copy_into_theirs``), and both see the same
+batches from our ListOps task; dropout is 0 on both sides so the two losses can be compared per step:
+
+    python experiments/lra_parity.py --reference ../ref/Nystromformer/LRA/code --steps 200 \\
+        --out results/lra_parity/steps_vanilla.csv -- data.max_length=512 data.min_length=256 trainer.seq_len=512
+
+The overrides after ``--`` go to our config (length, init, pooling); the reference reads the same length
+and batch from them. Only softmax attention (``attention=vanilla`` / their ``softmax``) is mapped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+import torch
+
+from zoo.app.compose import compose
+from zoo.app.run import build, optim_options
+from zoo.bench.peers import import_checkout
+from zoo.train.options import make_optimizer, make_schedule
+from zoo.train.steps import train_step
+
+SETTING = ["experiment=lra_listops", "lra_setting=nystromformer", "attention=vanilla", "trainer.device=cpu"]
+NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0"]
+
+
+def their_model(reference: Path, max_len: int):
+    """Their ModelForSC for ListOps with softmax attention, fp32, dropout 0, position table of ``max_len``."""
+    lra_config, wrapper = import_checkout(reference, "lra_config", "model_wrapper")
+    config = {**lra_config.config["listops"]["model"], "mixed_precision": False, "attn_type": "softmax"}
+    config.update(lra_config.config["listops"]["extra_attn_config"]["softmax"])
+    config.update(max_seq_len=max_len, dropout_prob=0.0, attention_dropout=0.0)
+    return wrapper.ModelForSC(config), lra_config.config["listops"]["training"]
+
+
+def their_names(n_layers: int) -> dict[str, str]:
+    """Our parameter name -> theirs (the token table is handled apart: theirs has padded rows)."""
+    names = {
+        "position.table.weight": "model.embeddings.position_embeddings.weight",
+        "norm.weight": "model.norm.weight",
+        "norm.bias": "model.norm.bias",
+    }
+    for ours, theirs in (("head.0", "seq_classifer.mlpblock.0"), ("head.2", "seq_classifer.mlpblock.2")):
+        for kind in ("weight", "bias"):
+            names[f"{ours}.{kind}"] = f"{theirs}.{kind}"
+    per_layer = {
+        "attention.to_q": "mha.W_q",
+        "attention.to_k": "mha.W_k",
+        "attention.to_v": "mha.W_v",
+        "attention.to_out": "mha.ff",
+        "feed_forward.w1": "mlpblock.0",
+        "feed_forward.w2": "mlpblock.3",
+        "attention_residual.norm": "norm1",
+        "feed_forward_residual.norm": "norm2",
+    }
+    for layer in range(n_layers):
+        for ours, theirs in per_layer.items():
+            for kind in ("weight", "bias"):
+                names[f"stack.blocks.{layer}.{ours}.{kind}"] = f"model.transformer_{layer}.{theirs}.{kind}"
+    return names
+
+
+@torch.no_grad()
+def copy_into_theirs(ours: torch.nn.Module, theirs: torch.nn.Module, n_layers: int) -> None:
+    """Our weights into their model; every one of their parameters but the unused token rows is written."""
+    mine, target = ours.state_dict(), theirs.state_dict()
+    names = their_names(n_layers)
+    unmapped = set(mine) - set(names) - {"embed.weight"}
+    if unmapped:
+        raise ValueError(f"no counterpart in their model for {sorted(unmapped)}: only softmax attention is mapped")
+    for name, their_name in names.items():
+        target[their_name].copy_(mine[name])
+    rows = mine["embed.weight"].shape[0]
+    target["model.embeddings.word_embeddings.weight"][:rows].copy_(mine["embed.weight"] * ours.embed.scale)
+    theirs.load_state_dict(target)
+
+
+def their_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor]) -> float:
+    """run_tasks.py's training step, one accumulation chunk, no GradScaler (fp32)."""
+    optimizer.zero_grad()
+    outputs = model(input_ids_0=batch["tokens"], mask_0=batch["pad_mask"].float(), label=batch["targets"])
+    loss = outputs["loss"].mean()
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return float(loss)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reference", required=True, help="mlpen/Nystromformer's LRA/code directory")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--dropout", action="store_true", help="keep the setting's dropout (no step parity then)")
+    parser.add_argument("--out", required=True, help="CSV: step, our loss, their loss, relative difference, rates")
+    parser.add_argument("overrides", nargs="*", help="our config overrides (after --)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    cfg = compose(SETTING + ([] if args.dropout else NO_DROPOUT) + args.overrides)
+    resolved, task, ours = build(cfg)
+    model_cfg = ours.config
+    if model_cfg.head != "mlp" or model_cfg.attention["name"] != "vanilla":
+        raise ValueError("their ModelForSC has the mlp head and (mapped here) softmax attention only")
+    theirs, training = their_model(Path(args.reference), model_cfg.max_len)
+    copy_into_theirs(ours, theirs, model_cfg.n_layers)
+
+    options = optim_options(resolved)
+    total = resolved["trainer"]["max_steps"]
+    optimizer = make_optimizer(ours, options)
+    scheduler = make_schedule(optimizer, options, d_model=model_cfg.d_model, total=total)
+    # run_tasks.py: AdamW(betas (0.9, 0.999), eps 1e-6) and OneCycleLR(pct_start = warmup / steps, linear)
+    their_optimizer = torch.optim.AdamW(
+        theirs.parameters(),
+        lr=training["learning_rate"],
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        weight_decay=training["weight_decay"],
+    )
+    their_scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        their_optimizer,
+        max_lr=training["learning_rate"],
+        pct_start=training["warmup"] / training["num_train_steps"],
+        anneal_strategy=training["lr_decay"],
+        total_steps=training["num_train_steps"],
+    )
+    if total != training["num_train_steps"]:
+        raise ValueError(f"our schedule spans {total} steps, theirs {training['num_train_steps']}")
+
+    rows, worst = [], 0.0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for step in range(args.steps):
+        batch = task.batch("train", step)
+        our_rate, their_rate = optimizer.param_groups[0]["lr"], their_optimizer.param_groups[0]["lr"]
+        _, loss = train_step(ours, batch, optimizer, scheduler=scheduler, clip=resolved["trainer"]["clip"])
+        theirs.train()
+        their_loss = their_step(theirs, their_optimizer, their_scheduler, batch)
+        relative = abs(float(loss) - their_loss) / abs(their_loss)
+        worst = max(worst, relative)
+        rows.append([step, f"{float(loss):.8f}", f"{their_loss:.8f}", f"{relative:.3e}", our_rate, their_rate])
+        if step % 10 == 0 or step == args.steps - 1:
+            print(f"step {step}: ours {float(loss):.6f} theirs {their_loss:.6f} rel {relative:.2e} (worst {worst:.2e})")
+    with open(args.out, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", "our_loss", "their_loss", "relative_difference", "our_lr", "their_lr"])
+        writer.writerows(rows)
+    print(f"{args.steps} steps, largest relative difference {worst:.3e}; wrote {args.out}")
+    if not math.isfinite(worst):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,8 @@ Their model starts from our initial weights, copied (``copy_into_theirs``), and 
 batches from our ListOps task; dropout is 0 on both sides so the two losses can be compared per step:
 
     python experiments/lra_parity.py --reference ../ref/Nystromformer/LRA/code --steps 200 \\
-        --out results/lra_parity/steps_vanilla.csv -- data.max_length=512 data.min_length=256 trainer.seq_len=512
+        --out results/lra_parity/steps_setting.csv -- data.max_length=512 data.min_length=256 trainer.seq_len=512
+    python experiments/lra_parity.py --plot results/lra_parity/relative_difference.png results/lra_parity/steps_*.csv
 
 The overrides after ``--`` go to our config (length, init, pooling); the reference reads the same length
 and batch from them. Only softmax attention (``attention=vanilla`` / their ``softmax``) is mapped.
@@ -27,6 +28,7 @@ import torch
 from zoo.app.compose import compose
 from zoo.app.run import build, optim_options
 from zoo.bench.peers import import_checkout
+from zoo.bench.report import write_csv
 from zoo.train.options import make_optimizer, make_schedule
 from zoo.train.steps import train_step
 
@@ -93,17 +95,47 @@ def their_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor]) -> f
     loss.backward()
     optimizer.step()
     scheduler.step()
-    return float(loss)
+    return loss.item()
 
 
-def main(argv: list[str] | None = None) -> None:
+def plot(paths: list[str], out: str) -> None:
+    """The relative loss difference per step of each CSV this script wrote, on a log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 3.4))
+    for path in paths:
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        # an exact match (0) is drawn at 1e-9, below float32's rounding of a loss near 2 (about 1e-7)
+        values = [max(float(row["relative_difference"]), 1e-9) for row in rows]
+        axes.semilogy([int(row["step"]) for row in rows], values, label=Path(path).stem, linewidth=1)
+    axes.set_xlabel("training step")
+    axes.set_ylabel("|ours - theirs| / theirs")
+    axes.set_title("ListOps loss, ours beside mlpen/Nystromformer's run_tasks.py")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=100)
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> float:
+    """Runs the comparison; returns the largest relative loss difference."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", required=True, help="mlpen/Nystromformer's LRA/code directory")
+    parser.add_argument("--reference", help="mlpen/Nystromformer's LRA/code directory")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--dropout", action="store_true", help="keep the setting's dropout (no step parity then)")
-    parser.add_argument("--out", required=True, help="CSV: step, our loss, their loss, relative difference, rates")
+    parser.add_argument("--out", help="CSV: step, our loss, their loss, relative difference, rates")
     parser.add_argument("overrides", nargs="*", help="our config overrides (after --)")
+    parser.add_argument("--plot", nargs="+", default=None, help="OUT.png CSV...: plot earlier runs, train nothing")
     args = parser.parse_args(argv)
+    if args.plot:
+        plot(args.plot[1:], args.plot[0])
+        return 0.0
+    if not (args.reference and args.out):
+        parser.error("--reference and --out are needed to train (only --plot runs without them)")
     torch.set_num_threads(1)
 
     cfg = compose(SETTING + ([] if args.dropout else NO_DROPOUT) + args.overrides)
@@ -144,18 +176,26 @@ def main(argv: list[str] | None = None) -> None:
         _, loss = train_step(ours, batch, optimizer, scheduler=scheduler, clip=resolved["trainer"]["clip"])
         theirs.train()
         their_loss = their_step(theirs, their_optimizer, their_scheduler, batch)
-        relative = abs(float(loss) - their_loss) / abs(their_loss)
+        loss = float(loss)
+        relative = abs(loss - their_loss) / abs(their_loss)
         worst = max(worst, relative)
-        rows.append([step, f"{float(loss):.8f}", f"{their_loss:.8f}", f"{relative:.3e}", our_rate, their_rate])
+        rows.append(
+            {
+                "step": step,
+                "our_loss": f"{loss:.8f}",
+                "their_loss": f"{their_loss:.8f}",
+                "relative_difference": f"{relative:.3e}",
+                "our_lr": our_rate,
+                "their_lr": their_rate,
+            }
+        )
         if step % 10 == 0 or step == args.steps - 1:
-            print(f"step {step}: ours {float(loss):.6f} theirs {their_loss:.6f} rel {relative:.2e} (worst {worst:.2e})")
-    with open(args.out, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["step", "our_loss", "their_loss", "relative_difference", "our_lr", "their_lr"])
-        writer.writerows(rows)
+            print(f"step {step}: ours {loss:.6f} theirs {their_loss:.6f} rel {relative:.2e} (worst {worst:.2e})")
+    write_csv(args.out, rows)
     print(f"{args.steps} steps, largest relative difference {worst:.3e}; wrote {args.out}")
     if not math.isfinite(worst):
         raise SystemExit(1)
+    return worst
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ REF = (
 )
 # mlpen/Nystromformer LRA/code/lra_config.py @ 56893131: task -> (steps, batch, warm-up, length, eval every, batches)
 THEIRS = {
-    "lra_listops": (5000, 32, 1000, 2000, 50, 62),
+    "lra_listops": (5000, 32, 1000, 2048, 50, 62),  # their datasets/listops.py pads 2,000 tokens with 48 zeros
     "lra_text": (20000, 32, 8000, 1000, 500, 781),
     "lra_retrieval": (30000, 32, 800, 4000, 300, 565),
     "lra_image": (35000, 256, 175, 1024, 175, 20),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -36,13 +37,37 @@ SETTING = ["experiment=lra_listops", "lra_setting=nystromformer", "attention=van
 NO_DROPOUT = ["model.dropout=0", "model.attention_dropout=0"]
 
 
-def their_model(reference: Path, max_len: int):
-    """Their ModelForSC for ListOps with softmax attention, fp32, dropout 0, position table of ``max_len``."""
+def their_model(reference: Path, max_len: int, attention: str = "softmax", *, dropout: bool = False, seq_len: int = 0):
+    """Their ModelForSC for ListOps with ``attention`` (a key of their extra_attn_config), fp32, position
+    table of ``max_len``; dropout 0 unless ``dropout``. Returns (model, their training config)."""
     lra_config, wrapper = import_checkout(reference, "lra_config", "model_wrapper")
-    config = {**lra_config.config["listops"]["model"], "mixed_precision": False, "attn_type": "softmax"}
-    config.update(lra_config.config["listops"]["extra_attn_config"]["softmax"])
-    config.update(max_seq_len=max_len, dropout_prob=0.0, attention_dropout=0.0)
+    config = {**lra_config.config["listops"]["model"], "mixed_precision": False, "attn_type": attention}
+    config.update(lra_config.config["listops"]["extra_attn_config"][attention])
+    config.update(max_seq_len=max_len)
+    if seq_len:  # attention_nystrom.py reads config["seq_len"], which their run_tasks.py never sets
+        config.update(seq_len=seq_len)
+    if not dropout:
+        config.update(dropout_prob=0.0, attention_dropout=0.0)
     return wrapper.ModelForSC(config), lra_config.config["listops"]["training"]
+
+
+def their_optimiser(model: torch.nn.Module, training: dict):
+    """run_tasks.py: AdamW(betas (0.9, 0.999), eps 1e-6) and OneCycleLR(pct_start = warmup / steps, linear)."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=training["learning_rate"],
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        weight_decay=training["weight_decay"],
+    )
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=training["learning_rate"],
+        pct_start=training["warmup"] / training["num_train_steps"],
+        anneal_strategy=training["lr_decay"],
+        total_steps=training["num_train_steps"],
+    )
+    return optimizer, scheduler
 
 
 def their_names(n_layers: int) -> dict[str, str]:
@@ -98,6 +123,74 @@ def their_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor]) -> f
     return loss.item()
 
 
+@torch.no_grad()
+def their_accuracy(model: torch.nn.Module, task, split: str) -> float:
+    """Accuracy of their model over every batch of ``split`` (ListOps dev: 62 batches of 32 = 1,984)."""
+    model.eval()
+    correct = count = 0.0
+    for batch in task.eval_batches(split, None):
+        outputs = model(input_ids_0=batch["tokens"], mask_0=batch["pad_mask"].float(), label=batch["targets"])
+        correct += float(outputs["accu"].sum())
+        count += outputs["accu"].numel()
+    model.train()
+    return correct / count
+
+
+def train_theirs(args, resolved: dict, task) -> float:
+    """Their model and loop alone at the setting's budget on our batches, dropout on, logged like our runs
+    (metrics.jsonl with train/loss and val/accuracy, for results/lra_nystromformer/curve.py), resumable from
+    last.pt (every 100 steps); the best dev state is scored on the test split into result.json."""
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = resolved["trainer"]
+    torch.manual_seed(resolved["seed"])
+    model, training = their_model(
+        Path(args.reference), resolved["model"]["max_len"], args.theirs, dropout=True, seq_len=trainer["seq_len"]
+    )
+    optimizer, scheduler = their_optimiser(model, training)
+    start, best, last = 0, -1.0, run_dir / "last.pt"
+    if last.is_file():
+        saved = torch.load(last, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"])
+        start, best = saved["step"], saved["best"]
+        print(f"resumed at step {start} (best dev accuracy so far {best:.4f})")
+    total, every = training["num_train_steps"], trainer["eval_every"]
+    stop = min(total, args.stop_after or total)  # a shorter look at the same schedule
+    model.train()
+    with open(run_dir / "metrics.jsonl", "a") as log:
+        losses = []
+        for step in range(start, stop):
+            losses.append(their_step(model, optimizer, scheduler, task.batch("train", step)))
+            done = step + 1
+            row = {}
+            if done % trainer["log_every"] == 0:
+                row = {"step": done, "train/loss": sum(losses) / len(losses), "train/lr": scheduler.get_last_lr()[0]}
+                losses = []
+            if done % every == 0 or done == stop:
+                accuracy = their_accuracy(model, task, "val")
+                row = {**row, "step": done, "val/accuracy": accuracy}
+                if accuracy > best:
+                    best = accuracy
+                    torch.save({"model": model.state_dict(), "step": done}, run_dir / "best.pt")
+                print(f"step {done}: dev accuracy {accuracy:.4f} (best {best:.4f})", flush=True)
+            if row:
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+            if done % 100 == 0 or done == stop:
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done, "best": best}
+                torch.save({**state, "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}, last)
+    best_state = torch.load(run_dir / "best.pt", weights_only=False)
+    model.load_state_dict(best_state["model"])
+    test = their_accuracy(model, task, "test")
+    result = {"attention": args.theirs, "best_step": best_state["step"], "dev_accuracy": best, "test_accuracy": test}
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    print(f"test accuracy {test:.4f} (best dev checkpoint, step {best_state['step']})")
+    return test
+
+
 def plot(paths: list[str], out: str) -> None:
     """The relative loss difference per step of each CSV this script wrote, on a log scale."""
     import matplotlib
@@ -130,14 +223,20 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--out", help="CSV: step, our loss, their loss, relative difference, rates")
     parser.add_argument("overrides", nargs="*", help="our config overrides (after --)")
     parser.add_argument("--plot", nargs="+", default=None, help="OUT.png CSV...: plot earlier runs, train nothing")
+    parser.add_argument("--theirs", default="", help="train their model alone with this attention (nystrom-64, ...)")
+    parser.add_argument("--run-dir", default="", help="with --theirs: where its metrics and checkpoints go")
+    parser.add_argument("--stop-after", type=int, default=0, help="with --theirs: stop after N steps (0 = all)")
     args = parser.parse_args(argv)
     if args.plot:
         plot(args.plot[1:], args.plot[0])
         return 0.0
-    if not (args.reference and args.out):
-        parser.error("--reference and --out are needed to train (only --plot runs without them)")
+    if not (args.reference and (args.out or (args.theirs and args.run_dir))):
+        parser.error("give --reference and --out (step parity) or --theirs and --run-dir (their run alone)")
     torch.set_num_threads(1)
 
+    if args.theirs:  # their loop at the setting's budget: our task's batches, their everything else
+        resolved, task, _ = build(compose(SETTING + args.overrides))
+        return train_theirs(args, resolved, task)
     cfg = compose(SETTING + ([] if args.dropout else NO_DROPOUT) + args.overrides)
     resolved, task, ours = build(cfg)
     model_cfg = ours.config
@@ -150,21 +249,7 @@ def main(argv: list[str] | None = None) -> float:
     total = resolved["trainer"]["max_steps"]
     optimizer = make_optimizer(ours, options)
     scheduler = make_schedule(optimizer, options, d_model=model_cfg.d_model, total=total)
-    # run_tasks.py: AdamW(betas (0.9, 0.999), eps 1e-6) and OneCycleLR(pct_start = warmup / steps, linear)
-    their_optimizer = torch.optim.AdamW(
-        theirs.parameters(),
-        lr=training["learning_rate"],
-        betas=(0.9, 0.999),
-        eps=1e-6,
-        weight_decay=training["weight_decay"],
-    )
-    their_scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        their_optimizer,
-        max_lr=training["learning_rate"],
-        pct_start=training["warmup"] / training["num_train_steps"],
-        anneal_strategy=training["lr_decay"],
-        total_steps=training["num_train_steps"],
-    )
+    their_optimizer, their_scheduler = their_optimiser(theirs, training)
     if total != training["num_train_steps"]:
         raise ValueError(f"our schedule spans {total} steps, theirs {training['num_train_steps']}")
 

@@ -140,15 +140,19 @@ def test_table1_files_the_setting_beside_its_reported_figures(tmp_path):
     json.dumps(out)
 
 
-@pytest.mark.skipif(not REF.is_dir(), reason="mlpen/Nystromformer not fetched to ../ref/Nystromformer")
-def test_our_loop_follows_theirs_step_for_step(tmp_path):
-    """experiments/lra_parity.py: the setting's model and optimiser beside their ModelForSC, AdamW and OneCycleLR
-    from the same weights on the same batches (dropout 0): the losses agree to float rounding."""
+def parity_script():
     path = Path(__file__).resolve().parents[2] / "experiments" / "lra_parity.py"
     spec = importlib.util.spec_from_file_location("zoo_lra_parity", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    main = script.main
+    return script
+
+
+@pytest.mark.skipif(not REF.is_dir(), reason="mlpen/Nystromformer not fetched to ../ref/Nystromformer")
+def test_our_loop_follows_theirs_step_for_step(tmp_path):
+    """experiments/lra_parity.py: the setting's model and optimiser beside their ModelForSC, AdamW and OneCycleLR
+    from the same weights on the same batches (dropout 0): the losses agree to float rounding."""
+    main = parity_script().main
     short = ["data.max_length=96", "data.min_length=48", "trainer.seq_len=96", "trainer.batch_size=8"]
     worst = main(["--reference", str(REF), "--steps", "6", "--out", str(tmp_path / "steps.csv"), "--", *short])
     assert worst < 1e-5
@@ -167,3 +171,22 @@ def test_our_loop_follows_theirs_step_for_step(tmp_path):
         ]
     )
     assert scaled > 10 * max(worst, 1e-7)
+
+
+@pytest.mark.skipif(not REF.is_dir(), reason="mlpen/Nystromformer not fetched to ../ref/Nystromformer")
+def test_their_run_alone_logs_resumes_and_scores_its_best_state(tmp_path):
+    """lra_parity.py --theirs: their nystrom-64 on our batches, stopped after 2 steps and resumed to 4; the log
+    carries our metric keys (curve.py reads both), and result.json the test accuracy of the best dev state."""
+    script = parity_script()
+    short = ["trainer.seq_len=128", "data.max_length=128", "data.min_length=64", "trainer.eval_every=2"]
+    short += ["trainer.log_every=1", "data.eval_size=64"]
+    run = tmp_path / "listops_their_nystrom-64_s0"
+    common = ["--reference", str(REF), "--theirs", "nystrom-64", "--run-dir", str(run)]
+    script.main([*common, "--stop-after", "2", "--", *short])
+    first = (run / "metrics.jsonl").read_text().splitlines()
+    script.main([*common, "--stop-after", "4", "--", *short])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(first) == 2 and [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert [row["step"] for row in rows if "val/accuracy" in row] == [2, 4]
+    result = json.loads((run / "result.json").read_text())
+    assert result["best_step"] in (2, 4) and 0.0 <= result["test_accuracy"] <= 1.0

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from zoo.config import require
+from zoo.train.adagrad import ParameterClippedAdagrad
 from zoo.train.precision import PRECISIONS, check_precision
 from zoo.train.steps import adam, schedule
 
@@ -91,9 +92,10 @@ class OptimOptions:
 
     ``name=adam`` is Adam, its ``weight_decay`` an L2 penalty added to the gradient;
     ``name=adamw`` is AdamW, its ``weight_decay`` decoupled from the gradient; ``name=sgd`` is SGD
-    with ``momentum`` (Al-Rfou et al. 2018 train with momentum 0.99; ``betas`` and ``eps`` unused)."""
+    with ``momentum`` (Al-Rfou et al. 2018 train with momentum 0.99; ``betas`` and ``eps`` unused); ``name=adagrad``
+    is Adagrad with the adaptive-span authors' per-tensor ``parameter_clip`` (``betas`` unused)."""
 
-    name: str = "adam"  # adam | adamw | sgd
+    name: str = "adam"  # adam | adamw | sgd | adagrad (zoo/train/adagrad.py)
     lr: float = 1e-3  # peak rate (a multiplier of the paper's rate for schedule=noam: use 1.0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
@@ -103,6 +105,9 @@ class OptimOptions:
     min_lr_ratio: float = 0.1  # cosine: the rate's floor at the last step, a fraction of lr (Transformer-XL: 0)
     momentum: float = 0.0  # sgd only: heavy-ball momentum
     nesterov: bool = False  # sgd only
+    # adagrad only: each parameter tensor's step scaled by clip / |g| when its gradient norm |g| exceeds it (the
+    # adaptive-span authors' clipping, zoo/train/adagrad.py; 0 = none); trainer.clip still clips the total norm
+    parameter_clip: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.name in OPTIMIZERS, f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}")
@@ -117,6 +122,12 @@ class OptimOptions:
             f"optim.momentum / optim.nesterov are SGD's; optim.name={self.name} has betas instead",
         )
         require(not self.nesterov or self.momentum > 0, "optim.nesterov needs optim.momentum > 0")
+        require(self.parameter_clip >= 0, f"optim.parameter_clip must be >= 0, got {self.parameter_clip}")
+        require(
+            self.name == "adagrad" or self.parameter_clip == 0.0,
+            f"optim.parameter_clip is the adaptive-span authors' Adagrad clipping; optim.name={self.name} "
+            "clips with trainer.clip (the total gradient norm)",
+        )
         require(
             self.lr > 0 and self.warmup >= 0 and len(self.betas) == 2,
             f"need optim.lr > 0, optim.warmup >= 0, two optim.betas; got {self.lr}, {self.warmup}, {list(self.betas)}",
@@ -127,18 +138,31 @@ class OptimOptions:
         """What runs, in words (logged at the start and stored in result.json)."""
         if self.name == "adamw":
             return f"AdamW (decoupled weight decay {self.weight_decay})"
+        if self.name == "adagrad":
+            clip = f", each tensor's step clipped at gradient norm {self.parameter_clip}" if self.parameter_clip else ""
+            return f"Adagrad (L2 weight decay {self.weight_decay}{clip})"
         if self.name == "sgd":
             nesterov = ", Nesterov" if self.nesterov else ""
             return f"SGD (momentum {self.momentum}{nesterov}, L2 weight decay {self.weight_decay})"
         return f"Adam (L2 weight decay {self.weight_decay})" if self.weight_decay else "Adam"
 
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
+OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 SCHEDULES = ("noam", "cosine", "constant", "one_cycle")
 # optimiser settings its saved state (moment estimates) depends on: a change is refused on resume
 OPTIM_STATE_KEYS = ("name", "betas")
 # settings applied on resume (the schedule is rebuilt from the current options at every start)
-OPTIM_APPLIED_KEYS = ("lr", "schedule", "warmup", "weight_decay", "eps", "min_lr_ratio", "momentum", "nesterov")
+OPTIM_APPLIED_KEYS = (
+    "lr",
+    "schedule",
+    "warmup",
+    "weight_decay",
+    "eps",
+    "min_lr_ratio",
+    "momentum",
+    "nesterov",
+    "parameter_clip",
+)
 
 
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
@@ -167,6 +191,14 @@ def run_device(options: TrainerOptions, local_rank: int = 0) -> torch.device:
 
 
 def make_optimizer(model: nn.Module, options: OptimOptions) -> torch.optim.Optimizer:
+    if options.name == "adagrad":
+        return ParameterClippedAdagrad(
+            model.parameters(),
+            lr=options.lr,
+            eps=options.eps,
+            clip=options.parameter_clip,
+            weight_decay=options.weight_decay,
+        )
     if options.name == "sgd":
         return torch.optim.SGD(
             model.parameters(),

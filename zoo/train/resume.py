@@ -214,6 +214,8 @@ def apply_optim_options(optimizer: torch.optim.Optimizer, scheduler: Any, o: Opt
     for group in optimizer.param_groups:
         group.update(initial_lr=o.lr, weight_decay=o.weight_decay)
         group.update({"eps": o.eps} if "eps" in group else {"momentum": o.momentum, "nesterov": o.nesterov})
+        if "clip" in group:  # adagrad's per-tensor clipping
+            group.update(clip=o.parameter_clip)
     scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
     for group, base, rate in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * rate(scheduler.last_epoch)

@@ -77,7 +77,9 @@ def schedule(
     min_ratio: float = 0.1,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """``noam`` (the paper's; use lr=1), ``cosine`` (warm-up + cosine down to ``min_ratio`` x lr),
-    ``constant``, or ``one_cycle`` (torch's OneCycleLR with a linear anneal: zoo/train/one_cycle.py)."""
+    ``constant`` (a linear warm-up over ``warmup`` steps, then lr: the adaptive-span authors' LambdaLR
+    ``min(1, step / warmup)``, their step counted from 1), or ``one_cycle`` (torch's OneCycleLR with a
+    linear anneal: zoo/train/one_cycle.py)."""
     if name == "noam":
         fn = noam_lambda(d_model, max(1, warmup))  # warm-up 0 means the shortest, one step
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: fn(step + 1))
@@ -85,8 +87,10 @@ def schedule(
         return torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_lambda(warmup, total, min_ratio))
     if name == "one_cycle":
         return OneCycle(optimizer, warmup=warmup, total=total)
-    if name == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    if name == "constant":  # the rate of update k (from 0) is lr * min(1, (k + 1) / warmup)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
     raise ValueError(f"unknown schedule {name!r}; valid: noam, cosine, constant, one_cycle")
 
 

@@ -157,6 +157,10 @@ def train_theirs(args, resolved: dict, task) -> float:
         torch.set_rng_state(saved["rng"])
         start, best = saved["step"], saved["best"]
         print(f"resumed at step {start} (best dev accuracy so far {best:.4f})")
+        log_path = run_dir / "metrics.jsonl"  # rows logged after last.pt was written are run again: drop them
+        if log_path.is_file():
+            kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["step"] <= start]
+            log_path.write_text("".join(line + "\n" for line in kept))
     total, every = training["num_train_steps"], trainer["eval_every"]
     stop = min(total, args.stop_after or total)  # a shorter look at the same schedule
     model.train()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # ListOps at the PyTorch LRA re-implementations' setting (lra_setting=nystromformer: 2 layers, d 64,
-# 5,000 steps of 32 at length 2,000), one mechanism after another, one thread each; every run resumes
-# from its own last.pt (trainer.resume=auto), so re-running this script continues where it stopped.
+# 5,000 steps of 32 expressions of up to 2,000 tokens padded to 2,048), one mechanism after another, one
+# thread each; every run resumes from its own last.pt (trainer.resume=auto), so re-running this script
+# continues where it stopped.
+# Their own model and loop on the same batches: experiments/lra_parity.py --theirs (results/lra_parity).
 #   PYTHON=.venv/bin/python results/lra_nystromformer/run_listops.sh runs/lra_nystromformer [mechanisms...]
 # Deviation from their loop, for CPU time only: the dev split (1,984 examples) is scored every 500 steps,
 # not every 50, so the best checkpoint is chosen among 10 evaluations instead of 100 (last.pt every 100 steps).

@@ -184,9 +184,11 @@ def test_their_run_alone_logs_resumes_and_scores_its_best_state(tmp_path):
     common = ["--reference", str(REF), "--theirs", "nystrom-64", "--run-dir", str(run)]
     script.main([*common, "--stop-after", "2", "--", *short])
     first = (run / "metrics.jsonl").read_text().splitlines()
+    with open(run / "metrics.jsonl", "a") as log:  # a row logged after last.pt, by a run killed before its next
+        log.write(json.dumps({"step": 3, "train/loss": 9.0}) + "\n")
     script.main([*common, "--stop-after", "4", "--", *short])
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(first) == 2 and [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert len(first) == 2 and [row["step"] for row in rows] == [1, 2, 3, 4] and rows[2]["train/loss"] != 9.0
     assert [row["step"] for row in rows if "val/accuracy" in row] == [2, 4]
     result = json.loads((run / "result.json").read_text())
     assert result["best_step"] in (2, 4) and 0.0 <= result["test_accuracy"] <= 1.0

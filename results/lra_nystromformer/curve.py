@@ -30,7 +30,7 @@ def test_of_best(run: Path) -> str:
     if theirs.is_file():
         scored = json.loads(theirs.read_text())
         return f"{100 * scored['test_accuracy']:.2f}% (best checkpoint: step {scored['best_step']})"
-    return "running"
+    return "not finished"
 
 
 roots = [Path(p) for p in sys.argv[1:]] or [Path("runs/lra_nystromformer")]

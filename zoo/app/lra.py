@@ -74,7 +74,7 @@ def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
                 or result.get("attention")
                 or (config.get("attention") or {}).get("name")
             )
-            value = result.get("final_metric")
+            value, split = scored_value(result, result_path.parent)
             ok = (
                 str(result.get("status", "")).startswith("finished")
                 and isinstance(value, (int, float))
@@ -88,6 +88,7 @@ def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
                     "setting": setting.get("name"),  # lra_setting=<name>, or None for the experiment's own
                     "setting_reported": setting.get("reported"),  # that setting's published softmax figures
                     "accuracy": 100.0 * value if ok else None,
+                    "split": split,  # "test" where evaluate.py scored the run's best checkpoint there
                     "status": result.get("status"),
                     "steps": result.get("steps"),
                     "tokens_per_s": result.get("tokens_per_s"),
@@ -98,6 +99,20 @@ def gather_runs(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def scored_value(result: dict[str, Any], run_dir: Path) -> tuple[Any, str]:
+    """(value, split) for Table 1: the test score of the run's best checkpoint where ``evaluate.py
+    <run>/checkpoints/best.pt --split test`` wrote it to ``test_best.txt`` (its JSON after any log lines),
+    else the run's final score on the split it evaluated during training (``val``: a dev score)."""
+    test = run_dir / "test_best.txt"
+    metric = result.get("metric", "accuracy")
+    if test.is_file() and "{" in test.read_text():
+        text = test.read_text()
+        scored = json.loads(text[text.index("{") :])
+        if f"test/{metric}" in scored:
+            return scored[f"test/{metric}"], "test"
+    return result.get("final_metric"), str(result.get("metric_name") or "val/").split("/")[0]
 
 
 def _hydra_config(run_dir: Path) -> dict[str, Any]:
@@ -123,7 +138,7 @@ def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     variants = {(r["attention"], r.get("setting")) for r in rows if r["attention"]}
     out = []
     for mech, setting in sorted(variants, key=lambda v: (v[1] or "", v[0] != "vanilla", v[0])):
-        seeds, failed = {}, set()
+        seeds, failed, not_test = {}, set(), set()
         for r in rows:
             if r["attention"] == mech and r.get("setting") == setting and r["experiment"] in TASKS:
                 column = TASKS[r["experiment"]]
@@ -131,11 +146,13 @@ def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
                     failed.add(column)
                 else:
                     seeds.setdefault(column, []).append(r["accuracy"])
+                    if r.get("split", "test") != "test":
+                        not_test.add(column)
         values = {c: sum(v) / len(v) for c, v in seeds.items()}  # several seeds: their mean, range beside it
         scored = [values[c] for c in AVERAGED if c in values]
         average = sum(scored) / len(scored) if len(scored) == len(AVERAGED) else None
         label = f"{mech} (ours, {setting} setting)" if setting else f"{mech} (ours)"
-        cells = [_seed_cell(seeds.get(c), c in failed) for c in TASKS.values()]
+        cells = [_seed_cell(seeds.get(c), c in failed) + (NOT_TEST if c in not_test else "") for c in TASKS.values()]
         out.append([label, *cells, _cell(average)])
         paper = paper_row(mech)
         reported = next((r.get("setting_reported") for r in rows if setting and r.get("setting") == setting), None)
@@ -153,6 +170,9 @@ def table1(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
                 [f"{paper} (Nyströmformer paper, its setting)", *("" if v is None else f"{v:.2f}" for v in figures)]
             )
     return header, out
+
+
+NOT_TEST = " †"  # a cell holding a run's final dev score: no test_best.txt beside it
 
 
 def _seed_cell(values: list[float] | None, failed: bool) -> str:
@@ -448,10 +468,17 @@ def write_lra_tables(
     paths["table1_md"].write_text(
         f"# LRA Table 1 layout: test accuracy (%)\n\nRuns: {detail}.{note}\n\n{markdown(header, body)}\n\n"
         "Avg is over the first five tasks, as in the paper (which averages without Path-X, where every model FAILs).\n"
+        + (
+            f"\n{NOT_TEST.strip()} not a test score: the run's final score on its evaluation (dev) split; "
+            "`python experiments/evaluate.py <run>/checkpoints/best.pt --split test > <run>/test_best.txt` "
+            "puts the test score of its best checkpoint here.\n"
+            if any(NOT_TEST in str(cell) for row in body for cell in row)
+            else ""
+        )
     )
     _write_csv(paths["table1_csv"], header, body)
     paths["runs_csv"] = out_dir / "lra_runs.csv"
-    run_keys = ("experiment", "attention", "accuracy", "status", "steps", "seq_len", "tokens_per_s", "wall_s")
+    run_keys = ("experiment", "attention", "accuracy", "split", "status", "steps", "seq_len", "tokens_per_s", "wall_s")
     _write_csv(paths["runs_csv"], list(run_keys), [[r.get(k) for k in run_keys] for r in rows])
     plot_table1(rows, paths["table1_png"])
     configs = speed_configs(rows) if measure else {}

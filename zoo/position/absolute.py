@@ -75,7 +75,7 @@ class LearnedPosition(Position):
             f"max_len={max_len} (the table holds positions 0..max_len-1)",
         )
         self.table = nn.Embedding(max_len, d_model)
-        # At the scale of what it is added to: TokenEmbedding enters at RMS 1 per coordinate (weights
+        # By default at the scale of what it is added to: TokenEmbedding enters at RMS 1 per coordinate (weights
         # d^-0.5 times sqrt(d)), sinusoids at 0.71. GPT-style std 0.02 would leave the positions at 2%
         # of the tokens, nearly invisible after the first norm: a 1-layer model then needs hundreds of
         # steps to find a key by position (results/reformer_table2: duplication stayed at chance).

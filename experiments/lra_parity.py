@@ -150,7 +150,7 @@ def train_theirs(args, resolved: dict, task) -> float:
     optimizer, scheduler = their_optimiser(model, training)
     start, best, last = 0, -1.0, run_dir / "last.pt"
     if last.is_file():
-        saved = torch.load(last, weights_only=False)
+        saved = torch.load(last, weights_only=True)  # data only: tensors, numbers, strings
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
@@ -186,7 +186,7 @@ def train_theirs(args, resolved: dict, task) -> float:
             if done % 100 == 0 or done == stop:
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done, "best": best}
                 torch.save({**state, "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}, last)
-    best_state = torch.load(run_dir / "best.pt", weights_only=False)
+    best_state = torch.load(run_dir / "best.pt", weights_only=True)
     model.load_state_dict(best_state["model"])
     test = their_accuracy(model, task, "test")
     result = {"attention": args.theirs, "best_step": best_state["step"], "dev_accuracy": best, "test_accuracy": test}

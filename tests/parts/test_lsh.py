@@ -300,7 +300,14 @@ def test_lsh4_learns_duplication_with_eight_buckets_as_fast_as_the_peer(look_bac
 
 # -- the chunk kernel: its hand-written backward, and the two key layouts (issue 15, item 1) ---------
 
-from zoo.attention.sorted_chunks import _ChunkAttention, _lead_chunk, _look_back, _static_masks  # noqa: E402
+from zoo.attention.sorted_chunks import (  # noqa: E402
+    MASKED_SCORE,
+    SELF_SCORE,
+    _ChunkAttention,
+    _lead_chunk,
+    _look_back,
+    _static_masks,
+)
 
 
 def chunk_case(dtype, B=2, R=2, n=3, c=4, k=5, seed=0):
@@ -345,6 +352,39 @@ def test_lead_chunk_layout_equals_look_back_copies(dropout):
     torch.testing.assert_close(out_b, out_a)
     torch.testing.assert_close(lse_b, lse_a)
     for name, got, want in zip("qkv", grads_b, grads_a):
+        torch.testing.assert_close(got, want, msg=lambda m, name=name: f"d/d{name}: {m}")
+
+
+def test_chunk_attention_with_dropout_equals_autograd_through_the_written_out_maths():
+    """Dropout on the weights, outputs and all three gradients (and the normalisers', which see no
+    dropout) against autograd through softmax, the same mask (the same uniform draws: dropped where
+    u < p) and the 1 / (1 - p) rescale, float64."""
+    p = 0.3
+    q, keys, values, masked = chunk_case(torch.float64, n=4, c=6, k=5, seed=4)
+    keys, values = _look_back(keys), _look_back(values)
+    weight_out, weight_lse = torch.randn(q.shape, dtype=q.dtype), torch.randn(q.shape[:-1], dtype=q.dtype)
+    results = []
+    for how in ("kernel", "reference"):
+        xs = [x.clone().requires_grad_(True) for x in (q, keys, values)]
+        torch.manual_seed(5)
+        if how == "kernel":
+            out, lse = _ChunkAttention.apply(*xs, masked, p)
+        else:
+            scores = xs[0] @ xs[1].transpose(-1, -2)
+            self_score = torch.zeros_like(scores, dtype=torch.bool)
+            self_score.diagonal(offset=scores.shape[-1] - scores.shape[-2], dim1=-2, dim2=-1).fill_(True)
+            scores = scores.masked_fill(self_score, SELF_SCORE).masked_fill(masked, MASKED_SCORE)
+            lse = scores.logsumexp(-1)
+            probs = torch.softmax(scores, -1)
+            kept = torch.rand_like(probs) >= p
+            out = (probs * kept / (1 - p)) @ xs[2]
+        grads = torch.autograd.grad((out * weight_out).sum() + (lse * weight_lse).sum(), xs)
+        results.append((out, lse, grads))
+    (out_a, lse_a, grads_a), (out_b, lse_b, grads_b) = results
+    assert not torch.equal(out_a, _ChunkAttention.apply(q, keys, values, masked, 0.0)[0]), "dropout did nothing"
+    torch.testing.assert_close(out_a, out_b)
+    torch.testing.assert_close(lse_a, lse_b)
+    for name, got, want in zip("qkv", grads_a, grads_b):
         torch.testing.assert_close(got, want, msg=lambda m, name=name: f"d/d{name}: {m}")
 
 

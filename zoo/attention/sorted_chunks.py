@@ -172,29 +172,34 @@ class _ChunkAttention(torch.autograd.Function):
         probs = torch.softmax(scores, dim=-1)
         del scores
         lse = (top - torch.log(probs.amax(-1, keepdim=True))).squeeze(-1)
-        keep = None
+        dropped = None
         if dropout > 0:
-            keep = torch.rand_like(probs) >= dropout
-            out = torch.matmul(probs * keep / (1 - dropout), values_w)
+            # the 1 / (1 - p) rescale goes on the output [.., c, k], not on the weights [.., c, 2c]:
+            # one pass over the weights (the masked fill) instead of three (bool cast, product, rescale)
+            dropped = torch.rand_like(probs) < dropout
+            out = torch.matmul(probs.masked_fill(dropped, 0.0), values_w).mul_(1 / (1 - dropout))
         else:
             out = torch.matmul(probs, values_w)
-        ctx.save_for_backward(q, keys, values, probs, keep)
+        ctx.save_for_backward(q, keys, values, probs, dropped)
         return out.view(*ctx.q_shape[:-1], out.shape[-1]), lse.view(ctx.q_shape[:-1])
 
     @staticmethod
     def backward(ctx, d_out: Tensor | None, d_lse: Tensor | None):
-        q, keys, values, probs, keep = ctx.saved_tensors
+        q, keys, values, probs, dropped = ctx.saved_tensors
         c = q.shape[-2]
         keys_w, values_w = (_windows(keys, c), _windows(values, c)) if ctx.lead_chunk else (keys, values)
         if d_out is None:
             d_out = torch.zeros(*probs.shape[:-1], values.shape[-1], dtype=probs.dtype, device=probs.device)
         d_out = d_out.reshape(*probs.shape[:-1], d_out.shape[-1])
-        d_probs = torch.matmul(d_out, values_w.transpose(-1, -2))
+        # out = s (P o M) V with s = 1 / (1 - p): the rescale rides on d_out (the small tensor), the
+        # mask M zeroes the dropped weights' gradients in place
         weights = probs
-        if keep is not None:
-            scale = keep / (1 - ctx.dropout)
-            weights = probs * scale
-            d_probs = d_probs * scale
+        if dropped is not None:
+            d_out = d_out * (1 / (1 - ctx.dropout))
+            weights = probs.masked_fill(dropped, 0.0)
+        d_probs = torch.matmul(d_out, values_w.transpose(-1, -2))
+        if dropped is not None:
+            d_probs.masked_fill_(dropped, 0.0)
         # softmax backward in one fused kernel, plus d lse / d scores = probs
         d_scores = torch._softmax_backward_data(d_probs, probs, -1, probs.dtype)
         if d_lse is not None:

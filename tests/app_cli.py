@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from app_overrides import TINY
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 # a sweep's job: TINY's model and batches, two steps, evaluated once at the end
@@ -25,9 +25,7 @@ def train_main(argv: list[str], monkeypatch) -> int:
     """experiments/train.py's main in this process; returns the exit status (0 when it returns)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    spec = importlib.util.spec_from_file_location("zoo_train_script", ROOT / "experiments" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(ROOT / "experiments" / "train.py")
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])
     GlobalHydra.instance().clear()
     try:

@@ -2,8 +2,9 @@
 four steps that evaluates and checkpoints every two (tests/train, test_export, and app_cli's sweep
 jobs); and ``script(name)``, the module of ``experiments/<name>.py`` (its ``main`` takes an argv list)."""
 
-import importlib.util
 from pathlib import Path
+
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,4 @@ TINY = [
 
 
 def script(name):
-    spec = importlib.util.spec_from_file_location(f"zoo_{name}_script", ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "experiments" / f"{name}.py")

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("hydra")
 
 from hydra.errors import ConfigCompositionException  # noqa: E402
+from script_modules import load_script
 
 import zoo  # noqa: E402
 from zoo.app import sync  # noqa: E402
@@ -194,14 +195,11 @@ def test_typo_fails_at_compose_time_listing_valid_keys(override, valid):
 
 def test_the_command_line_explains_a_typo_from_hydras_own_failure(monkeypatch, capsys):
     """experiments/train.py composes once (no pre-check): Hydra's failure is explained, exit 2."""
-    import importlib.util
 
     from hydra.core.global_hydra import GlobalHydra
 
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    spec = importlib.util.spec_from_file_location("zoo_train_script", CONF_DIR.parent / "experiments" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(CONF_DIR.parent / "experiments" / "train.py")
     for argv, expected in (
         (["trainer.max_step=3"], "valid: accumulate"),
         (["-m", "model=vanilla_lm,gtrxl", "residual.gate_bias=0"], "residual=gru_gate residual.gate_bias="),

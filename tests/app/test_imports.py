@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +19,8 @@ import pytest
 import torch
 
 pytest.importorskip("hydra")
+
+from script_modules import load_script
 
 from zoo.app.compose import compose, explain_overrides  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402
@@ -79,10 +80,7 @@ def plugin_dir(tmp_path, monkeypatch):
 
 
 def script(name):
-    spec = importlib.util.spec_from_file_location(f"zoo_{name}_script", ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "experiments" / f"{name}.py")
 
 
 def test_your_part_trains_and_its_checkpoint_imports_it_again(tmp_path, plugin_dir, monkeypatch):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from script_modules import load_script
 
 import zoo
 from zoo.data import DataFileNotFound, create_task
@@ -304,7 +305,6 @@ def test_each_format_trains_two_steps_through_the_app(tmp_path, case, cifar_dir)
 
 def test_sample_writes_image_grid_whose_completions_keep_the_top_half(tmp_path):
     pytest.importorskip("hydra")
-    import importlib.util
 
     from zoo.app.compose import compose
     from zoo.app.run import run
@@ -318,11 +318,7 @@ def test_sample_writes_image_grid_whose_completions_keep_the_top_half(tmp_path):
         ),
         run_dir=tmp_path / "run",
     )
-    spec = importlib.util.spec_from_file_location(
-        "zoo_sample_script", Path(__file__).resolve().parents[2] / "experiments" / "sample.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("experiments/sample.py")
     png = tmp_path / "grid.png"
     module.main(
         [str(tmp_path / "run" / "checkpoints" / "last.pt"), "--images", "2", "--png", str(png), "--device", "cpu"]
@@ -499,13 +495,8 @@ def test_imdb_partial_evaluation_sees_both_classes(tmp_path):
 def test_table2_from_a_paired_bench_run(tmp_path):
     """experiments/lra_tables.py --bench: zoo.bench --paired's paired.csv laid out as LRA Table 2, the
     speed-up the median of per-round ratios, the paper's Transformer row beside ours at its lengths."""
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "zoo_lra_tables_script", Path(__file__).resolve().parents[2] / "experiments" / "lra_tables.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("experiments/lra_tables.py")
     bench = tmp_path / "bench"
     bench.mkdir()
     rows = ["length,variant,baseline,median_ms,speedup,speedup_min,speedup_max,act_mib,rounds,device,threads"]

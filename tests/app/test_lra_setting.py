@@ -4,13 +4,13 @@ Table 1 beside the figures reported for it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 from zoo.app.compose import compose
 from zoo.app.paper import count_parameters, meta_model
@@ -142,10 +142,7 @@ def test_table1_files_the_setting_beside_its_reported_figures(tmp_path):
 
 def parity_script():
     path = Path(__file__).resolve().parents[2] / "experiments" / "lra_parity.py"
-    spec = importlib.util.spec_from_file_location("zoo_lra_parity", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script(path)
 
 
 @pytest.mark.skipif(not REF.is_dir(), reason="mlpen/Nystromformer not fetched to ../ref/Nystromformer")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 from zoo.app.compose import compose
 from zoo.app.paper import describe, params_within
@@ -79,11 +80,8 @@ def test_describe_counts_exactly_what_train_builds(tmp_path):
 
 
 def test_describe_json_cli(capsys):
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("describe_cli", PAPER_DIR.parents[2] / "experiments" / "describe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(PAPER_DIR.parents[2] / "experiments" / "describe.py")
     module.main(["experiment=paper/xl_wt103_base", "--json"])
     info = json.loads(capsys.readouterr().out)
     assert isinstance(info["params"], int) and info["paper"]["params"] == 151e6
@@ -167,7 +165,6 @@ def test_paper_config_runs_end_to_end_at_toy_size(name, tmp_path):
 def test_evaluate_cli_takes_the_paper_protocol_from_the_checkpoint(tmp_path):
     """experiments/evaluate.py on a paper run's checkpoint uses paper.eval (memory protocol, eval
     memory and clamp length), with the flags overriding the paper's lengths for this toy model."""
-    import importlib.util
 
     from zoo.app.run import run
 
@@ -175,9 +172,7 @@ def test_evaluate_cli_takes_the_paper_protocol_from_the_checkpoint(tmp_path):
     overrides = ["experiment=paper/xl_enwik8_12l", *paper["toy"], *toy_data("enwik8", tmp_path), *CPU_SMOKE]
     overrides = [o for o in overrides if o != "trainer.checkpoints=false"]
     run(compose(overrides), run_dir=tmp_path / "run")
-    spec = importlib.util.spec_from_file_location("evaluate_cli", PAPER_DIR.parents[2] / "experiments" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(PAPER_DIR.parents[2] / "experiments" / "evaluate.py")
     checkpoint = next((tmp_path / "run" / "checkpoints").glob("*.pt"))
     with torch.no_grad():
         result = module.main(

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 from zoo.data import copy_at_distance as task
 
@@ -61,10 +61,7 @@ def test_bad_options_are_named(options, message):
 
 
 def load_experiment():
-    spec = importlib.util.spec_from_file_location("adaptive_span_range", ROOT / "experiments/adaptive_span_range.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "experiments/adaptive_span_range.py")
 
 
 def test_experiment_smoke(tmp_path):

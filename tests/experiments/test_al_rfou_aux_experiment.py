@@ -4,21 +4,18 @@ step, resuming skips finished runs, and (slow) a smoke run of both arms through 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SHAKESPEARE = Path(os.environ.get("ZOO_DATA_DIR", PROJECT_ROOT.parent / "shared" / "data")) / "tinyshakespeare"
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("al_rfou_aux_script", PROJECT_ROOT / "experiments" / "al_rfou_aux.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PROJECT_ROOT / "experiments" / "al_rfou_aux.py")
 
 
 def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:

@@ -4,19 +4,16 @@ and the report (mean and range over seeds, change past the training length) is c
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 SCRIPT = Path(__file__).parents[2] / "experiments" / "alibi_extrapolation.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("alibi_extrapolation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_train_command_sets_the_scheme_seed_and_training_length(tmp_path):

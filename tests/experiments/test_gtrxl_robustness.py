@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 from zoo.residual.gtrxl import GRUGate
 
@@ -19,10 +19,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gtrxl_robustness", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def rows(path: Path) -> list[dict]:

@@ -4,22 +4,19 @@ resumed without re-running, then merged into the table, CSV and plots."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 
-def load_script():
+def table2_script():
     path = Path(__file__).resolve().parents[2] / "experiments" / "reformer_table2.py"
-    spec = importlib.util.spec_from_file_location("zoo_reformer_table2", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path)
 
 
 def test_runs_resumes_and_merges(tmp_path, capsys):
-    script = load_script()
+    script = table2_script()
     impls = "ours-window,ours-chunk" + (",peer" if script.peer_module() is not None else "")
     argv = [
         "--impl",
@@ -66,7 +63,7 @@ def test_runs_resumes_and_merges(tmp_path, capsys):
 
 def test_bad_impl_is_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="--impl: unknown.*allowed: ours-window"):
-        load_script().main(["--impl", "theirs", "--out", str(tmp_path)])
+        table2_script().main(["--impl", "theirs", "--out", str(tmp_path)])
 
 
 @pytest.mark.parametrize("n_hashes", [1, 4])
@@ -133,7 +130,7 @@ def test_training_through_zoo_steps_equals_the_plain_loop_it_replaced(impl, tmp_
     from zoo.data.synthetic import duplication_batch
     from zoo.train.steps import after_optimizer_step, train_step
 
-    script = load_script()
+    script = table2_script()
     if impl == "peer" and script.peer_module() is None:
         pytest.skip("reformer-pytorch is not installed")
     seen = []

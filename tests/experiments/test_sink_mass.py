@@ -4,11 +4,11 @@ the first keys is read from them."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 import zoo
 from zoo.position.base import POSITION
@@ -17,10 +17,7 @@ SCRIPT = Path(__file__).parents[2] / "experiments" / "sink_mass.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("sink_mass", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.mark.parametrize("position", ["none", "rope", "alibi"])
@@ -53,9 +50,7 @@ def test_mass_on_the_first_keys_per_layer_and_head():
 def test_the_llama_reference_schedule_and_its_sink_rows():
     """experiments/llama_sink_reference.py: warm-up then cosine as our trainer's schedule, and the mass read
     from Llama's own attention weights (where transformers is installed, make peers)."""
-    spec = importlib.util.spec_from_file_location("llama_ref", SCRIPT.parent / "llama_sink_reference.py")
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
+    reference = load_script(SCRIPT.parent / "llama_sink_reference.py")
     rates = [reference.learning_rate(step, 100, 1e-3, 10) for step in range(100)]
     assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3) and rates[10] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(rates[10:], rates[11:])) and rates[-1] < 1e-5

@@ -7,12 +7,12 @@ while the stream is shorter than the window."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from script_modules import load_script
 
 import zoo
 
@@ -20,10 +20,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("streaming_script", PROJECT_ROOT / "experiments" / "streaming.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PROJECT_ROOT / "experiments" / "streaming.py")
 
 
 def trained_checkpoint(tmp_path: Path) -> Path:

@@ -4,21 +4,18 @@ torch.nn.Transformer): a few steps per model, then the report step."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script
 
 SCRIPT = Path(__file__).parents[2] / "experiments" / "ut_length.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("ut_length", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_runs_every_model_resumes_and_reports(tmp_path, monkeypatch):

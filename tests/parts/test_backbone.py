@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from script_modules import load_script
 
 import zoo
 from zoo.presets.factory import get_preset
@@ -219,13 +220,10 @@ def test_bad_vector_inputs_are_refused_clearly():
 def test_backbone_memory_example_runs_and_writes_its_outputs(tmp_path):
     """experiments/backbone_memory.py at a few steps: table, CSV and plot written; bad delays refused."""
     import csv
-    import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "experiments" / "backbone_memory.py"
-    spec = importlib.util.spec_from_file_location("zoo_backbone_memory_script", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(path)
     common = [
         "--segment",
         "4",

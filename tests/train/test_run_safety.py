@@ -20,6 +20,7 @@ import torch
 pytest.importorskip("hydra")
 
 from app_overrides import TINY  # noqa: E402
+from script_modules import load_script
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
@@ -79,11 +80,8 @@ def test_a_checkpoint_copied_without_its_checksum_loads_with_a_warning(tmp_path)
     copied.write_bytes((tmp_path / "run" / "checkpoints" / "best.pt").read_bytes())
     with pytest.warns(UncheckedCheckpointWarning, match=r"best.pt has no checksum file best.pt.sha256.*sha256sum"):
         assert load_checkpoint(copied)["step"] == 2
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("zoo_evaluate_script", ROOT / "experiments" / "evaluate.py")
-    evaluate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evaluate)
+    evaluate = load_script(ROOT / "experiments" / "evaluate.py")
     with pytest.warns(UncheckedCheckpointWarning):
         assert evaluate.main([str(copied), "--batches", "1"])["step"] == 2
     (copied.parent / "best.pt.sha256").write_text(f"{'0' * 64}  best.pt\n")

@@ -21,6 +21,7 @@ pytest.importorskip("hydra")
 
 from app_cli import train_main  # noqa: E402
 from app_overrides import TINY  # noqa: E402
+from script_modules import load_script
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402
@@ -368,7 +369,6 @@ def test_resume_restores_carried_memory(tmp_path, text_file, memory_attention):
 
 
 def test_evaluate_script_carries_memory(tmp_path, text_file, memory_attention, capsys):
-    import importlib.util
 
     train(
         tmp_path,
@@ -376,14 +376,10 @@ def test_evaluate_script_carries_memory(tmp_path, text_file, memory_attention, c
         f"data.path={text_file}",
         f"model.attention={{name: {memory_attention}, max_cache: 8}}",
     )
-    spec = importlib.util.spec_from_file_location("zoo_eval_script", ROOT / "experiments" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(ROOT / "experiments" / "evaluate.py")
     out = module.main([str(tmp_path / "checkpoints" / "best.pt"), "--split", "val", "--batches", "3"])
     assert out["memory_carried"] and math.isfinite(out["val/bpc"]) and out["val/scored"] == 3 * 2 * 16
-    spec = importlib.util.spec_from_file_location("zoo_sample_script", ROOT / "experiments" / "sample.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(ROOT / "experiments" / "sample.py")
     text = module.main([str(tmp_path / "checkpoints" / "best.pt"), "--prompt", "abc", "--tokens", "5"])
     assert text.startswith("abc") and len(text) == 8
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-from zoo.app.lra import PAPER_LENGTHS, markdown, measured_from_bench, plot_table2, table2, write_lra_tables
+from zoo.app.lra import markdown, write_lra_tables
+from zoo.app.lra_papers import PAPER_LENGTHS
+from zoo.app.lra_speed import measured_from_bench, plot_table2, table2
 from zoo.data.layouts import write_lra_data_dir
 
 

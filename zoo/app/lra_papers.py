@@ -1,4 +1,5 @@
-"""The published figures the LRA tables print beside ours (zoo/app/lra.py).
+"""The published figures the LRA tables print beside ours (zoo/app/lra.py, zoo/app/lra_speed.py), and
+which of their rows is a mechanism's (:func:`paper_row`).
 
 - LRA Table 1 (Tay et al. 2021, "Long Range Arena", arXiv:2011.04006): test accuracy (%) of the eleven
   models on ListOps, Text, Retrieval, Image, Pathfinder, Path-X (FAIL for all) and the average of the first
@@ -9,6 +10,8 @@
 """
 
 from __future__ import annotations
+
+from zoo.attention.base import ATTENTION
 
 # LRA Table 1 (test accuracy, %); None = FAIL (chance)
 PAPER_TABLE1 = {
@@ -53,4 +56,11 @@ PAPER_TABLE2 = {
 }
 PAPER_LENGTHS = (1024, 2048, 3072, 4096)
 
-__all__ = ["PAPER_LENGTHS", "PAPER_NYSTROMFORMER", "PAPER_TABLE1", "PAPER_TABLE2"]
+
+def paper_row(mechanism: str) -> str | None:
+    """The LRA paper's row for ``mechanism``, as the mechanism names it; None for one without a
+    counterpart, or one not registered in this process (a plugin whose module was not imported)."""
+    return ATTENTION.get(mechanism).lra_row if mechanism in ATTENTION else None
+
+
+__all__ = ["PAPER_LENGTHS", "PAPER_NYSTROMFORMER", "PAPER_TABLE1", "PAPER_TABLE2", "paper_row"]

@@ -1,6 +1,6 @@
 """The one timing core: timed steps, paired alternating rounds and their ratios, activation bytes.
 
-``python -m zoo.bench``, the LRA Table 2 timing (:func:`zoo.app.lra.measure_speed`) and the
+``python -m zoo.bench``, the LRA Table 2 timing (:func:`zoo.app.lra_speed.measure_speed`) and the
 experiment scripts that time things all measure here, so a speed-up means the same everywhere:
 
 - one step is timed with :func:`clocked` (any callable) or :func:`timed_step` (forward + backward of

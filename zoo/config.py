@@ -196,6 +196,9 @@ class ModelConfig:
     # classifier head
     n_classes: int = 2
     pooling: str = "mean"
+    # padded_mean's divisor, the length the input is padded to (0 = the input's own length t): the PyTorch
+    # LRA code cuts Text and Retrieval at 1,000 / 4,000 bytes and pads to 1,024 / 4,096
+    pool_length: int = 0
     # encoder-decoder
     n_encoder_layers: int = 0  # 0 = n_layers
     src_vocab_size: int = 0  # 0 = vocab_size (shared vocabulary, three-way tying possible)
@@ -236,6 +239,12 @@ class ModelConfig:
         )
         require(self.activation in ("relu", "gelu"), f"activation must be relu or gelu, got {self.activation!r}")
         require(self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        require(self.pool_length >= 0, f"pool_length must be an int >= 0 (0 = input length), got {self.pool_length}")
+        require(
+            not self.pool_length or self.pooling == "padded_mean",
+            f"pool_length divides padded_mean's sum; pooling is {self.pooling!r}: set pooling=padded_mean or "
+            "leave pool_length at 0",
+        )
         require(self.token_init_std >= 0.0, f"token_init_std must be >= 0 (0 = scaled), got {self.token_init_std}")
         require(0.0 <= self.label_smoothing < 1.0, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         adaptive_ok = not self.adaptive or self.kind == "lm"

@@ -105,3 +105,38 @@ def test_padded_mean_pooling_reaches_the_classifiers(kind):
         bias = models["mean"].head.bias
         torch.testing.assert_close(padded - bias, (mean - bias) * 6 / width)
     assert math.isfinite(padded.sum().item())
+
+
+@pytest.mark.parametrize("kind", ["classifier", "pair_classifier"])
+def test_pool_length_gives_what_padding_the_input_to_it_gives(kind):
+    """pool_length=L on t positions equals the same weights on the input padded to L with pooling over L
+    (softmax attention masks the padded keys, and the padded outputs are zeroed before the sum): the
+    PyTorch LRA code's Text / Retrieval (cut at 1,000 / 4,000, padded to 1,024 / 4,096) without the pad."""
+    preset = "vanilla_classifier" if kind == "classifier" else "two_tower_classifier"
+    t, padded_to = 10, 16
+    common = dict(**SMALL, n_classes=3, pooling="padded_mean", head="mlp", max_len=padded_to)
+    cut = zoo.create_model(preset, **common, pool_length=padded_to).eval()
+    padded = zoo.create_model(preset, **common).eval()
+    padded.load_state_dict(cut.state_dict())
+    shape = (2, t) if kind == "classifier" else (2, 2, t)
+    tokens = torch.randint(1, 12, shape)
+    mask = torch.ones(shape, dtype=torch.bool)
+    mask[0, ..., 7:] = False  # a row with padding of its own as well
+    tokens = tokens.masked_fill(~mask, 0)
+    pad = (0, padded_to - t)
+    with torch.no_grad():
+        got = cut(tokens, pad_mask=mask).logits
+        want = padded(torch.nn.functional.pad(tokens, pad), pad_mask=torch.nn.functional.pad(mask, pad)).logits
+        unpadded = padded(tokens, pad_mask=mask).logits  # divided by t instead: not the same
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, unpadded, atol=1e-4)
+
+
+def test_pool_length_is_refused_without_padded_mean_and_below_the_input_length():
+    with pytest.raises(ValueError, match="pool_length divides padded_mean"):
+        ModelConfig(**SMALL, kind="classifier", pooling="mean", pool_length=16)
+    with pytest.raises(ValueError, match="pool_length must be an int >= 0"):
+        ModelConfig(**SMALL, kind="classifier", pooling="padded_mean", pool_length=-1)
+    model = zoo.create_model("vanilla_classifier", **SMALL, pooling="padded_mean", pool_length=8, max_len=16)
+    with pytest.raises(ValueError, match="pool_length=8 is shorter than the input"):
+        model(torch.randint(1, 12, (1, 10)))

@@ -34,11 +34,19 @@ def classifier_head(config: ModelConfig, d_in: int) -> nn.Module | None:
     return nn.Linear(d_in, config.n_classes)
 
 
-def pool(h: Tensor, pad_mask: Tensor | None, mode: str) -> Tensor:
+def pool(h: Tensor, pad_mask: Tensor | None, mode: str, length: int = 0) -> Tensor:
     """[n, t, d] -> [n, d]: the first position (``first``), the mean over the real positions (``mean``),
-    or the padded outputs zeroed and the sum divided by t, real or not (``padded_mean``)."""
+    or the padded outputs zeroed and the sum divided by the padded length, real or not (``padded_mean``):
+    ``length`` where given (the length the input would be padded to, >= t), else t. With a key-masking
+    attention, ``length`` L on t positions gives what the input padded to L gives: the L - t padded
+    outputs are zeroed before the sum."""
     if mode == "first":
         return h[:, 0]
+    if mode == "padded_mean" and length:
+        if length < h.shape[1]:
+            raise ValueError(f"pool_length={length} is shorter than the input ({h.shape[1]} positions)")
+        kept = h if pad_mask is None else h * pad_mask.to(h.dtype)[..., None]
+        return kept.sum(1) / length
     if pad_mask is None:
         return h.mean(1)
     weights = pad_mask.to(h.dtype)[..., None]
@@ -87,7 +95,7 @@ class SequenceClassifier(ZooModel):
         check_pad_mask(pad_mask, x[..., 0])
         out = self.stack(self.drop(self.position(x)), pad_mask=pad_mask)
         h = self.norm(out.x)  # [b, t, d]
-        logits = self.output_head(pool(h, pad_mask, self.config.pooling))
+        logits = self.output_head(pool(h, pad_mask, self.config.pooling, self.config.pool_length))
         loss, stats = None, out.stats
         if targets is not None:
             n_classes = self.config.n_classes

@@ -88,7 +88,8 @@ class TwoTowerClassifier(ZooModel):
         flat_tokens = rearrange(tokens, "b two t -> (b two) t") if tokens is not None else None
         flat_embeds = rearrange(embeds, "b two t d -> (b two) t d") if embeds is not None else None
         hidden, out = self.encode(flat_tokens, flat_mask, flat_embeds)
-        u, v = rearrange(pool(hidden, flat_mask, self.config.pooling), "(b two) d -> two b d", two=2)
+        pooled = pool(hidden, flat_mask, self.config.pooling, self.config.pool_length)
+        u, v = rearrange(pooled, "(b two) d -> two b d", two=2)
         logits = self.output_head(torch.cat([u, v, u * v, u - v], dim=-1))
         loss = None
         if targets is not None:

@@ -11,7 +11,10 @@
 # ReformerConfig defaults): 2 rounds, chunks of 64, 64 buckets at 2,048 tokens (their automatic count,
 # 2 x length / chunk rounded down to a power of 2), own + previous chunk across buckets, and no dropout
 # on the attention weights (their lsh_attention_probs_dropout_prob is 0; their model's 0.1 is applied
-# to softmax attention only).
+# to softmax attention only). Left as ours: the rounds are sorted apart (theirs share one sorted sequence),
+# fresh rotations per optimiser step (theirs per call), biases on the query-key and value projections (theirs
+# none), and scores q . k / sqrt(d_k) with unit keys k (theirs
+# q . k unscaled, sqrt(32) times ours at the start; see zoo/attention/lsh.py).
 # Deviation from their loop, for CPU time only: the dev split (1,984 examples) is scored every 500 steps,
 # not every 50, so the best checkpoint is chosen among 10 evaluations instead of 100 (last.pt every 100 steps).
 set -u

@@ -27,7 +27,7 @@ from app_overrides import TINY, script  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
-from zoo.train.checkpoint import CheckpointError, load_checkpoint  # noqa: E402
+from zoo.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
 from zoo.train.steps import TrainingDiverged  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -459,3 +459,19 @@ def test_a_data_option_added_since_the_checkpoint_counts_as_its_default():
     assert config_diff(older, saved) and not config_diff(with_new_defaults(older, task), saved)
     other = {**saved, "options": {**saved["options"], "path": "elsewhere"}}
     assert config_diff(with_new_defaults(other, task), saved)
+
+
+def test_a_model_field_added_since_the_checkpoint_counts_as_its_default(tmp_path):
+    """A checkpoint written before a ModelConfig field existed (here pool_length and token_init_std) was made
+    by the model that field's default gives, so the run resumes from it; setting the field to another value
+    is another model, and is still refused."""
+    train(tmp_path, "trainer.max_steps=2", "trainer.checkpoint_every=2", "trainer.eval_every=0")
+    path = tmp_path / "checkpoints" / "last.pt"
+    payload = load_checkpoint(path)
+    for field in ("pool_length", "token_init_std"):
+        del payload["model_config"][field]
+    save_checkpoint(path, payload)  # as an older version wrote it (with its checksum)
+    train(tmp_path, "trainer.max_steps=3", "trainer.eval_every=0", "trainer.resume=auto")
+    assert load_checkpoint(path)["step"] == 3
+    with pytest.raises(CheckpointError, match="token_init_std: checkpoint 0.0 vs now 0.02"):
+        train(tmp_path, "trainer.max_steps=4", "trainer.resume=auto", "model.token_init_std=0.02")

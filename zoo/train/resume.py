@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from zoo.config import model_defaults
 from zoo.data.base import Task
 from zoo.train.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -145,10 +146,17 @@ def with_new_defaults(saved: dict[str, Any], task: Task) -> dict[str, Any]:
     return {**saved, "options": {**added, **saved["options"]}}
 
 
+def with_new_model_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """The saved model config with each field added to :class:`~zoo.config.ModelConfig` since it was written
+    set to that field's default, which is what the model was then (a new field's default keeps the old
+    behaviour: e.g. ``pool_length``, added with the PyTorch LRA code's padded length)."""
+    return {**model_defaults(), **saved}
+
+
 def checked(path: str | Path, *, model: nn.Module, task: Task, world_size: int, optim: OptimOptions) -> dict:
     """The checkpoint at ``path``, refused (:class:`CheckpointError`) unless it continues this run."""
     ckpt = load_checkpoint(path)
-    diff = config_diff(ckpt["model_config"], model.config.to_dict())
+    diff = config_diff(with_new_model_defaults(ckpt["model_config"]), model.config.to_dict())
     if diff:
         raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
     diff = config_diff(with_new_defaults(ckpt.get("task", {}), task), task_info(task))

@@ -14,7 +14,9 @@
 # to softmax attention only). Left as ours: the rounds are sorted apart (theirs share one sorted sequence),
 # fresh rotations per optimiser step (theirs per call), biases on the query-key and value projections (theirs
 # none), and scores q . k / sqrt(d_k) with unit keys k (theirs
-# q . k unscaled, sqrt(32) times ours at the start; see zoo/attention/lsh.py).
+# q . k unscaled, sqrt(32) times ours at the start; see zoo/attention/lsh.py). The last two are options
+# (lsh:attention.bias=false:attention.scale_scores=false); the reported lsh_s0 run was made without them,
+# so they stay off here and that run's directory still resumes.
 # Deviation from their loop, for CPU time only: the dev split (1,984 examples) is scored every 500 steps,
 # not every 50, so the best checkpoint is chosen among 10 evaluations instead of 100 (last.pt every 100 steps).
 set -u

@@ -35,7 +35,7 @@ def dense_lsh(attn, x, pad_mask=None):
         ..., :t
     ]  # [b, h, R, t]
     turned = attn.rotate(qk, torch.arange(t))
-    scores = torch.einsum("bhik,bhjk->bhij", turned, F.normalize(turned, dim=-1)) * qk.shape[-1] ** -0.5
+    scores = torch.einsum("bhik,bhjk->bhij", turned, F.normalize(turned, dim=-1)) * attn.score_scale
     i = torch.arange(t)
     bias = attn.pair_bias(i[:, None] - i[None, :], scores.dtype)
     if bias is not None:
@@ -111,6 +111,41 @@ def test_scores_are_scaled_by_root_dk_and_trax_unscaled_form_is_a_weight_scale(n
         attn.to_qk.weight.mul_(attn.head_dim**0.5)
         attn.to_qk.bias.mul_(attn.head_dim**0.5)
     torch.testing.assert_close(attn(x).out, unscaled, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["lsh", "shared_qk"])
+def test_unscaled_scores_option_is_the_paper_form_with_w_qk_times_root_dk(name):
+    """scale_scores=False (trax's and Hugging Face's q . k with unit keys) equals the default with W_qk and
+    its bias multiplied by sqrt(d_k), on every path: the causal lead-chunk layout, the look-back blocks
+    (across buckets, bidirectional), the stream from a state, and the dense shared_qk; and differs
+    from the default on the same weights."""
+    paths = (
+        [dict(causal=True), dict(causal=True, attend_across_buckets=True), dict(causal=False)]
+        if name == "lsh"
+        else [dict(causal=True), dict(causal=False)]
+    )
+    for path in paths:
+        causal = path.pop("causal")
+        options = dict(chunk_size=8, n_hashes=2, n_buckets=4, **path) if name == "lsh" else {}
+        make = lambda **extra: zoo.create_attention(  # noqa: E731
+            name, d_model=D, n_heads=H, causal=causal, **options, **extra
+        ).eval()
+        unscaled, paper = make(scale_scores=False), make()
+        paper.load_state_dict(unscaled.state_dict())
+        x = torch.randn(2, 61, D)
+        differs = not torch.allclose(unscaled(x).out, paper(x).out, atol=1e-3)
+        with torch.no_grad():
+            paper.to_qk.weight.mul_(paper.head_dim**0.5)
+            paper.to_qk.bias.mul_(paper.head_dim**0.5)
+        torch.testing.assert_close(unscaled(x).out, paper(x).out, atol=1e-5, rtol=1e-4)
+        assert differs, (name, causal, path)
+        for model in (unscaled, paper) if causal and not path else ():  # from a state, each its own scale
+            state, outs = model.init_state(2), []
+            for piece in x.split([7, 1, 19, 34], dim=1):
+                step = model(piece, state=state)
+                outs.append(step.out)
+                state = step.state
+            torch.testing.assert_close(torch.cat(outs, 1), model(x).out, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("t", [64, 61])  # 61: not a multiple of the chunk: padded

@@ -47,9 +47,11 @@ Deviations (each on purpose, each tested):
 - Scores are q . k / sqrt(d_k) with k = q / |q|: the paper's form (Section 2 keeps the scaled
   dot product of the Transformer). trax and the Hugging Face port score q . k / |k| unscaled
   (their ``length_normalized`` divides by the RMS, then by sqrt(d_k): a unit key), so their
-  logits are sqrt(d_k) times ours, a temperature the learned W_qk absorbs. To reproduce their
-  outputs, multiply ``to_qk``'s weight and bias by sqrt(d_k) (the angular hash is scale-free, so
-  the buckets stay the same); tests/parts/test_lsh.py checks this conversion.
+  logits are sqrt(d_k) times ours, a temperature the learned W_qk absorbs at a given point but
+  not along training (the optimiser steps W_qk, not the logits). ``scale_scores=False`` scores as
+  they do; equivalently, multiplying ``to_qk``'s weight and bias by sqrt(d_k) turns one form into
+  the other (the angular hash is scale-free, so the buckets stay the same). tests/parts/test_lsh.py
+  checks both.
 - Hashing is seeded: the rotations are a function of (``seed``, layer index, step), where the
   step advances in ``after_optimizer_step``. Two calls between optimiser steps hash the same way
   (a recomputing stack gets the same buckets in backward without touching the RNG), while
@@ -114,6 +116,7 @@ class LSHAttention(SharedQKProjections):
         look_back: str = "window"
         seed: int = 0  # base seed of the random rotations
         bias: bool = True  # bias in the projections
+        scale_scores: bool = True  # q . k / sqrt(d_k) (the paper); False: q . k unscaled, as trax and Hugging Face
 
         def __post_init__(self) -> None:
             require(
@@ -293,7 +296,7 @@ class LSHAttention(SharedQKProjections):
             # whole, so what it holds does not matter. The chunks of every round then sit in one
             # flat sequence behind one leading filler chunk, and chunk i's keys (chunk i - 1, then
             # chunk i) are a strided window of it: no look-back copy of keys, values or buckets.
-            keys = _UnitKeys.apply(q_sorted, k**-0.5)  # scaled unit keys, in the lead-chunk layout
+            keys = _UnitKeys.apply(q_sorted, self.score_scale)  # scaled unit keys, in the lead-chunk layout
             values = _lead_chunk(rearrange(v_sorted, "B r n c k -> (B r n c) k"), c)
             bucket_keys = _lead_chunk(bucket_sorted.reshape(-1), c).as_strided(
                 (B, R, n, 2 * c), (R * n * c, n * c, c, 1)
@@ -323,7 +326,7 @@ class LSHAttention(SharedQKProjections):
                 masked = _look_back(bucket_sorted)[..., None, :] != bucket_sorted[..., :, None]
                 if static_masked is not None:
                     masked = masked | static_masked
-            q_sorted = q_sorted * k**-0.5  # (the lead-chunk keys carry the scale instead)
+            q_sorted = q_sorted * self.score_scale  # (the lead-chunk keys carry the scale instead)
         bias = None
         if self.has_pair_bias:  # b(i - j) over the chunk's pairs, each row with its own head
             head = (torch.arange(B, device=x.device) % h).view(B, 1, 1, 1, 1)
@@ -349,7 +352,7 @@ class LSHAttention(SharedQKProjections):
         dropout = self.dropout if self.training else 0.0
         bias_of = (lambda distance, head: self.pair_bias(distance, qk.dtype, head)) if self.has_pair_bias else None
         out, cache = stream_lsh(
-            qk,
+            qk * self.score_scale,  # the keys are its unit vectors: the scale reaches the queries only
             v,
             buckets,
             cache,

@@ -74,7 +74,8 @@ def stream_lsh(
     bias_of: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, LSHCache]:
     """Continue LSH attention over new tokens: qk, v [b, h, t, k] (shared query-key projections and
-    values, already rotated when the layer uses rope), buckets [b, h, R, t] (padding in bucket
+    values, already rotated when the layer uses rope; qk times the layer's score scale, which reaches
+    only the queries: the keys are qk's unit vectors), buckets [b, h, R, t] (padding in bucket
     n_buckets). ``bias_of(distance, head)`` -> the pair bias of each entry (the layer's ``pair_bias``),
     or None. Returns the outputs [b, h, t, k] before the output projection, and the cache to carry
     on (detached)."""
@@ -132,7 +133,7 @@ def _piece(
     source = order.gather(-1, window.flatten(-2))  # window slots -> items of keys / values
     window_keys = keys.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
     window_values = values.gather(3, source[..., None].expand(-1, -1, -1, -1, k)).view(*window.shape, k)
-    scores = torch.einsum("bhtk,bhrtwk->bhrtw", qk * k**-0.5, window_keys)
+    scores = torch.einsum("bhtk,bhrtwk->bhrtw", qk, window_keys)
     if bias_of is not None:  # the positions travel with the cached items
         key_position = sorted_position.gather(-1, window.flatten(-2)).view_as(window)
         head = torch.arange(h, device=qk.device).view(1, h, 1, 1, 1)
@@ -165,7 +166,7 @@ def _one_token(
     bucket = buckets[..., 0]  # [b, h, R]
     filled = cache.position >= 0
     same = (cache.bucket == bucket[..., None]) & filled  # [b, h, R, N]
-    scores = torch.einsum("bhk,bhrnk->bhrn", qk[:, :, 0] * k**-0.5, cache.keys)
+    scores = torch.einsum("bhk,bhrnk->bhrn", qk[:, :, 0], cache.keys)
     if bias_of is not None:  # the cached items carry their positions; empty slots are masked below
         head = torch.arange(qk.shape[1], device=qk.device).view(1, -1, 1, 1)
         scores = scores + bias_of(cache.next - cache.position, head)

@@ -47,6 +47,13 @@ class SharedQKProjections(Attention):
         self.to_v = nn.Linear(d_model, d_model, bias=bias)
         self.to_out = nn.Linear(d_model, d_model, bias=bias)
 
+    @property
+    def score_scale(self) -> float:
+        """What q . k is multiplied by, k the unit key: 1 / sqrt(d_k), the paper's scaled dot product
+        (``scale_scores=True``), or 1, trax's and the Hugging Face port's (their ``length_normalized``
+        key divided by sqrt(d_k) is the unit key, and the query is not scaled): sqrt(d_k) times hotter."""
+        return self.head_dim**-0.5 if self.options.scale_scores else 1.0
+
     def check_inputs(self, x, context, pad_mask, state) -> None:
         if context is not None:
             raise ValueError(
@@ -71,6 +78,7 @@ class SharedQKAttention(SharedQKProjections):
     @dataclass
     class Options:
         bias: bool = True
+        scale_scores: bool = True  # q . k / sqrt(d_k); False: q . k unscaled, as trax (see score_scale)
 
     @classmethod
     def contract_state(cls) -> StateContract:
@@ -112,6 +120,6 @@ class SharedQKAttention(SharedQKProjections):
         if bias is not None:
             mask = bias.masked_fill(~mask, float("-inf"))  # [1 or b, h, t, s]
         out = F.scaled_dot_product_attention(
-            q, keys, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+            q, keys, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, scale=self.score_scale
         )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

@@ -113,39 +113,37 @@ def test_scores_are_scaled_by_root_dk_and_trax_unscaled_form_is_a_weight_scale(n
     torch.testing.assert_close(attn(x).out, unscaled, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["lsh", "shared_qk"])
-def test_unscaled_scores_option_is_the_paper_form_with_w_qk_times_root_dk(name):
+@pytest.mark.parametrize(
+    "name, causal, path",
+    [
+        ("lsh", True, {}),  # the causal lead-chunk layout, and the stream from a state
+        ("lsh", True, {"attend_across_buckets": True}),  # look-back blocks
+        ("lsh", False, {}),  # bidirectional look-back blocks
+        ("shared_qk", True, None),  # dense, and its KV-cache stream
+        ("shared_qk", False, None),
+    ],
+)
+def test_unscaled_scores_option_is_the_paper_form_with_w_qk_times_root_dk(name, causal, path):
     """scale_scores=False (trax's and Hugging Face's q . k with unit keys) equals the default with W_qk and
-    its bias multiplied by sqrt(d_k), on every path: the causal lead-chunk layout, the look-back blocks
-    (across buckets, bidirectional), the stream from a state, and the dense shared_qk; and differs
-    from the default on the same weights."""
-    paths = (
-        [dict(causal=True), dict(causal=True, attend_across_buckets=True), dict(causal=False)]
-        if name == "lsh"
-        else [dict(causal=True), dict(causal=False)]
-    )
-    for path in paths:
-        causal = path.pop("causal")
-        options = dict(chunk_size=8, n_hashes=2, n_buckets=4, **path) if name == "lsh" else {}
-        make = lambda **extra: zoo.create_attention(  # noqa: E731
-            name, d_model=D, n_heads=H, causal=causal, **options, **extra
-        ).eval()
-        unscaled, paper = make(scale_scores=False), make()
-        paper.load_state_dict(unscaled.state_dict())
-        x = torch.randn(2, 61, D)
-        differs = not torch.allclose(unscaled(x).out, paper(x).out, atol=1e-3)
-        with torch.no_grad():
-            paper.to_qk.weight.mul_(paper.head_dim**0.5)
-            paper.to_qk.bias.mul_(paper.head_dim**0.5)
-        torch.testing.assert_close(unscaled(x).out, paper(x).out, atol=1e-5, rtol=1e-4)
-        assert differs, (name, causal, path)
-        for model in (unscaled, paper) if causal and not path else ():  # from a state, each its own scale
-            state, outs = model.init_state(2), []
-            for piece in x.split([7, 1, 19, 34], dim=1):
-                step = model(piece, state=state)
-                outs.append(step.out)
-                state = step.state
-            torch.testing.assert_close(torch.cat(outs, 1), model(x).out, atol=1e-5, rtol=1e-4)
+    its bias multiplied by sqrt(d_k) on every path, streams included, and differs from the default on the
+    same weights."""
+    options = {} if path is None else dict(chunk_size=8, n_hashes=2, n_buckets=4, **path)
+    unscaled = zoo.create_attention(name, d_model=D, n_heads=H, causal=causal, scale_scores=False, **options).eval()
+    paper = zoo.create_attention(name, d_model=D, n_heads=H, causal=causal, **options).eval()
+    paper.load_state_dict(unscaled.state_dict())
+    x = torch.randn(2, 61, D)
+    assert not torch.allclose(unscaled(x).out, paper(x).out, atol=1e-3)
+    with torch.no_grad():
+        paper.to_qk.weight.mul_(paper.head_dim**0.5)
+        paper.to_qk.bias.mul_(paper.head_dim**0.5)
+    torch.testing.assert_close(unscaled(x).out, paper(x).out, atol=1e-5, rtol=1e-4)
+    for model in (unscaled, paper) if causal and not path else ():  # from a state, each with its own scale
+        state, outs = model.init_state(2), []
+        for piece in x.split([7, 1, 19, 34], dim=1):
+            step = model(piece, state=state)
+            outs.append(step.out)
+            state = step.state
+        torch.testing.assert_close(torch.cat(outs, 1), model(x).out, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("t", [64, 61])  # 61: not a multiple of the chunk: padded

@@ -114,3 +114,24 @@ def test_the_layer_equals_the_paper_layer_written_out(options):
         layer.o_norm.uniform_(0.5, 1.5)
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     torch.testing.assert_close(layer(x).out, written_out_layer(layer, x), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "mamba2"])
+def test_padded_positions_neither_read_nor_update_the_state(name):
+    """The state after [real ; padding] equals the state after the real tokens alone (right padding), and a
+    stream's state after [padding ; real] equals a fresh stream over the real tokens (left padding): the
+    convolution tail holds the padding as the zeros before a stream, the matrix is neither written nor
+    decayed there."""
+    torch.manual_seed(0)
+    layer = zoo.create_attention(name, d_model=16, n_heads=2, causal=True, chunk_size=4, conv_size=3).double()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    right = torch.ones(2, 13, dtype=torch.bool)
+    right[:, 9:] = False
+    padded = layer(x, pad_mask=right, state=layer.init_state(2)).state
+    real = layer(x[:, :9], state=layer.init_state(2)).state
+    torch.testing.assert_close(padded.memory, real.memory, rtol=0, atol=1e-12)
+    left = right.flip(1)  # the first 4 positions padded
+    padded = layer(x, pad_mask=left, state=layer.init_state(2))
+    fresh = layer(x[:, 4:], state=layer.init_state(2))
+    torch.testing.assert_close(padded.out[:, 4:], fresh.out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(padded.state.memory, fresh.state.memory, rtol=0, atol=1e-12)

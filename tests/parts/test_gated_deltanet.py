@@ -99,7 +99,10 @@ def test_equals_qwen3_next_torch_gated_delta_rule():
     ours, ours_state = chunk_delta_rule(l2_normalise(raw_q) * DK**-0.5, l2_normalise(raw_k), v, beta, decay, state, 4)
     args = time_major(raw_q, raw_k, v)
     g, b = time_major(decay, beta)
-    for fn, extra in ((qwen.torch_chunk_gated_delta_rule, {"chunk_size": 8}), (qwen.torch_recurrent_gated_delta_rule, {})):
+    for fn, extra in (
+        (qwen.torch_chunk_gated_delta_rule, {"chunk_size": 8}),
+        (qwen.torch_recurrent_gated_delta_rule, {}),
+    ):
         theirs, theirs_state = fn(
             *args, g=g, beta=b, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True, **extra
         )

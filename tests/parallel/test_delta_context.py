@@ -1,8 +1,8 @@
 """Context parallelism of the matrix-state mechanisms (deltanet, gated_deltanet, mamba2) with padding, on real
 processes (gloo, float64): the state before each rank's part is composed from the earlier ranks' affine maps
 and the short convolution reads its halo from them, so logits, loss, every gradient equal one process's to
-1e-10, over 2 and 4 ranks (tests/parallel/test_context_parallel.py's check). Without padding they are in that file's sweep over
-every registered mechanism."""
+1e-10, over 2 and 4 ranks (tests/parallel/test_context_parallel.py's check). Without padding they are in
+that file's sweep over every registered mechanism."""
 
 from __future__ import annotations
 

@@ -27,18 +27,21 @@ FLA_OPS = REFERENCES / "flash-linear-attention" / "fla" / "ops"
 NYSTROMFORMER_LRA = REFERENCES / "Nystromformer" / "LRA" / "code"
 
 
-def mlpen_module(name: str) -> ModuleType:
-    """``LRA/code/<name>.py`` of mlpen/Nystromformer as a module; skips the test when it is not fetched."""
-    path = NYSTROMFORMER_LRA / f"{name}.py"
+def _module(path: Path, key: str, missing: str) -> ModuleType:
+    """The file at ``path`` as a module (cached as ``key``); skips the test, saying ``missing``, when absent."""
     if not path.is_file():
-        pytest.skip(f"mlpen/Nystromformer not fetched: {path} is missing (set ZOO_REFERENCES)")
-    key = f"mlpen_lra_{name}"
+        pytest.skip(f"{missing}: {path} is missing (set ZOO_REFERENCES)")
     if key not in sys.modules:
         spec = importlib.util.spec_from_file_location(key, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[key] = module
     return sys.modules[key]
+
+
+def mlpen_module(name: str) -> ModuleType:
+    """``LRA/code/<name>.py`` of mlpen/Nystromformer as a module; skips the test when it is not fetched."""
+    return _module(NYSTROMFORMER_LRA / f"{name}.py", f"mlpen_lra_{name}", "mlpen/Nystromformer not fetched")
 
 
 class _Float64Torch:
@@ -56,15 +59,9 @@ class _Float64Torch:
 def fla_naive(op: str, float64: bool = False) -> ModuleType:
     """``fla/ops/<op>/naive.py`` of flash-linear-attention as a module; skips the test when it is not fetched.
     ``float64``: a copy whose ``torch.float32`` is float64 (:class:`_Float64Torch`)."""
-    path = FLA_OPS / op / "naive.py"
-    if not path.is_file():
-        pytest.skip(f"flash-linear-attention not fetched: {path} is missing (set ZOO_REFERENCES)")
     key = f"fla_naive_{op}{'_float64' if float64 else ''}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if float64:
-            module.torch = _Float64Torch()
-        sys.modules[key] = module
-    return sys.modules[key]
+    fresh = key not in sys.modules
+    module = _module(FLA_OPS / op / "naive.py", key, "flash-linear-attention not fetched")
+    if float64 and fresh:
+        module.torch = _Float64Torch()
+    return module

@@ -27,20 +27,17 @@ from einops import rearrange
 
 import zoo
 from tests.parts.references import fla_naive
-from tests.parts.test_deltanet import written_out_layer
+from tests.parts.test_deltanet import B, H, written_out_layer
+from tests.parts.test_deltanet import inputs as delta_inputs
 from zoo.attention.delta_chunks import chunk_delta_rule, l2_normalise, recurrent_delta_rule
 
-B, H, DK, DV = 2, 3, 5, 7
+DK = 5
 
 
 def inputs(t, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, t, DK, generator=g, dtype=dtype)
-    k = l2_normalise(torch.randn(B, H, t, DK, generator=g, dtype=dtype))
-    v = torch.randn(B, H, t, DV, generator=g, dtype=dtype)
-    beta = torch.rand(B, H, t, generator=g, dtype=dtype)
-    decay = -torch.rand(B, H, t, generator=g, dtype=dtype) * 2  # log alpha, alpha in (e^-2, 1)
-    state = torch.randn(B, H, DK, DV, generator=g, dtype=dtype)
+    """DeltaNet's test inputs and a log-decay g in (-2, 0]: q, k, v, beta, g, state."""
+    q, k, v, beta, state = delta_inputs(t, seed, dtype)
+    decay = -torch.rand(B, H, t, generator=torch.Generator().manual_seed(seed + 100), dtype=dtype) * 2
     return q, k, v, beta, decay, state
 
 

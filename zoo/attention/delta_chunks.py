@@ -36,6 +36,10 @@ below): a cumulated log-decay in 8 bits loses the ratio of two decays.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -49,13 +53,23 @@ def l2_normalise(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def _float32_island(*tensors: Tensor | None) -> tuple[torch.dtype, list[Tensor | None]]:
-    """The dtype to return in, and the tensors in at least float32 (float64 stays float64)."""
-    dtype = tensors[0].dtype
-    wide = torch.promote_types(dtype, torch.float32)
-    return dtype, [None if x is None else x.to(wide) for x in tensors]
+def float32_island(form: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
+    """Run a form (q, k, v, beta, g, state, ...) with autocast off and its tensors in at least float32
+    (float64 stays float64), returning (o, state) in q's dtype: under bf16 the cumulated log-decays, their
+    ratios and the triangular solve keep float32."""
+
+    @functools.wraps(form)
+    def run(q: Tensor, *args: Any) -> tuple[Tensor, Tensor]:
+        dtype = q.dtype
+        wide = torch.promote_types(dtype, torch.float32)
+        with torch.autocast(q.device.type, enabled=False):
+            out, state = form(*(x.to(wide) if isinstance(x, Tensor) else x for x in (q, *args)))
+        return out.to(dtype), state.to(dtype)
+
+    return run
 
 
+@float32_island
 def chunk_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -67,43 +81,42 @@ def chunk_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """The chunkwise-parallel form (module docstring) -> (o [b, h, t, e], state after the last position
     [b, h, k, e]). ``beta`` None: no delta rule (u = v); ``g`` None: no decay; ``state`` None: zeros."""
-    with torch.autocast(q.device.type, enabled=False):  # float32 island: decays and the triangular solve
-        dtype, (q, k, v, beta, g, state) = _float32_island(q, k, v, beta, g, state)
-        b, h, t, dk = k.shape
-        dv = v.shape[-1]
-        c = min(chunk_size, t)  # one token (decoding) costs no C x C block
-        pad = -t % c  # zeros past the end: k = 0 adds nothing, g = 0 decays nothing
-        q, k, v = (rearrange(F.pad(x, (0, 0, 0, pad)), "b h (n c) f -> b h n c f", c=c) for x in (q, k, v))
-        if g is None:
-            cum = q.new_zeros(q.shape[:-1])
-        else:
-            cum = rearrange(F.pad(g, (0, pad)), "b h (n c) -> b h n c", c=c).cumsum(-1)  # G within each chunk
-        lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-        # Gamma_ij = exp(G_i - G_j) on and below the diagonal; above it -inf before exp (no overflow), so 0
-        gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-        if beta is None:
-            u, w = v, None
-        else:
-            beta = rearrange(F.pad(beta, (0, pad)), "b h (n c) -> b h n c 1", c=c)
-            kb = k * beta
-            strict = (kb @ k.transpose(-1, -2) * gamma).tril(-1)
-            rhs = torch.cat([v * beta, kb * cum.exp()[..., None]], -1)
-            solved = torch.linalg.solve_triangular(strict, rhs, upper=False, unitriangular=True)  # (I + A)^-1
-            u, w = solved[..., :dv], solved[..., dv:]
-        scores = q @ k.transpose(-1, -2) * gamma  # lower-triangular: gamma is 0 above the diagonal
-        q_decayed = q * cum.exp()[..., None]
-        k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
-        end_decay = cum[..., -1].exp()[..., None, None]  # [b, h, n, 1, 1]
-        s = q.new_zeros(b, h, dk, dv) if state is None else state
-        outs = []
-        for i in range(q.shape[2]):  # the state passes from chunk to chunk
-            v_new = u[:, :, i] if w is None else u[:, :, i] - w[:, :, i] @ s
-            outs.append(q_decayed[:, :, i] @ s + scores[:, :, i] @ v_new)
-            s = s * end_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ v_new
-        out = rearrange(torch.stack(outs, 2), "b h n c e -> b h (n c) e")[:, :, :t]
-        return out.to(dtype), s.to(dtype)
+    b, h, t, dk = k.shape
+    dv = v.shape[-1]
+    c = min(chunk_size, t)  # one token (decoding) costs no C x C block
+    pad = -t % c  # zeros past the end: k = 0 adds nothing, g = 0 decays nothing
+    q, k, v = (rearrange(F.pad(x, (0, 0, 0, pad)), "b h (n c) f -> b h n c f", c=c) for x in (q, k, v))
+    if g is None:
+        cum = q.new_zeros(q.shape[:-1])
+    else:
+        cum = rearrange(F.pad(g, (0, pad)), "b h (n c) -> b h n c", c=c).cumsum(-1)  # G within each chunk
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    # Gamma_ij = exp(G_i - G_j) on and below the diagonal; above it -inf before exp (no overflow), so 0
+    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    if beta is None:
+        u, w = v, None
+    else:
+        beta = rearrange(F.pad(beta, (0, pad)), "b h (n c) -> b h n c 1", c=c)
+        kb = k * beta
+        strict = (kb @ k.transpose(-1, -2) * gamma).tril(-1)
+        rhs = torch.cat([v * beta, kb * cum.exp()[..., None]], -1)
+        solved = torch.linalg.solve_triangular(strict, rhs, upper=False, unitriangular=True)  # (I + A)^-1
+        u, w = solved[..., :dv], solved[..., dv:]
+    scores = q @ k.transpose(-1, -2) * gamma  # lower-triangular: gamma is 0 above the diagonal
+    q_decayed = q * cum.exp()[..., None]
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
+    end_decay = cum[..., -1].exp()[..., None, None]  # [b, h, n, 1, 1]
+    s = q.new_zeros(b, h, dk, dv) if state is None else state
+    outs = []
+    for i in range(q.shape[2]):  # the state passes from chunk to chunk
+        v_new = u[:, :, i] if w is None else u[:, :, i] - w[:, :, i] @ s
+        outs.append(q_decayed[:, :, i] @ s + scores[:, :, i] @ v_new)
+        s = s * end_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ v_new
+    out = rearrange(torch.stack(outs, 2), "b h n c e -> b h (n c) e")[:, :, :t]
+    return out, s
 
 
+@float32_island
 def recurrent_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -114,20 +127,18 @@ def recurrent_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """The recurrent form, token by token (module docstring): what decoding runs, constant state
     [b, h, k, e]. Same arguments and result as :func:`chunk_delta_rule`."""
-    with torch.autocast(q.device.type, enabled=False):  # float32 island, as the chunk form
-        dtype, (q, k, v, beta, g, state) = _float32_island(q, k, v, beta, g, state)
-        b, h, t, dk = k.shape
-        s = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state
-        outs = []
-        for i in range(t):
-            if g is not None:
-                s = s * g[:, :, i, None, None].exp()
-            u = v[:, :, i]
-            if beta is not None:
-                u = beta[:, :, i, None] * (u - torch.einsum("bhke,bhk->bhe", s, k[:, :, i]))
-            s = s + k[:, :, i, :, None] * u[:, :, None, :]
-            outs.append(torch.einsum("bhke,bhk->bhe", s, q[:, :, i]))
-        return torch.stack(outs, 2).to(dtype), s.to(dtype)
+    b, h, t, dk = k.shape
+    s = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state
+    outs = []
+    for i in range(t):
+        if g is not None:
+            s = s * g[:, :, i, None, None].exp()
+        u = v[:, :, i]
+        if beta is not None:
+            u = beta[:, :, i, None] * (u - torch.einsum("bhke,bhk->bhe", s, k[:, :, i]))
+        s = s + k[:, :, i, :, None] * u[:, :, None, :]
+        outs.append(torch.einsum("bhke,bhk->bhe", s, q[:, :, i]))
+    return torch.stack(outs, 2), s
 
 
 def delta_rule(

@@ -90,6 +90,11 @@ class StateMixer(Attention):
         "it forms no score per query-key pair to rotate or bias: the order of the tokens enters through its "
         "short convolution and its decay (the papers use no position encoding)"
     )
+    # read by the projection options (grouped keys, qk_norm, softcap) where the base class offers them
+    no_projection_reason = (
+        "its q, k, v come from its own projections through a short convolution and k is L2-normalised by the "
+        "paper; grouped keys/values, qk_norm and softcap are not defined for it"
+    )
 
     @classmethod
     def contract_options(cls) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """DeltaNet (zoo/attention/deltanet.py, the kernels of zoo/attention/delta_chunks.py).
 
 - the chunkwise form (the UT transform, chunk sizes that do and do not divide the length, from a state)
-  == the recurrent form == the delta rule of Schlag et al. 2021 (arXiv:2102.11174, eq. 27ff) written out
+  == the recurrent form == the delta rule of Schlag et al. 2021 (arXiv:2102.11174) written out
   below in its own orientation (W [e, k], W_t = W_{t-1} + beta_t (v_t - W_{t-1} k_t) k_t^T), float64, 1e-10;
 - == flash-linear-attention's ``delta_rule_chunkwise`` (float64: its ``torch.float32`` mapped to float64,
   lengths a multiple of its chunk, no initial state: its signature) to 1e-10, and its
@@ -80,7 +80,7 @@ def test_equals_flash_linear_attention_naive_delta_rule():
 
 
 def written_out_layer(layer, x, decay=None):
-    """DeltaNet's layer (Yang et al. 2024, arXiv:2406.06484, Section 3.4) written out from its weights:
+    """DeltaNet's layer (Yang et al. 2024, arXiv:2406.06484) written out from its weights:
     q, k, v = silu(causal depthwise conv(W x)), q and k L2-normalised, beta = sigmoid(W_b x), the delta rule
     (with ``decay`` [b, h, t], the log of Gated DeltaNet's alpha, when given), RMSNorm per head, the gate."""
     h, dk, dv = layer.n_heads, layer.key_dim, layer.value_dim

@@ -1,8 +1,8 @@
 """Gated DeltaNet (zoo/attention/gated_deltanet.py, the kernels of zoo/attention/delta_chunks.py).
 
 - the chunkwise form == the recurrent form == the gated delta rule of Yang et al. 2024 (arXiv:2412.06464,
-  eq. 10: S_t = S_{t-1} (alpha_t (I - beta_t k_t k_t^T)) + beta_t v_t k_t^T, S [e, k]) written out, float64,
-  1e-10, at chunk sizes that do and do not divide the length, from a state;
+  S_t = S_{t-1} (alpha_t (I - beta_t k_t k_t^T)) + beta_t v_t k_t^T, S [e, k]) written out, float64, 1e-10,
+  at chunk sizes that do and do not divide the length, from a state;
 - == flash-linear-attention's ``naive_recurrent_gated_delta_rule`` (float64: its ``torch.float32`` mapped to
   float64), 1e-10, and ``naive_chunk_gated_delta_rule`` the same way to 1e-6: it forms its decay mask with
   ``.float()``, float32 inside a float64 run (2.9e-8 apart here);
@@ -41,8 +41,8 @@ def inputs(t, seed=0, dtype=torch.float64):
     return q, k, v, beta, decay, state
 
 
-def gated_delta_rule_eq10(q, k, v, beta, decay, state):
-    """eq. 10 of the paper per head, its [e, k] state: S_t = S_{t-1} alpha_t (I - beta_t k k^T) + beta_t v k^T,
+def gated_delta_rule_as_written(q, k, v, beta, decay, state):
+    """The paper's gated delta rule per head, its [e, k] state: S_t = S_{t-1} alpha_t (I - beta_t k k^T) + beta_t v k^T,
     o_t = S_t q_t."""
     s = state.transpose(-1, -2).clone()
     eye = torch.eye(q.shape[-1], dtype=q.dtype)
@@ -57,9 +57,9 @@ def gated_delta_rule_eq10(q, k, v, beta, decay, state):
 
 
 @pytest.mark.parametrize("t,chunk", [(19, 4), (16, 16), (33, 8), (5, 64)])
-def test_chunk_form_equals_recurrent_form_equals_eq10(t, chunk):
+def test_chunk_form_equals_recurrent_form_equals_the_gated_delta_rule(t, chunk):
     q, k, v, beta, decay, state = inputs(t)
-    want, want_state = gated_delta_rule_eq10(q, k, v, beta, decay, state)
+    want, want_state = gated_delta_rule_as_written(q, k, v, beta, decay, state)
     for got, got_state in (
         chunk_delta_rule(q, k, v, beta, decay, state, chunk),
         recurrent_delta_rule(q, k, v, beta, decay, state),

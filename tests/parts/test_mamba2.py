@@ -1,7 +1,7 @@
 """Mamba-2's SSD layer (zoo/attention/mamba2.py, the kernels of zoo/attention/delta_chunks.py).
 
 - the chunkwise form (SSD) == the recurrent form == the selective SSM of Dao & Gu 2024 (arXiv:2405.21060,
-  eq. (1)/(2) with scalar A per head: h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T, y_t = C_t^T h_t + D x_t)
+  with scalar A per head: h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T, y_t = C_t^T h_t + D x_t)
   written out, float64, 1e-10, at chunk sizes that do and do not divide the length, from a state;
 - the recurrence == flash-linear-attention's ``naive_recurrent_simple_gla`` / ``naive_chunk_simple_gla`` (the
   same scalar-decay recurrence) in float32, 1e-5: both cast with ``.float()``;
@@ -13,8 +13,8 @@ Differences found in the references: HF's ``Mamba2Mixer`` (5.24) has no ``torch_
 ``forward`` runs the pure-torch fallbacks when the kernels are absent, as here. It computes the scan in
 float32 (``.float()``), clamps dt by ``time_step_limit`` (not offered here; (0, inf) by default, no clamp),
 and at padded positions zeroes x, B, C but still decays the state by exp(dt A) (ours leaves it as it was:
-the comparison runs without padding). Its A_log is initialised to log(1..h) (mamba_ssm, ours: U(1, 16)),
-copied here. fla's simple_gla functions scale q by k^-1/2 (passed as scale=1) and take [b, t, h, k].
+the comparison runs without padding). Its A_log is initialised to log(1..h) (mamba_ssm's and ours: A ~ U(1,
+16)); the weights are copied. fla's simple_gla functions scale q by k^-1/2 (passed as scale=1) and take [b, t, h, k].
 """
 
 from __future__ import annotations

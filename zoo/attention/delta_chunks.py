@@ -8,10 +8,10 @@ One recurrence covers the three, per head, with a matrix state S [k, e] (keys x 
     u_t = v_t                                   (no beta: decayed linear attention, Mamba-2's SSD)
 
 with a_t = exp(g_t) a scalar decay per head and token (g = 0: DeltaNet; Gated DeltaNet, Yang et al. 2024,
-arXiv:2412.06464, eq. 10; Mamba-2, Dao & Gu 2024, arXiv:2405.21060, Section 6).
+arXiv:2412.06464, the gated delta rule; Mamba-2, Dao & Gu 2024, arXiv:2405.21060, the SSD recurrence).
 
-Chunkwise form (Yang et al. 2024, arXiv:2406.06484, Section 3.2-3.3, with the decay of arXiv:2412.06464,
-Section 3.3): cut the sequence into chunks of C positions; inside a chunk, with G_i = sum_{j <= i} g_j
+Chunkwise form (Yang et al. 2024, arXiv:2406.06484, Section 3, with the decay as arXiv:2412.06464 adds it):
+cut the sequence into chunks of C positions; inside a chunk, with G_i = sum_{j <= i} g_j
 and Gamma_ij = exp(G_i - G_j) (i >= j),
 
     (I + A) [U | W] = [diag(beta) V | diag(beta exp(G)) K],   A = strict_lower(diag(beta) K K^T * Gamma)

@@ -1,9 +1,9 @@
 """DeltaNet: linear attention whose state is written by the delta rule, trained chunkwise.
 
 Papers: Schlag, Irie, Schmidhuber 2021, "Linear Transformers Are Secretly Fast Weight Programmers",
-arXiv:2102.11174 (the delta rule, Section 4.2); Yang, Wang, Zhang, Shen, Kim 2024, "Parallelizing Linear
+arXiv:2102.11174 (the delta rule); Yang, Wang, Zhang, Shen, Kim 2024, "Parallelizing Linear
 Transformers with the Delta Rule over Sequence Length", arXiv:2406.06484 (the chunkwise form by the WY
-representation / UT transform, Section 3; the layer, Section 3.4 and Appendix: L2-normalised q and k,
+representation / UT transform, Section 3; the layer: L2-normalised q and k,
 SiLU short convolutions, a per-head output norm). Per head, with S [k, e]:
 
     S_t = S_{t-1} + k_t (beta_t (v_t - S_{t-1}^T k_t))^T = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T

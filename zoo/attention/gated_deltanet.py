@@ -1,8 +1,8 @@
 """Gated DeltaNet: the delta rule with a data-dependent scalar decay per head (the gated delta rule).
 
 Paper: Yang, Kautz, Hatamizadeh 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule",
-arXiv:2412.06464 (eq. 10: S_t = S_{t-1} alpha_t (I - beta_t k_t k_t^T) + beta_t v_t k_t^T in their [e, k]
-orientation; the chunkwise form, Section 3.3; the layer, Figure 1 and Section 3.4). Per head, S [k, e]:
+arXiv:2412.06464 (the gated delta rule S_t = S_{t-1} (alpha_t (I - beta_t k_t k_t^T)) + beta_t v_t k_t^T in
+their [e, k] orientation; its chunkwise form; the layer). Per head, S [k, e]:
 
     S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t / sqrt(k)
     alpha_t = exp(g_t),   g_t = -exp(A_log) softplus(w_a . x_t + dt_bias)     (Mamba-2's decay)

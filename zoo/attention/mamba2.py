@@ -2,8 +2,8 @@
 chunkwise (state space duality).
 
 Paper: Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient Algorithms Through
-Structured State Space Duality", arXiv:2405.21060 (the SSD recurrence, Sections 3 and 6; the Mamba-2 block,
-Section 7.1 and Figure 6). Per head h with state S [n, p] (n = ``d_state``, p the head dim):
+Structured State Space Duality", arXiv:2405.21060 (the SSD recurrence and its chunked algorithm; the Mamba-2
+block). Per head h with state S [n, p] (n = ``d_state``, p the head dim):
 
     [z | x B C | dt] = W_in u,   x B C <- silu(conv1d(x B C))          (the short convolution)
     dt_t = softplus(dt_t + dt_bias),   a_t = exp(dt_t A),   A = -exp(A_log)

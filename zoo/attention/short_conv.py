@@ -2,8 +2,8 @@
 ``mamba2`` (nothing registers here).
 
 Each channel is convolved over time with its own kernel of ``size`` taps (H3, Fu et al. 2022,
-arXiv:2212.14052; Mamba, Gu & Dao 2023, arXiv:2312.00752, Section 3.4; DeltaNet, Yang et al. 2024,
-arXiv:2406.06484, Section 3.4; Mamba-2, Dao & Gu 2024, arXiv:2405.21060, Section 7), then SiLU:
+arXiv:2212.14052; Mamba, Gu & Dao 2023, arXiv:2312.00752; DeltaNet, Yang et al. 2024, arXiv:2406.06484;
+Mamba-2, Dao & Gu 2024, arXiv:2405.21060), then SiLU:
 
     y_t = silu(b + sum_{i < size} w_i x_{t - i}),   x_{t - i} = 0 before the stream starts.
 

@@ -108,10 +108,16 @@ def chunk_delta_rule(
     end_decay = cum[..., -1].exp()[..., None, None]  # [b, h, n, 1, 1]
     s = q.new_zeros(b, h, dk, dv) if state is None else state
     outs = []
-    for i in range(q.shape[2]):  # the state passes from chunk to chunk
-        v_new = u[:, :, i] if w is None else u[:, :, i] - w[:, :, i] @ s
-        outs.append(q_decayed[:, :, i] @ s + scores[:, :, i] @ v_new)
-        s = s * end_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ v_new
+    # the state passes from chunk to chunk; the chunks are unbound once (indexing inside the loop would make
+    # backward write a full-size zero gradient per chunk: O(t^2 / C) memory traffic)
+    w_chunks = [None] * q.shape[2] if w is None else w.unbind(2)
+    per_chunk = zip(
+        u.unbind(2), w_chunks, q_decayed.unbind(2), scores.unbind(2), k_to_end.unbind(2), end_decay.unbind(2)
+    )
+    for u_i, w_i, q_i, scores_i, k_i, decay_i in per_chunk:
+        v_new = u_i if w_i is None else u_i - w_i @ s
+        outs.append(q_i @ s + scores_i @ v_new)
+        s = s * decay_i + k_i.transpose(-1, -2) @ v_new
     out = rearrange(torch.stack(outs, 2), "b h n c e -> b h (n c) e")[:, :, :t]
     return out, s
 
@@ -130,14 +136,15 @@ def recurrent_delta_rule(
     b, h, t, dk = k.shape
     s = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state
     outs = []
-    for i in range(t):
-        if g is not None:
-            s = s * g[:, :, i, None, None].exp()
-        u = v[:, :, i]
-        if beta is not None:
-            u = beta[:, :, i, None] * (u - torch.einsum("bhke,bhk->bhe", s, k[:, :, i]))
-        s = s + k[:, :, i, :, None] * u[:, :, None, :]
-        outs.append(torch.einsum("bhke,bhk->bhe", s, q[:, :, i]))
+    steps = [x.unbind(2) if x is not None else [None] * t for x in (q, k, v, beta, g)]  # unbound once, as above
+    for q_i, k_i, v_i, beta_i, g_i in zip(*steps):
+        if g_i is not None:
+            s = s * g_i[..., None, None].exp()
+        u = v_i
+        if beta_i is not None:
+            u = beta_i[..., None] * (u - torch.einsum("bhke,bhk->bhe", s, k_i))
+        s = s + k_i[..., :, None] * u[..., None, :]
+        outs.append(torch.einsum("bhke,bhk->bhe", s, q_i))
     return torch.stack(outs, 2), s
 
 

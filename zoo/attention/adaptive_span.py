@@ -121,6 +121,7 @@ class SpanCache:
 
 @ATTENTION.register("adaptive_span")
 class AdaptiveSpanAttention(Attention):
+    takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     supports_memory = True  # cache of past inputs, like Transformer-XL's memory
     supports_cross = False
     causal_only = True

@@ -36,6 +36,7 @@ SCORES = ("dot", "general", "concat")
 
 @ATTENTION.register("additive")
 class AdditiveAttention(Attention):
+    takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     supports_cross = True
     supports_memory = True  # a KV cache of projected keys and values continues a stream (causal use)
     position_kinds = (

@@ -127,6 +127,8 @@ class KernelizedAttention(Attention):
     subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
     this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
 
+    takes_left_padding = True  # padding never enters the running sums (tests/contracts/test_generate.py)
+
     position_kinds = ()
     no_position_reason = (
         "it never forms a score per query-key pair (feature maps summed over keys), so no distance bias can be "

@@ -70,6 +70,8 @@ class SharedQKAttention(SharedQKProjections):
     the same parameter names as ``lsh`` so a model trained with one evaluates with the other.
     Dense, O(t^2), through fused SDPA."""
 
+    takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
+
     supports_memory = True  # a KV cache of unit keys and values: a stream continues exactly (causal use)
     # rotation keeps |q|, so the unit keys of rotated queries are the rotated unit keys; the bias joins
     # the [t, s] mask this dense layer builds anyway

@@ -104,6 +104,7 @@ def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tup
 
 @ATTENTION.register("vanilla")
 class VanillaAttention(Attention):
+    takes_left_padding = True  # the cache keeps its key padding; sinks excepted (left_padding_refusal)
     supports_memory = True  # KV cache for incremental decoding
     supports_cross = True
     memory_option = "max_cache"
@@ -145,6 +146,14 @@ class VanillaAttention(Attention):
 
     def state_bound(self) -> int | None:
         return self.options.max_cache or None
+
+    def left_padding_refusal(self) -> str | None:
+        if self.options.sinks:
+            return (
+                f"attention 'vanilla' keeps the stream's first sinks={self.options.sinks} positions, which are "
+                "padding in a left-padded row rather than its first tokens"
+            )
+        return super().left_padding_refusal()
 
     def carries_segment_memory(self) -> bool:
         return self.options.max_cache > 0  # an unbounded KV cache is for decoding, not carried in training

@@ -63,6 +63,9 @@ class ModelState:
     offset: int
     batch_size: int
     signature: str = ""
+    # [b] long or None: left padding of each row, whose positions then start at -shift (its first real
+    # token at 0), as when the row is decoded alone (zoo/models/generation.py)
+    shift: Tensor | None = None
 
 
 def map_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
@@ -184,15 +187,18 @@ class ZooModel(nn.Module):
         self-attention (``Attention.stream_refusal``: a layer without a state, a bidirectional one, or
         options whose key sets depend on the whole sequence). None when it can: then feeding a stream
         in pieces with ``state`` equals one call over it."""
-        stack = self.decoding_stack()
-        reason = stack.stream_refusal()
+        reason = self.decoding_stack().stream_refusal()
         if reason is not None:
             return reason
-        for i, block in enumerate(m for m in stack.modules() if isinstance(m, Block)):
+        for i, block in enumerate(self.decoding_blocks()):
             reason = block.attention.stream_refusal()
             if reason is not None:
                 return f"layer {i}: {reason}"
         return None
+
+    def decoding_blocks(self) -> list[Block]:
+        """The blocks of the stack a state continues, in order."""
+        return [m for m in self.decoding_stack().modules() if isinstance(m, Block)]
 
     def refuse_stream(self) -> None:
         """Raise, with the reason, when this model cannot continue a sequence from a state."""

@@ -54,6 +54,11 @@ if TYPE_CHECKING:
     from zoo.position.base import Position
 
 
+# a state's dataclass field holding one tensor for every row (positions of the kept keys, a pinned feature
+# map): ``field(default=None, metadata=NOT_PER_ROW)``, so beam search's reorder_state leaves it as it is
+NOT_PER_ROW = {"batch": False}
+
+
 @dataclass
 class AttnOutput:
     out: Tensor  # [b, t, d], already output-projected

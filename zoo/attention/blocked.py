@@ -35,14 +35,14 @@ Key validity ``valid`` is bool [b or 1, T]: True for a real key (inside the sequ
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, guard_empty_rows, join_key_padding
+from zoo.attention.base import NOT_PER_ROW, Attention, AttnOutput, guard_empty_rows, join_key_padding
 from zoo.attention.flex import Rule, flex_attend, use_flex
 from zoo.attention.pair_bias import attend_groups_biased, banded_biased, guard_rows
 
@@ -62,7 +62,7 @@ class PatternCache:
 
     k: Tensor | None = None
     v: Tensor | None = None
-    position: Tensor | None = None
+    position: Tensor | None = field(default=None, metadata=NOT_PER_ROW)  # [n], the same for every row
     valid: Tensor | None = None
     next: int = 0
 

@@ -108,8 +108,8 @@ class SharedQKAttention(SharedQKProjections):
         keys, v = F.normalize(q, dim=-1), self.split_heads(self.to_v(x))
         new_state = None
         if state is not None:  # [cache ; segment]: the segment's queries sit at the end
-            keys, v, pad_mask = extend_cache(state, keys, v, pad_mask, self.registry_name)
-            new_state = KVCache(keys.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1)
+            keys, v, pad_mask, store = extend_cache(state, keys, v, pad_mask, self.registry_name)
+            new_state = KVCache(keys.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1, store=store)
         t, s = x.shape[1], keys.shape[2]
         eye = torch.arange(s, device=x.device)[None, :] == torch.arange(t, device=x.device)[:, None] + (s - t)
         allowed = causal_allowed(t, s, x.device) if self.causal else torch.ones(t, s, dtype=torch.bool, device=x.device)

@@ -88,16 +88,20 @@ def test_the_dense_cache_is_written_in_place_not_copied_per_token():
     assert len(storages) <= 4, f"{len(storages)} storages for 200 tokens: the cache is copied as it grows"
 
 
+@pytest.mark.parametrize("name, options", [("vanilla", {"max_cache": 16}), ("local_1d", {"block": 4, "memory": 12})])
 @torch.no_grad()
-def test_a_rolling_window_evicts_without_copying():
-    model = lm("vanilla", max_cache=16)
+def test_a_rolling_window_evicts_without_copying(name, options):
+    """A bounded window (the vanilla cache's max_cache, local attention's pattern cache) slides over its
+    storage: a new storage only when the old one is full (every ~window tokens), not every token."""
+    model = lm(name, **options)
+    bound = model.stack.blocks[0].attention.state_bound()
     out = model(ids(1, 10, 5), state=model.init_state(1))
     storages = set()
-    for j in range(100):
+    for j in range(200):
         out = model(ids(1, 1, 100 + j), state=out.state)
         storages.add(out.state.layers[0].attention.k.untyped_storage().data_ptr())
-    assert out.state.layers[0].attention.length == 16
-    assert len(storages) <= 12, f"{len(storages)} storages for 100 tokens of a 16-token window"
+    assert out.state.layers[0].attention.length == bound
+    assert len(storages) <= 200 // bound + 2, f"{len(storages)} storages for 200 tokens of a {bound}-token window"
 
 
 def test_a_training_segment_gets_gradient_through_its_keys_and_stores_detached_ones():

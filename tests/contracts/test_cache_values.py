@@ -88,10 +88,18 @@ def test_the_dense_cache_is_written_in_place_not_copied_per_token():
     assert len(storages) <= 4, f"{len(storages)} storages for 200 tokens: the cache is copied as it grows"
 
 
-@pytest.mark.parametrize("name, options", [("vanilla", {"max_cache": 16}), ("local_1d", {"block": 4, "memory": 12})])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("vanilla", {"max_cache": 16}),
+        ("local_1d", {"block": 4, "memory": 12}),
+        ("adaptive_span", {"max_span": 16, "cache_size": 16}),
+    ],
+)
 @torch.no_grad()
 def test_a_rolling_window_evicts_without_copying(name, options):
-    """A bounded window (the vanilla cache's max_cache, local attention's pattern cache) slides over its
+    """A bounded window (the vanilla cache's max_cache, local attention's pattern cache,
+    adaptive span's cache of layer inputs) slides over its
     storage: a new storage only when the old one is full (every ~window tokens), not every token."""
     model = lm(name, **options)
     bound = model.stack.blocks[0].attention.state_bound()
@@ -99,7 +107,8 @@ def test_a_rolling_window_evicts_without_copying(name, options):
     storages = set()
     for j in range(200):
         out = model(ids(1, 1, 100 + j), state=out.state)
-        storages.add(out.state.layers[0].attention.k.untyped_storage().data_ptr())
+        cache = out.state.layers[0].attention
+        storages.add((cache.k if hasattr(cache, "k") else cache.x).untyped_storage().data_ptr())
     assert out.state.layers[0].attention.length == bound
     assert len(storages) <= 200 // bound + 2, f"{len(storages)} storages for 200 tokens of a {bound}-token window"
 

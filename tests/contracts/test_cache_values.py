@@ -125,3 +125,16 @@ def test_a_training_segment_gets_gradient_through_its_keys_and_stores_detached_o
         cache = state.layers[0].attention
         assert not cache.k.requires_grad and not cache.v.requires_grad
     assert model.stack.blocks[0].attention.to_k.weight.grad.abs().sum() > 0
+
+
+@torch.no_grad()
+def test_the_lsh_bucket_cache_is_overwritten_in_place():
+    """Each decode step overwrites one slot per round of LSH's bounded bucket cache: after the first step
+    copies the prefilled cache into its storage, every later step writes into that same storage."""
+    model = lm("lsh")
+    out = model(ids(1, 10, 5), state=model.init_state(1))
+    storages = set()
+    for j in range(50):
+        out = model(ids(1, 1, 100 + j), state=out.state)
+        storages.add(out.state.layers[0].attention.keys.untyped_storage().data_ptr())
+    assert len(storages) == 1, f"{len(storages)} storages for 50 tokens: the bucket cache is copied per token"

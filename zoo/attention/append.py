@@ -13,6 +13,9 @@ token. What users rely on stays true:
   its views end where the store's written positions end (``used``) and there is room. Otherwise
   (another state was continued from the same one first: decoding twice from one prefilled state,
   two beams of one parent) it copies its own positions into a new store and appends there.
+- **Fixed slots** (LSH's bucket cache, :class:`SlotStore`): the same rule where a state overwrites
+  slots instead of appending: it writes in place only when it is the last state written to its storage
+  (its ``version`` is the store's), else it copies the storage first.
 - **Reordering and moving** (``reorder_state``, ``.to(device)``) make new tensors that are no view of
   the store, so the next append copies them into a new store: the rule checks the views themselves
   (their data pointers), never trusts a store handed along with them.
@@ -22,6 +25,8 @@ token. What users rely on stays true:
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -100,3 +105,32 @@ def new_store(first: list[Tensor], dims: list[int]) -> tuple[AppendStore, list[T
 def needs_gradient(*tensors: Tensor) -> bool:
     """True when a call must attend over tensors that carry gradient (then it concatenates)."""
     return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+
+
+class SlotStore:
+    """Fixed-size tensors a state overwrites at some slots (LSH's per-bucket windows); ``version``
+    counts the writes, so a state knows whether it is the last one written. A plain class (see
+    :class:`AppendStore`)."""
+
+    def __init__(self, tensors: list[Tensor]):
+        self.tensors = [x.detach().clone() for x in tensors]
+        self.version = 0
+
+    def holds(self, tensors: list[Tensor], version: int) -> bool:
+        return version == self.version and all(
+            a.data_ptr() == b.data_ptr() and a.shape == b.shape for a, b in zip(tensors, self.tensors)
+        )
+
+
+def write_slots(
+    store: SlotStore | None, tensors: list[Tensor], version: int, write: Callable[[list[Tensor]], None]
+) -> tuple[SlotStore, int]:
+    """``write`` (in-place updates of the tensors it is given) applied to a state's ``tensors``: into
+    their store when the state is the last written to it, else into a copy (the rule above). Returns
+    the store and the new state's version."""
+    if store is None or not store.holds(tensors, version):
+        store = SlotStore(tensors)
+    with torch.no_grad():
+        write(store.tensors)
+    store.version += 1
+    return store, store.version

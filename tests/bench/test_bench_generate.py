@@ -11,6 +11,12 @@ from zoo.bench import main
 from zoo.bench.generate import generate_markdown, run_generate, state_bytes
 from zoo.bench.variants import Variant, peer_variant
 
+
+def tiny_run(variants, contexts, **options):
+    shape = dict(d_model=16, heads=2, layers=2, vocab=32, threads=1)
+    return run_generate(variants, contexts, **shape, **options, progress=lambda line: None)
+
+
 META = dict(
     command="test",
     machine="test",
@@ -34,18 +40,7 @@ def test_a_bounded_state_keeps_its_bytes_and_a_dense_one_grows_and_a_refusal_is_
         Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}),
         Variant("universal", "zoo", "universal_transformer"),
     ]
-    rounds, summary = run_generate(
-        variants,
-        [32, 96],
-        new_tokens=2,
-        rounds=1,
-        d_model=16,
-        heads=2,
-        layers=2,
-        vocab=32,
-        threads=1,
-        progress=lambda line: None,
-    )
+    rounds, summary = tiny_run(variants, [32, 96], new_tokens=2, rounds=1)
     rows = {(r["variant"], r["context"]): r for r in summary}
     assert rows["local_1d", 32]["cache_mib"] == rows["local_1d", 96]["cache_mib"]
     assert rows["local_1d", 32]["state_bound"] == 8 + 8 - 1
@@ -79,18 +74,7 @@ def test_hf_llama_generate_is_timed_beside_ours_with_the_bandwidth_bound():
     round), and every row carries the bound: batch x copy bandwidth / the state's bytes."""
     pytest.importorskip("transformers")
     variants = [Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}), peer_variant("hf_llama")]
-    _, summary = run_generate(
-        variants,
-        [32, 64],
-        new_tokens=3,
-        rounds=2,
-        d_model=16,
-        heads=2,
-        layers=2,
-        vocab=32,
-        threads=1,
-        progress=lambda line: None,
-    )
+    _, summary = tiny_run(variants, [32, 64], new_tokens=3, rounds=2)
     rows = {(r["variant"], r["context"]): r for r in summary}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in summary), [r["status"] for r in summary]
     hf_32, hf_64 = rows["peer:hf_llama", 32], rows["peer:hf_llama", 64]

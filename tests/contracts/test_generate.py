@@ -76,14 +76,19 @@ def check_refused(model, reason: str):
     assert reason in str(caught.value)
 
 
-@pytest.mark.parametrize("name", CAUSAL)
-def test_left_padded_rows_decode_as_each_prompt_alone_or_are_refused(name):
-    model = lm(name)
+def check_left_padding(model, new_tokens: int = 6) -> str | None:
+    """Rows decode as alone, or generate() refuses the padded batch with the model's reason (returned)."""
     reason = model.left_padding_refusal()
     if reason is not None:
         check_refused(model, reason)
-        return
-    check_rows_decode_alone(model)
+    else:
+        check_rows_decode_alone(model, new_tokens)
+    return reason
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_left_padded_rows_decode_as_each_prompt_alone_or_are_refused(name):
+    check_left_padding(lm(name))
 
 
 @pytest.mark.parametrize(
@@ -96,23 +101,13 @@ def test_left_padded_rows_decode_as_each_prompt_alone_or_are_refused(name):
     ],
 )
 def test_options_that_change_what_left_padding_does(name, options):
-    model = lm(name, **options)
-    reason = model.left_padding_refusal()
-    if reason is not None:
-        assert "sinks" in reason
-        check_refused(model, reason)
-        return
-    check_rows_decode_alone(model, new_tokens=8)
+    reason = check_left_padding(lm(name, **options), new_tokens=8)
+    assert reason is None or "sinks" in reason
 
 
 @pytest.mark.parametrize("name", LM_PRESETS)
 def test_every_causal_preset_decodes_left_padding_as_alone_or_refuses(name):
-    model = preset_lm(name)
-    reason = model.left_padding_refusal()
-    if reason is not None:
-        check_refused(model, reason)
-        return
-    check_rows_decode_alone(model)
+    check_left_padding(preset_lm(name))
 
 
 @pytest.mark.parametrize("name", LM_PRESETS)

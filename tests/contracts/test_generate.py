@@ -210,3 +210,11 @@ def test_a_pad_mask_that_is_not_left_padding_is_refused():
     empty = torch.tensor([[False] * 4, [True] * 4])
     with pytest.raises(ValueError, match="all padding"):
         model.generate(tokens, 2, pad_mask=empty)
+
+
+def test_a_pad_mask_without_padding_is_no_padding_even_where_padding_is_refused():
+    model = lm("local_1d")
+    assert model.left_padding_refusal() is not None
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(4))
+    full = torch.ones(2, 5, dtype=torch.bool)
+    assert torch.equal(model.generate(prompt, 4, pad_mask=full, greedy=True), model.generate(prompt, 4, greedy=True))

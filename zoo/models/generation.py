@@ -92,6 +92,8 @@ def decode(
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or not 0 <= pad_token_id < cfg.vocab_size:
         raise ValueError(f"pad_token_id must be an int in [0, vocab_size={cfg.vocab_size}); got {pad_token_id!r}")
     shift = left_padding(pad_mask, prompt)
+    if shift is not None and not bool(shift.any()):  # no row is padded: nothing to refuse or shift
+        shift = pad_mask = None
     incremental = model.attentions_keep_state()
     if shift is not None:
         reason = model.left_padding_refusal()

@@ -17,21 +17,9 @@ def tiny_run(variants, contexts, **options):
     return run_generate(variants, contexts, **shape, **options, progress=lambda line: None)
 
 
-META = dict(
-    command="test",
-    machine="test",
-    device="cpu",
-    torch="test",
-    threads=1,
-    batch=1,
-    d_model=16,
-    heads=2,
-    layers=2,
-    vocab=32,
-    load_before="",
-    load="",
-    new_tokens=3,
-)
+# what the command line records about a run, as generate_markdown reads it
+META = {**dict.fromkeys(("command", "machine", "device", "torch", "load_before", "load"), "test"), "threads": 1}
+META.update(batch=1, d_model=16, heads=2, layers=2, vocab=32, new_tokens=3)
 
 
 def test_a_bounded_state_keeps_its_bytes_and_a_dense_one_grows_and_a_refusal_is_listed():

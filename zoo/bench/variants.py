@@ -123,6 +123,7 @@ def build(
             inputs, targets = split_batch(tokens)
             with autocast(tokens.device, variant.precision):
                 logits = forward(inputs)
+                logits = getattr(logits, "logits", logits)  # an HF model returns an output object
                 return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
         return module, peer_loss

@@ -16,7 +16,7 @@ no pickles, weights that do not fit, another library's config) and ``save_pretra
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -149,17 +149,22 @@ class ZooPreTrainedModel(PreTrainedModel):
     def stacks(self) -> list[nn.Module]:
         return [self.model.stack]
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
-        options = {"use_reentrant": False, **(gradient_checkpointing_kwargs or {})}
-        for block in self.blocks():
-            forward = type(block).forward.__get__(block)
-            block.forward = functools.partial(checkpointed, forward, options)
-            block.gradient_checkpointing = True  # what PreTrainedModel.is_gradient_checkpointing looks for
-
-    def gradient_checkpointing_disable(self) -> None:
-        for block in self.blocks():
-            block.__dict__.pop("forward", None)
-            block.gradient_checkpointing = False
+    def _set_gradient_checkpointing(
+        self,
+        enable: bool = True,
+        gradient_checkpointing_func: Callable[..., Any] | None = None,
+        every_n_layers: int = 1,
+    ) -> None:
+        """What ``activation_checkpointing_enable`` / ``gradient_checkpointing_enable`` (and ``_disable``)
+        call: every ``every_n_layers``-th block's forward runs under ``gradient_checkpointing_func``."""
+        gradient_checkpointing_func = gradient_checkpointing_func or functools.partial(checkpoint, use_reentrant=False)
+        for i, block in enumerate(self.blocks()):
+            block.__dict__.pop("forward", None)  # back to the class's forward
+            on = enable and i % every_n_layers == 0
+            if on:
+                forward = type(block).forward.__get__(block)
+                block.forward = functools.partial(checkpointed, forward, gradient_checkpointing_func)
+            block.gradient_checkpointing = on  # what PreTrainedModel.is_activation_checkpointing looks for
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed
@@ -184,6 +189,25 @@ class ZooPreTrainedModel(PreTrainedModel):
                 hook.remove()
 
 
+def attention_projections(model: nn.Module) -> list[str]:
+    """Names of the attention projections (the ``nn.Linear`` layers ``to_*`` of every attention part:
+    to_q / to_k / to_v / to_out, to_qk, to_qkv, ...) inside ``model``: PEFT's ``target_modules`` for LoRA
+    on any mechanism, ``LoraConfig(target_modules=attention_projections(model))``."""
+    from zoo.attention.base import Attention
+
+    names = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, Attention):
+            names += [
+                f"{prefix}.{name}"
+                for name, child in module.named_children()
+                if name.startswith("to_") and isinstance(child, nn.Linear)
+            ]
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no attention projections (nn.Linear to_* in an Attention)")
+    return names
+
+
 def stack_blocks(stack: nn.Module) -> list[nn.Module]:
     """A stack's blocks, each called once per forward; refused with the stack's name when it does not call
     its blocks one by one (universal re-applies one block; reversible recomputes in backward already)."""
@@ -196,12 +220,12 @@ def stack_blocks(stack: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def checkpointed(forward: Any, options: dict[str, Any], x: Tensor, **kwargs: Any) -> Any:
+def checkpointed(forward: Any, checkpoint_func: Callable[..., Any], x: Tensor, **kwargs: Any) -> Any:
     """A block's forward, recomputed in backward when training without a state (a decoding call keeps
     its cache and runs as it is)."""
     if kwargs.get("state") is not None or not torch.is_grad_enabled():
         return forward(x, **kwargs)
-    return checkpoint(forward, x, **kwargs, **options)
+    return checkpoint_func(forward, x, **kwargs)
 
 
 def hidden_tuple(found: list[Tensor], final: Tensor | None) -> tuple[Tensor, ...] | None:

@@ -3,8 +3,9 @@ zoo's ``data.vocab=bytes``, 256 ids, :mod:`zoo.data.text`), with no ids of its o
 lm-evaluation-harness tokenize exactly as the zoo's text tasks do.
 
 It needs no vocabulary file, so a folder written by ``save_pretrained`` is a complete pipeline folder:
-``AutoTokenizer`` finds it through ``ZooConfig.tokenizer_class``. Padding uses byte 0 (NUL, absent from
-text); pad on the right (zoo models count positions from a row's first token).
+``AutoTokenizer`` finds it through ``ZooConfig.tokenizer_class``. Byte 0 (NUL, absent from text) is the padding
+and the end-of-text id (lm-evaluation-harness starts an empty context with it); pad on the right (zoo
+models count positions from a row's first token).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ class ZooByteTokenizer(PreTrainedTokenizer):
     model_input_names = ["input_ids", "attention_mask"]
     vocab_files_names: dict[str, str] = {}
 
-    def __init__(self, pad_token: str = "\x00", padding_side: str = "right", **kwargs):
-        super().__init__(pad_token=pad_token, padding_side=padding_side, **kwargs)
+    def __init__(self, pad_token: str = "\x00", eos_token: str = "\x00", padding_side: str = "right", **kwargs):
+        super().__init__(pad_token=pad_token, eos_token=eos_token, padding_side=padding_side, **kwargs)
 
     @property
     def vocab_size(self) -> int:

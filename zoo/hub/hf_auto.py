@@ -17,8 +17,6 @@ The classes: :mod:`zoo.hub.hf_config`, :mod:`zoo.hub.hf_models`, :mod:`zoo.hub.h
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -64,11 +62,12 @@ REGISTER: dict[str, Callable[[], None]] = {
 }
 
 
-class RegisterAfterImport(importlib.abc.MetaPathFinder):
+class RegisterAfterImport:
     """Finds nothing itself: for a module in REGISTER it wraps the real loader so that the zoo registers
-    right after the module's code has run."""
+    right after the module's code has run. (Not an ``importlib.abc`` subclass: importing that module
+    would cost ``import zoo`` more than this finder does.)"""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in REGISTER:
             return None
         for finder in sys.meta_path:
@@ -81,11 +80,11 @@ class RegisterAfterImport(importlib.abc.MetaPathFinder):
         return None
 
 
-class RegisteringLoader(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader, register: Callable[[], None]):
+class RegisteringLoader:
+    def __init__(self, loader: Any, register: Callable[[], None]):
         self.loader, self.register = loader, register
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+    def create_module(self, spec: Any) -> Any:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:

@@ -12,54 +12,31 @@ Lazily: importing ``transformers``' Auto modules costs seconds, so ``import zoo`
 classes right after ``transformers`` executes each Auto module (configuration, modeling, tokenization),
 and registers at once with those already imported. Without ``transformers`` installed nothing happens.
 The classes: :mod:`zoo.hub.hf_config`, :mod:`zoo.hub.hf_models`, :mod:`zoo.hub.hf_seq2seq`,
-:mod:`zoo.hub.hf_tokenizer`; the cache adapter: :mod:`zoo.hub.hf_cache`.
+:mod:`zoo.hub.hf_tokenizer` (each with its ``register()``; :mod:`zoo.hub.hf_heads` for
+the models); the cache adapter: :mod:`zoo.hub.hf_cache`.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
 from typing import Any
 
 AUTO = "transformers.models.auto."
 
 
-def register_config() -> None:
-    from transformers import AutoConfig
-
-    from zoo.hub.hf_config import ZooConfig
-
-    AutoConfig.register(ZooConfig.model_type, ZooConfig, exist_ok=True)
-
-
-def register_models() -> None:
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
-
-    from zoo.hub.hf_config import ZooConfig
-    from zoo.hub.hf_models import ZooForCausalLM, ZooForSequenceClassification
-    from zoo.hub.hf_seq2seq import ZooForSeq2SeqLM
-
-    AutoModelForCausalLM.register(ZooConfig, ZooForCausalLM, exist_ok=True)
-    AutoModelForSequenceClassification.register(ZooConfig, ZooForSequenceClassification, exist_ok=True)
-    AutoModelForSeq2SeqLM.register(ZooConfig, ZooForSeq2SeqLM, exist_ok=True)
-
-
-def register_tokenizer() -> None:
-    from transformers import AutoTokenizer
-
-    from zoo.hub.hf_config import ZooConfig
-    from zoo.hub.hf_tokenizer import ZooByteTokenizer
-
-    AutoTokenizer.register(ZooConfig, slow_tokenizer_class=ZooByteTokenizer, exist_ok=True)
-
-
-# each Auto module, and what to register once it has run
-REGISTER: dict[str, Callable[[], None]] = {
-    AUTO + "configuration_auto": register_config,
-    AUTO + "modeling_auto": register_models,
-    AUTO + "tokenization_auto": register_tokenizer,
+# each Auto module of transformers, and the zoo module whose register() tells it about the zoo. Named, not
+# imported: importing them imports transformers, which is what waiting for it avoids
+REGISTER: dict[str, str] = {
+    AUTO + "configuration_auto": "zoo.hub.hf_config",
+    AUTO + "modeling_auto": "zoo.hub.hf_heads",
+    AUTO + "tokenization_auto": "zoo.hub.hf_tokenizer",
 }
+
+
+def register(auto_module: str) -> None:
+    importlib.import_module(REGISTER[auto_module]).register()
 
 
 class RegisterAfterImport:
@@ -75,14 +52,14 @@ class RegisterAfterImport:
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = RegisteringLoader(spec.loader, REGISTER[fullname])
+                spec.loader = RegisteringLoader(spec.loader, fullname)
                 return spec
         return None
 
 
 class RegisteringLoader:
-    def __init__(self, loader: Any, register: Callable[[], None]):
-        self.loader, self.register = loader, register
+    def __init__(self, loader: Any, auto_module: str):
+        self.loader, self.auto_module = loader, auto_module
 
     def create_module(self, spec: Any) -> Any:
         return self.loader.create_module(spec)
@@ -90,7 +67,7 @@ class RegisteringLoader:
     def exec_module(self, module: Any) -> None:
         self.loader.exec_module(module)
         sys.modules[module.__name__] = module  # registering imports the module's siblings, which import it
-        self.register()
+        register(self.auto_module)
 
 
 def install() -> None:
@@ -100,6 +77,6 @@ def install() -> None:
         return
     if not any(isinstance(finder, RegisterAfterImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, RegisterAfterImport())
-    for name, register in REGISTER.items():
-        if name in sys.modules:
-            register()
+    for auto_module in REGISTER:
+        if auto_module in sys.modules:
+            register(auto_module)

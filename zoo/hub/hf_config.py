@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from zoo.hub.folder import FORMAT_VERSION, MODEL_TYPE
 
@@ -70,3 +70,8 @@ class ZooConfig(PretrainedConfig):
     @property
     def max_position_embeddings(self) -> int | None:
         return self._zoo("max_len")
+
+
+def register() -> None:
+    """``AutoConfig`` reads ``model_type: transformer-zoo`` as a ZooConfig (zoo/hub/hf_auto.py calls this)."""
+    AutoConfig.register(ZooConfig.model_type, ZooConfig, exist_ok=True)

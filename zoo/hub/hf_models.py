@@ -28,6 +28,8 @@ from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
 
+from zoo.attention.base import Attention
+from zoo.hub import from_pretrained as zoo_from_pretrained
 from zoo.hub.folder import build_from, write_folder
 from zoo.hub.hf_cache import ZooCache
 from zoo.hub.hf_config import ZooConfig
@@ -102,8 +104,6 @@ class ZooPreTrainedModel(PreTrainedModel):
         """The zoo model in a folder written by ``save_pretrained`` (either library's) or a Hub repository,
         wrapped. ``dtype`` / ``torch_dtype`` and ``device_map`` (one device) are honoured; a keyword that
         would change the model in a way this loader does not do is refused."""
-        from zoo.hub import from_pretrained as zoo_from_pretrained
-
         if model_args:
             raise TypeError(f"{cls.__name__}.from_pretrained takes no positional model arguments, got {model_args}")
         dtype = dtype_of(kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None))
@@ -169,6 +169,14 @@ class ZooPreTrainedModel(PreTrainedModel):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed
 
+    def refuse_unsupported(self, kwargs: dict[str, Any], output_attentions: bool | None) -> None:
+        """Arguments a zoo model would otherwise drop without a word."""
+        unknown = sorted(k for k, v in kwargs.items() if v is not None)
+        if unknown:
+            raise TypeError(f"a zoo {self.kind} model does not take {unknown} (it counts positions itself)")
+        if output_attentions:
+            raise ValueError("zoo mechanisms return no attention weights (many never form them: linear, LSH, ...)")
+
     def wants_hidden(self, output_hidden_states: bool | None) -> bool:
         return bool(self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
 
@@ -193,8 +201,6 @@ def attention_projections(model: nn.Module) -> list[str]:
     """Names of the attention projections (the ``nn.Linear`` layers ``to_*`` of every attention part:
     to_q / to_k / to_v / to_out, to_qk, to_qkv, ...) inside ``model``: PEFT's ``target_modules`` for LoRA
     on any mechanism, ``LoraConfig(target_modules=attention_projections(model))``."""
-    from zoo.attention.base import Attention
-
     names = []
     for prefix, module in model.named_modules():
         if isinstance(module, Attention):
@@ -228,6 +234,18 @@ def checkpointed(forward: Any, checkpoint_func: Callable[..., Any], x: Tensor, *
     return checkpoint_func(forward, x, **kwargs)
 
 
+def zoo_cache(cache: Any, past_key_values: Any) -> ZooCache | None:
+    """The cache given under either name (transformers 5 says ``cache``; ``past_key_values`` before);
+    only the ZooCache a zoo model returned continues it."""
+    cache = cache if cache is not None else past_key_values
+    if cache is not None and not isinstance(cache, ZooCache):
+        raise TypeError(
+            f"a zoo model continues from the ZooCache it returned, not a {type(cache).__name__}: its "
+            "mechanisms keep their own state (KV cache, memory, recurrent state)"
+        )
+    return cache
+
+
 def hidden_tuple(found: list[Tensor], final: Tensor | None) -> tuple[Tensor, ...] | None:
     """HF's hidden_states: the embeddings, each layer's output, the last one after the final norm."""
     if not found:
@@ -258,17 +276,8 @@ class ZooForCausalLM(ZooPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """input_ids [b, t] (or inputs_embeds [b, t, d_model]); ``cache`` the ZooCache a call returned;
         ``use_cache`` (default False) starts one. A cache is updated in place and returned."""
-        unknown = sorted(k for k, v in kwargs.items() if v is not None)
-        if unknown:
-            raise TypeError(f"a zoo causal LM does not take {unknown} (positions count from the cache's offset)")
-        if output_attentions:
-            raise ValueError("zoo mechanisms do not return attention weights (many never form them: linear, LSH, ...)")
-        cache = cache if cache is not None else past_key_values
-        if cache is not None and not isinstance(cache, ZooCache):
-            raise TypeError(
-                f"a zoo model continues from the ZooCache it returned, not a {type(cache).__name__}: its "
-                "mechanisms keep their own state (KV cache, memory, recurrent state)"
-            )
+        self.refuse_unsupported(kwargs, output_attentions)
+        cache = zoo_cache(cache, past_key_values)
         hidden_wanted = self.wants_hidden(output_hidden_states)
         t = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         state = cache.state if cache is not None else None
@@ -336,11 +345,7 @@ class ZooForSequenceClassification(ZooPreTrainedModel):
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
         """input_ids [b, t] (or inputs_embeds); labels [b] classes: the zoo classifier's own loss."""
-        unknown = sorted(k for k, v in kwargs.items() if v is not None)
-        if unknown:
-            raise TypeError(f"a zoo classifier does not take {unknown}")
-        if output_attentions:
-            raise ValueError("zoo mechanisms do not return attention weights")
+        self.refuse_unsupported(kwargs, output_attentions)
         hidden_wanted = self.wants_hidden(output_hidden_states)
         t = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         with self.layer_outputs(hidden_wanted) as found:

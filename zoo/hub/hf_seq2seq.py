@@ -15,7 +15,7 @@ from transformers import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from zoo.hub.hf_cache import ZooCache
-from zoo.hub.hf_models import ZooPreTrainedModel, hidden_tuple, pad_mask_of
+from zoo.hub.hf_models import ZooPreTrainedModel, hidden_tuple, pad_mask_of, zoo_cache
 from zoo.models.base import Seq2SeqState
 
 
@@ -63,18 +63,14 @@ class ZooForSeq2SeqLM(ZooPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         **kwargs: Any,
     ) -> Seq2SeqLMOutput:
-        unknown = sorted(k for k, v in kwargs.items() if v is not None)
-        if unknown:
-            raise TypeError(f"a zoo encoder-decoder does not take {unknown}")
-        if output_attentions:
-            raise ValueError("zoo mechanisms do not return attention weights")
+        self.refuse_unsupported(kwargs, output_attentions)
         config = self.model.config
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("give decoder_input_ids, or labels to shift right behind bos_id")
             shifted = labels[:, :-1].masked_fill(labels[:, :-1] == -100, config.pad_id)
             decoder_input_ids = torch.cat([torch.full_like(labels[:, :1], config.bos_id), shifted], dim=1)
-        cache = cache if cache is not None else past_key_values
+        cache = zoo_cache(cache, past_key_values)
         t = decoder_input_ids.shape[1]
         if cache is not None:
             state = cache.state

@@ -10,7 +10,9 @@ models count positions from a row's first token).
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizer
+
+from zoo.hub.hf_config import ZooConfig
 
 BYTES = 256
 
@@ -43,3 +45,8 @@ class ZooByteTokenizer(PreTrainedTokenizer):
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, ...]:
         return ()  # bytes need no vocabulary file
+
+
+def register() -> None:
+    """``AutoTokenizer`` of a zoo folder: the byte tokenizer (zoo/hub/hf_auto.py calls this)."""
+    AutoTokenizer.register(ZooConfig, slow_tokenizer_class=ZooByteTokenizer, exist_ok=True)

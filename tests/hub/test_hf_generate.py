@@ -93,3 +93,26 @@ def test_byte_tokenizer_round_trips_utf8(tmp_path):
     assert tokenizer.decode(ids) == text
     batch = tokenizer(["ab", "abcd"], padding=True, return_tensors="pt")
     assert batch["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]  # right padding, byte 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_beam_search_reorders_the_zoo_state(tmp_path, name):
+    """HF beam search through the ZooCache (reordered by zoo.models.base.reorder_state at every step) equals
+    beam search recomputing every prefix (use_cache=False), and is not just greedy decoding; a state whose
+    tensors are not all batch-first is refused (never reordered into mixed-up beams)."""
+    cls = ATTENTION.get(name)
+    if not cls.supports_causal:
+        pytest.skip(f"{name} builds no causal LM: {cls.no_causal_reason}")
+    tokens, new = prompt(), 8
+    hf, model = load(tmp_path, decoding_lm(name, tokens, new))
+    if model.stream_refusal() is not None:
+        pytest.skip(f"{name} keeps no state to reorder: {model.stream_refusal()}")
+    beams = dict(max_new_tokens=new, num_beams=3, do_sample=False)
+    recomputed = hf.generate(tokens, **beams, use_cache=False)
+    try:
+        cached = hf.generate(tokens, **beams)
+    except NotImplementedError as refusal:
+        assert "first axis is not the batch" in str(refusal)
+        pytest.skip(str(refusal))
+    assert torch.equal(cached, recomputed)
+    assert not torch.equal(cached, hf.generate(tokens, max_new_tokens=new, do_sample=False))

@@ -53,7 +53,17 @@ class ZooCache(Cache):
         return int(self.state.batch_size)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Beam search: keep rows ``beam_idx`` of every tensor in the state."""
+        """Beam search: keep rows ``beam_idx`` of every tensor in the state. Refused, before anything moves,
+        when a tensor's first axis is not the batch (heads folded into it, a shared projection): picking
+        its rows would mix up the beams without an error."""
+        rows = self.state.batch_size
+        odd = sorted({tuple(t.shape) for t in tensors(self.state) if t.dim() > 0 and t.shape[0] != rows})
+        if odd:
+            raise NotImplementedError(
+                f"this zoo state holds tensors whose first axis is not the batch ({rows} rows): shapes {odd[:4]}; "
+                "its rows cannot be reordered for beam search. Use num_beams=1, or use_cache=False (every "
+                "prefix recomputed)"
+            )
         self.state = reorder_state(self.state, beam_idx.to(torch.long))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:

@@ -75,7 +75,6 @@ class ZooPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["Block"]
     kind: ClassVar[str] = ""  # the zoo head (ModelConfig.kind) this wrapper serves
-    auto_class: ClassVar[str] = ""
 
     def __init__(self, config: ZooConfig, zoo_model: nn.Module | None = None):
         super().__init__(config)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5.24")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -164,3 +164,22 @@ def test_the_auto_classes_know_the_zoo_when_transformers_was_imported_first():
         "assert MODEL_FOR_CAUSAL_LM_MAPPING[ZooConfig].__name__ == 'ZooForCausalLM'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_an_older_transformers_is_left_alone_with_a_warning(monkeypatch):
+    """The wrappers speak transformers 5.24's cache interface: an older one is not registered with (a
+    warning says why), so ``import zoo`` never breaks it."""
+    import transformers
+
+    from zoo.hub import hf_auto
+
+    called = []
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    monkeypatch.setitem(sys.modules, "zoo.hub.hf_config", type(sys)("stand_in"))
+    sys.modules["zoo.hub.hf_config"].register = lambda: called.append(1)
+    with pytest.warns(UserWarning, match="older than"):
+        hf_auto.register(hf_auto.AUTO + "configuration_auto")
+    assert not called
+    monkeypatch.setattr(transformers, "__version__", "5.24.0")
+    hf_auto.register(hf_auto.AUTO + "configuration_auto")
+    assert called == [1]

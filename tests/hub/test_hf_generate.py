@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5.24")
 
 import torch  # noqa: E402
 

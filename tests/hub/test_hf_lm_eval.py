@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", minversion="5.24")
 pytest.importorskip("lm_eval")
 
 import torch  # noqa: E402

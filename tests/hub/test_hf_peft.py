@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
+pytest.importorskip("transformers", minversion="5.24")
+pytest.importorskip("peft", minversion="0.21")
 
 import torch  # noqa: E402
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import warnings
 from typing import Any
 
 AUTO = "transformers.models.auto."
@@ -35,7 +36,22 @@ REGISTER: dict[str, str] = {
 }
 
 
+MIN_TRANSFORMERS = (5, 24)  # the cache interface and output names (``cache``) the wrappers speak
+
+
 def register(auto_module: str) -> None:
+    """Tell one Auto module about the zoo; an older transformers is left as it is, with a warning (the
+    wrappers would not fit its generation loop), so ``import zoo`` never breaks someone's transformers."""
+    import transformers
+
+    found = tuple(int(part) for part in transformers.__version__.split(".")[:2] if part.isdigit())
+    if found < MIN_TRANSFORMERS:
+        warnings.warn(
+            f"transformers {transformers.__version__} is older than the zoo's Auto classes need "
+            f"({'.'.join(map(str, MIN_TRANSFORMERS))}): not registered (pip install 'transformer-zoo[hf]')",
+            stacklevel=2,
+        )
+        return
     importlib.import_module(REGISTER[auto_module]).register()
 
 

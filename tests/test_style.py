@@ -22,7 +22,7 @@ def test_no_code_line_runs_past_the_line_length():
 # -- the house: a folder per axis and job, no import circles (issue 21) ------------------------------
 
 ZOO = ROOT / "zoo"
-TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "blocks.py"}  # DESIGN.md's layout
+TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "blocks.py"}  # the layout in docs/architecture.md
 
 
 def zoo_imports(path: Path) -> list[tuple[str, bool]]:

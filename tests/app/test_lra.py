@@ -277,7 +277,7 @@ def test_each_format_trains_two_steps_through_the_app(tmp_path, case, cifar_dir)
     pytest.importorskip("hydra")
     from zoo.app.compose import compose
     from zoo.app.run import load_run, run
-    from zoo.train.metrics import evaluate_model
+    from zoo.train.scoring import evaluate_model
 
     overrides = {
         "retrieval": ["experiment=lra_retrieval", f"data.path={write_aan(tmp_path / 'aan')}", "trainer.seq_len=64"],

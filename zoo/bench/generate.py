@@ -33,7 +33,7 @@ from zoo.bench.timing import clocked, paired_rounds
 from zoo.bench.variants import Variant, build
 from zoo.models.base import map_tensors
 from zoo.precision import autocast
-from zoo.train.meter import synchronize
+from zoo.train.activation_meter import synchronize
 
 
 def state_bytes(state: Any) -> int:

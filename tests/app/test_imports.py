@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("hydra")
 
-from script_modules import load_script
+from support.script_modules import load_script
 
 from zoo.app.compose import compose, explain_overrides  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402

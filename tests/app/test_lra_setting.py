@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from script_modules import load_script
+from support.script_modules import load_script
 
 from zoo.app.compose import compose
 from zoo.app.paper import count_parameters, meta_model

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_cli import TOY, read_csv, snapshot, train_main, train_process  # noqa: E402
+from support.app_cli import TOY, read_csv, snapshot, train_main, train_process  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
+from support.app_overrides import TINY  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402

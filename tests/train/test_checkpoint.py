@@ -23,7 +23,7 @@ import zoo
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY, script  # noqa: E402
+from support.app_overrides import TINY, script  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY, script  # noqa: E402
+from support.app_overrides import TINY, script  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.app.compose import compose  # noqa: E402

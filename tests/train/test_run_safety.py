@@ -19,8 +19,8 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
-from script_modules import load_script
+from support.app_overrides import TINY  # noqa: E402
+from support.script_modules import load_script
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402

@@ -19,9 +19,9 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_cli import train_main  # noqa: E402
-from app_overrides import TINY  # noqa: E402
-from script_modules import load_script
+from support.app_cli import train_main  # noqa: E402
+from support.app_overrides import TINY  # noqa: E402
+from support.script_modules import load_script
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402

@@ -26,8 +26,10 @@ def study_app(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def overrides(options: dict) -> list[str]:
-    def value(v):
-        return "[" + ",".join(map(str, v)) + "]" if isinstance(v, list) else str(v)
+    def value(v):  # Hydra's override grammar: strings in a list quoted (they may hold '=' or ':')
+        if not isinstance(v, list):
+            return str(v)
+        return "[" + ",".join(f"'{x}'" if isinstance(x, str) else str(x) for x in v) + "]"
 
     return [f"study.{key}={value(v)}" for key, v in options.items()]
 

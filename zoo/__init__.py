@@ -23,7 +23,7 @@ from zoo.presets import create_model, list_models, preset_config
 from zoo.registry import UnknownNameError, import_plugins, load_entry_points
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
-from zoo.train.checkpoint import CheckpointError, load_checkpoint
+from zoo.train.checkpoints.format import CheckpointError, load_checkpoint
 
 __version__ = "0.1.0"
 

@@ -19,19 +19,19 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_cli import train_main  # noqa: E402
-from app_overrides import TINY  # noqa: E402
-from script_modules import load_script
+from support.app_cli import train_main  # noqa: E402
+from support.app_overrides import TINY  # noqa: E402
+from support.script_modules import load_script
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402
 from zoo.data import DataFileNotFound  # noqa: E402
-from zoo.train.checkpoint import (  # noqa: E402
+from zoo.train.checkpoints.format import (  # noqa: E402
     CheckpointError,
     load_checkpoint,
     write_checksum,  # noqa: E402
 )
-from zoo.train.metrics import evaluate_model  # noqa: E402
+from zoo.train.scoring import evaluate_model  # noqa: E402
 from zoo.train.steps import TrainingDiverged  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

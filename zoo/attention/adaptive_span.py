@@ -101,7 +101,7 @@ from zoo.attention.span_band import (  # noqa: F401  (re-exported: the kernel's 
     span_reach,
 )
 from zoo.config import require
-from zoo.train.precision import float32
+from zoo.precision import float32
 
 MODES = ("learned", "dynamic", "fixed")
 

@@ -88,7 +88,7 @@ from zoo.attention.sorted_chunks import (
     _UnitKeys,
 )
 from zoo.config import require
-from zoo.train.precision import float32
+from zoo.precision import float32
 
 
 @ATTENTION.register("lsh")

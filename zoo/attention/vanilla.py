@@ -3,7 +3,7 @@
 Paper: "Attention Is All You Need", Vaswani et al. 2017, arXiv:1706.03762, Section 3.2.
 
 Computed through ``torch.nn.functional.scaled_dot_product_attention`` so the fused CPU/GPU kernels
-run. The mask passed to it is the cheapest one that expresses the pattern (measured in DESIGN.md):
+run. The mask passed to it is the cheapest one that expresses the pattern (measured: docs/architecture.md):
 ``is_causal=True`` when there is no padding and no cache offset, a broadcast key-padding mask
 [b, 1, 1, s] when there is padding but no causality, and a full [b, 1, t, s] mask only when causality
 and padding (or a cache offset) must be combined.

@@ -32,8 +32,8 @@ from zoo.bench.report import write_csv
 from zoo.bench.timing import clocked, paired_rounds
 from zoo.bench.variants import Variant, build
 from zoo.models.base import map_tensors
-from zoo.train.meter import synchronize
-from zoo.train.precision import autocast
+from zoo.precision import autocast
+from zoo.train.activation_meter import synchronize
 
 
 def state_bytes(state: Any) -> int:

@@ -53,11 +53,12 @@ class ZooCache(Cache):
         return int(self.state.batch_size)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Beam search: keep rows ``beam_idx`` of every tensor in the state. Refused, before anything moves,
-        when a tensor's first axis is not the batch (heads folded into it, a shared projection): picking
-        its rows would mix up the beams without an error."""
+        """Beam search: keep rows ``beam_idx`` of every per-row tensor in the state (what every row shares, the
+        caches' ``NOT_PER_ROW`` fields, stays). Refused, before anything moves, when a per-row tensor's first
+        axis is not the batch: picking its rows would mix up the beams without an error."""
         rows = self.state.batch_size
-        odd = sorted({tuple(t.shape) for t in tensors(self.state) if t.dim() > 0 and t.shape[0] != rows})
+        per_row = tensors(self.state, rows_only=True)
+        odd = sorted({tuple(t.shape) for t in per_row if t.dim() > 0 and t.shape[0] != rows})
         if odd:
             raise NotImplementedError(
                 f"this zoo state holds tensors whose first axis is not the batch ({rows} rows): shapes {odd[:4]}; "
@@ -84,8 +85,9 @@ class ZooCache(Cache):
         raise NotImplementedError("a zoo state is not reset in place: start generation again without a cache")
 
 
-def tensors(state: Any) -> list[torch.Tensor]:
-    """Every tensor inside a (nested) zoo state."""
+def tensors(state: Any, *, rows_only: bool = False) -> list[torch.Tensor]:
+    """Every tensor inside a (nested) zoo state (``rows_only``: those a cache keeps one row per batch row of,
+    leaving out the fields it marks as shared by every row: ``zoo.attention.base.NOT_PER_ROW``)."""
     found: list[torch.Tensor] = []
-    map_tensors(state, lambda t: found.append(t) or t)
+    map_tensors(state, lambda t: found.append(t) or t, rows_only=rows_only)
     return found

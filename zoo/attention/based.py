@@ -104,6 +104,10 @@ class BasedState:
 class Based(Attention):
     causal_only = True
     supports_memory = True
+    # read by the projection options of the modern block (n_kv_heads, qk_norm, softcap) where they exist
+    no_projection_reason = (
+        "its q/k are feature_dim wide for the Taylor map, which QK-norm or a grouped key would change; not implemented"
+    )
     no_position_reason = (
         "Based's Taylor attention sums feature maps over keys (no score per pair to bias or rotate past the window), "
         "and the paper's layers use no position inside attention"

@@ -31,6 +31,11 @@ class DecayAttention(Attention):
     causal_only = True
     supports_memory = True  # the decayed sum, constant size
     score_terms = 2
+    # read by the projection options of the modern block (n_kv_heads, qk_norm, softcap) where they exist
+    no_projection_reason = (
+        "its projections are the paper's own (expand_k / expand_v widths, decay gates), and no softmax score is "
+        "formed to cap; grouped keys/values and QK-norm are not implemented for it"
+    )
 
     def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x [b, t, d] at absolute ``positions`` [t] -> (q, k [b, h, t, f], v [b, h, t, e], log a)."""

@@ -25,6 +25,7 @@ from zoo.attention.decay_chunks import (
     read_state,
     state_before_rank,
 )
+from zoo.config import require
 
 
 class DecayAttention(Attention):
@@ -62,7 +63,21 @@ class DecayAttention(Attention):
 
     def head_dims(self) -> tuple[int, int]:
         """(f, e): key and value dims per head."""
-        raise NotImplementedError
+        return self.key_dim, self.value_dim
+
+    def expanded_head_dims(self) -> tuple[int, int]:
+        """(f, e) from the options expand_k and expand_v: q/k are expand_k * d_model wide, v expand_v * d_model,
+        split over the heads; refused unless both are whole numbers of features divisible by n_heads."""
+        name, h, o = self.registry_name, self.n_heads, self.options
+        dims = []
+        for label, ratio in (("expand_k", o.expand_k), ("expand_v", o.expand_v)):
+            width = self.d_model * ratio
+            require(
+                width == int(width) and int(width) % h == 0,
+                f"{name}: {label} * d_model = {width} must be a whole number of features divisible by n_heads={h}",
+            )
+            dims.append(int(width) // h)
+        return dims[0], dims[1]
 
     def forward_flops(self, t: int) -> FlopCount:
         f, e = self.head_dims()

@@ -72,13 +72,7 @@ class GatedLinearAttention(DecayAttention):
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         o, h = self.options, n_heads
-        key_width, value_width = d_model * o.expand_k, d_model * o.expand_v
-        for label, width in (("expand_k", key_width), ("expand_v", value_width)):
-            require(
-                width == int(width) and int(width) % h == 0,
-                f"gla: {label} * d_model = {width} must be a whole number of features divisible by n_heads={h}",
-            )
-        self.key_dim, self.value_dim = int(key_width) // h, int(value_width) // h
+        self.key_dim, self.value_dim = self.expanded_head_dims()
         self.to_q = nn.Linear(d_model, h * self.key_dim, bias=False)
         self.to_k = nn.Linear(d_model, h * self.key_dim, bias=False)
         self.to_v = nn.Linear(d_model, h * self.value_dim, bias=False)
@@ -87,9 +81,6 @@ class GatedLinearAttention(DecayAttention):
         self.to_output_gate = nn.Linear(d_model, h * self.value_dim, bias=False) if o.use_output_gate else None
         self.norm_weight = nn.Parameter(torch.ones(self.value_dim))
         self.to_out = nn.Linear(h * self.value_dim, d_model, bias=False)
-
-    def head_dims(self) -> tuple[int, int]:
-        return self.key_dim, self.value_dim
 
     def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))

@@ -40,17 +40,14 @@ from torch import Tensor
 @dataclass
 class DecayState:
     """The state a causal decay layer carries between calls (detached): ``memory`` [b, h, f, e] (None
-    before the first token), ``seen`` tokens streamed so far (where RetNet's rotation stands), and
-    ``extra``: what a layer keeps besides (Based's sliding-window keys), or None."""
+    before the first token) and ``seen``, the tokens streamed so far (where RetNet's rotation stands)."""
 
     memory: Tensor | None = None
     seen: int = 0
-    extra: object = None
 
     @property
     def length(self) -> int:
-        extra = getattr(self.extra, "length", 0)
-        return extra  # the decayed sum remembers no token: only a window beside it does
+        return 0  # a decayed sum: it remembers no token, nothing grows with the stream
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:

@@ -72,9 +72,10 @@ def diagonal_case(t=21, seed=1, dtype=torch.float64, strength=1.0):
     return q, k, v, log_decay, state
 
 
-@pytest.mark.parametrize("chunk_size", [1, 5, 8, 64])
-def test_chunk_form_equals_recurrent_form_with_a_decay_per_key_dim_and_a_starting_state(chunk_size):
-    q, k, v, log_decay, state = diagonal_case()
+@pytest.mark.parametrize("chunk_size,t", [(1, 21), (5, 21), (8, 21), (32, 70), (64, 70)])
+def test_chunk_form_equals_recurrent_form_with_a_decay_per_key_dim_and_a_starting_state(chunk_size, t):
+    """Chunks of 32 and 64 run the secondary blocks of 16 (decays factored through each block's start)."""
+    q, k, v, log_decay, state = diagonal_case(t=t)
     want, want_state = recurrent_decay_attention(q, k, v, log_decay, state=state)
     got, got_state = chunk_decay_attention(q, k, v, log_decay, chunk_size=chunk_size, state=state)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
@@ -95,7 +96,7 @@ def test_core_equals_fla_naive_recurrent_gla():
     """fla's naive_recurrent_gla ([b, t, h, f], float32 inside, q scaled by f^-1/2) with a starting state."""
     naive = fla_naive("gla").naive_recurrent_gla
     q, k, v, log_decay, state = diagonal_case(t=37, dtype=torch.float32)
-    ours, ours_state = chunk_decay_attention(q * 8**-0.5, k, v, log_decay, chunk_size=8, state=state)
+    ours, ours_state = chunk_decay_attention(q * 8**-0.5, k, v, log_decay, chunk_size=32, state=state)
 
     def btd(x):
         return x.transpose(1, 2)

@@ -12,7 +12,8 @@ given as ``log_decay`` = log a_i <= 0, [b, h, t] (scalar per head) or [b, h, t, 
   the sequence is cut into chunks of C. With G_i = sum of log a over the chunk up to i (inclusive),
   inside a chunk o_i = sum_{j <= i} (q_i * exp(G_i - G_j)) . k_j v_j (C x C scores, the decay formed as
   a difference of logs, never a ratio of products, so nothing overflows: every exponent is <= 0; the
-  diagonal form keeps the [C, C, f] exponents, O(t C f)), across chunks the state carries on:
+  diagonal form forms [16, 16, f] exponents inside secondary blocks of 16 and runs matmuls between them,
+  ``diagonal_chunk_values``), across chunks the state carries on:
   o_i += (q_i * exp(G_i)) S_before, S_after = exp(G_C) S_before + sum_j (k_j * exp(G_C - G_j)) v_j^T.
   Only the n = t / C chunk states are stepped one after another. Cost O(t C (f + e) + t f e); no t x t
   tensor, no [t, f, e] tensor.
@@ -35,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
+
+SUB_CHUNK = 16  # the secondary blocks of the diagonal form: [16, 16, f] exponents, matmuls between blocks
 
 
 @dataclass
@@ -94,18 +97,17 @@ def chunk_decay_attention(
         g = rearrange(F.pad(log_decay, (0, 0, 0, grow)), "b h (n c) f -> b h n c f", c=c).cumsum(3)
     else:
         g = rearrange(F.pad(log_decay, (0, grow)), "b h (n c) -> b h n c", c=c).cumsum(3)
-    later = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)  # j > i: masked before exp, never overflows
-    if diagonal:  # exp(G_i - G_j) per key dimension: [b, h, n, c, c, f]
-        gap = (g[:, :, :, :, None] - g[:, :, :, None]).masked_fill(later[:, :, None], float("-inf"))
-        scores = torch.einsum("bhnif,bhnjf,bhnijf->bhnij", qc, kc, gap.exp())
+    if diagonal:
+        out = diagonal_chunk_values(qc, kc, vc, g)
         last = g[:, :, :, -1:]  # [b, h, n, 1, f]
         read, write = qc * g.exp(), kc * (last - g).exp()
     else:
+        later = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)  # j > i: masked before exp
         gap = (g[..., :, None] - g[..., None, :]).masked_fill(later, float("-inf"))
         scores = torch.einsum("bhnif,bhnjf->bhnij", qc, kc) * gap.exp()
+        out = torch.einsum("bhnij,bhnje->bhnie", scores, vc)
         last = g[..., -1:]  # [b, h, n, 1]
         read, write = qc * g.exp()[..., None], kc * (last - g).exp()[..., None]
-    out = torch.einsum("bhnij,bhnje->bhnie", scores, vc)
     # what each chunk adds to the state, and how much of the state it lets through
     added = torch.einsum("bhncf,bhnce->bhnfe", write, vc)
     passed = last.squeeze(3).exp()  # [b, h, n(, f)]
@@ -118,6 +120,32 @@ def chunk_decay_attention(
     out = out + torch.einsum("bhncf,bhnfe->bhnce", read, torch.stack(before, dim=2))
     out = rearrange(out, "b h n c e -> b h (n c) e")[:, :, :t]
     return out.to(dtype), running
+
+
+def diagonal_chunk_values(qc: Tensor, kc: Tensor, vc: Tensor, g: Tensor, sub: int = SUB_CHUNK) -> Tensor:
+    """Inside each chunk, o_i = sum_{j <= i} (sum_f q_if k_jf exp(G_if - G_jf)) v_j, with G [b, h, n, c, f] the
+    cumulative log decays of the chunk. The chunk is cut again into blocks of ``sub`` (the GLA paper's secondary
+    level, Section 4.3): between blocks the decay factors through the position r before the query's block,
+    (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) (j <= r < i: both exponents <= 0) and runs as a matmul; only
+    inside a block are the [sub, sub, f] exponents formed. qc, kc [b, h, n, c, f], vc [b, h, n, c, e]."""
+    c = qc.shape[3]
+    sub = sub if c % sub == 0 else c  # a chunk that sub does not divide is one block
+    blocks = c // sub
+    qs, ks, vs, gs = (rearrange(x, "b h n (m s) f -> b h n m s f", s=sub) for x in (qc, kc, vc, g))
+    # inside a block: the exponents themselves, the upper triangle masked before exp (never overflows)
+    later = torch.ones(sub, sub, dtype=torch.bool, device=qc.device).triu(1)[:, :, None]
+    gap = (gs[..., :, None, :] - gs[..., None, :, :]).masked_fill(later, float("-inf"))
+    inside = (qs[..., :, None, :] * ks[..., None, :, :] * gap.exp()).sum(-1)  # [b, h, n, m, s, s]
+    out = torch.einsum("bhnmij,bhnmje->bhnmie", inside, vs)
+    if blocks > 1:  # earlier blocks of the chunk: G_r at the last position before each block (0 for the first)
+        before = F.pad(gs[..., :-1, -1, :], (0, 0, 1, 0))  # [b, h, n, m, f]
+        query = qs * (gs - before[..., None, :]).exp()
+        earlier = torch.arange(c, device=qc.device)[None, :] < (torch.arange(blocks, device=qc.device) * sub)[:, None]
+        exponent = (before[..., None, :] - g[:, :, :, None]).masked_fill(~earlier[..., None], float("-inf"))
+        keys = kc[:, :, :, None] * exponent.exp()  # [b, h, n, m, c, f]: k_j exp(G_r - G_j), j before block m
+        scores = torch.einsum("bhnmif,bhnmjf->bhnmij", query, keys)
+        out = out + torch.einsum("bhnmij,bhnje->bhnmie", scores, vc)
+    return rearrange(out, "b h n m s e -> b h n (m s) e")
 
 
 def recurrent_decay_attention(

@@ -8,9 +8,10 @@ flash-linear-attention (``fla/layers/gla.py``).
     S_t = diag(α_t) S_{t-1} + k_t^T v_t,  o_t = q_t S_t / sqrt(f)      per head, α_t in (0, 1)^f
     r_t = swish(x_t W_r),  y_t = (r_t ⊙ Norm(o_t)) W_O                  (output gate and per-head norm)
 
-Forms: training runs the chunkwise form of Section 4.2 (``decay_chunks.py``: the decays enter as
-differences of cumulative log α, never as ratios, so no secondary chunking is needed for stability;
-the [C, C, f] exponents make the intra-chunk cost O(t C f)); decoding one token runs the recurrence.
+Forms: training runs the chunkwise form of Sections 4.2-4.3 (``decay_chunks.py``: the decays enter as
+differences of cumulative log α, never as ratios, so every exponent is <= 0; inside a chunk, secondary
+blocks of 16 form their [16, 16, f] exponents and the blocks meet through matmuls factored at each
+block's start, as the paper's two-level chunking); decoding one token runs the recurrence.
 The state is S per head [f, e]: constant size, ``state_bound`` 0.
 
 Shapes: x [b, t, d] -> q, k, log α [b, h, t, f] (f = expand_k d / h), v, r [b, h, t, e]

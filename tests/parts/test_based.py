@@ -9,6 +9,7 @@ import torch
 
 import zoo
 from tests.parts.references import fla_naive
+from tests.parts.streams import fed_in_pieces
 from zoo.attention.based import taylor_features
 from zoo.attention.kernelized import causal_kernel_attention
 
@@ -65,13 +66,11 @@ def test_padded_keys_are_neither_summed_nor_in_the_window():
 def test_streaming_in_segments_equals_the_paper_with_a_state_of_window_minus_one_keys():
     attn = layer(window_size=5, chunk_size=4)
     x = torch.randn(2, 17, D, dtype=torch.float64)
-    state, outs = attn.init_state(2), []
+    ends = [1, 2, 9, 10, 17]
+    out, states = fed_in_pieces(attn, x, ends)
+    assert [state.length for state in states] == [min(end, attn.state_bound()) for end in ends]  # w - 1 = 4 at most
     with torch.no_grad():
-        for lo, hi in [(0, 1), (1, 2), (2, 9), (9, 10), (10, 17)]:
-            result = attn(x[:, lo:hi], state=state)
-            state, outs = result.state, [*outs, result.out]
-            assert state.length == min(hi, attn.state_bound())  # w - 1 = 4 keys at most
-        torch.testing.assert_close(torch.cat(outs, 1), paper_layer(attn, x), rtol=0, atol=1e-10)
+        torch.testing.assert_close(out, paper_layer(attn, x), rtol=0, atol=1e-10)
 
 
 def taylor_case(t, f=4, seed=3):

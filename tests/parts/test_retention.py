@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import zoo
 from tests.parts.references import fla_naive
+from tests.parts.streams import fed_in_pieces
 from zoo.attention.decay_chunks import chunk_decay_attention, recurrent_decay_attention
 from zoo.attention.retention import retention_log_decay
 
@@ -71,12 +72,10 @@ def test_layer_equals_the_papers_recurrence_and_parallel_form(chunk_size):
 def test_streaming_token_by_token_runs_the_recurrence_and_equals_the_paper():
     attn = layer(chunk_size=4)
     x = torch.randn(2, 11, D, dtype=torch.float64)
-    state, outs = attn.init_state(2), []
+    out, states = fed_in_pieces(attn, x, range(1, 12))
     with torch.no_grad():
-        for i in range(11):
-            result = attn(x[:, i : i + 1], state=state)
-            state, outs = result.state, [*outs, result.out]
-        torch.testing.assert_close(torch.cat(outs, 1), paper_layer(attn, x), rtol=0, atol=1e-10)
+        torch.testing.assert_close(out, paper_layer(attn, x), rtol=0, atol=1e-10)
+    state = states[-1]
     assert state.memory.shape == (2, H, attn.key_dim, attn.value_dim) and state.length == 0
 
 

@@ -80,14 +80,14 @@ def denominator(den: Tensor, eps: float) -> Tensor:
 
 
 def causal_kernel_attention(
-    phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, state: KernelState | None = None
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, state: KernelState | None = None, chunk_size: int = CHUNK
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Causal: query i sees keys j <= i (and everything summed into ``state``). phi_q, phi_k [b, h, t, f],
     v [b, h, t, e] -> (out [b, h, t, e], kv [b, h, f, e], z [b, h, f]): the output and the sums after
-    the last position, for the next call."""
+    the last position, for the next call. ``chunk_size``: C."""
     b, h, t, f = phi_q.shape
     e = v.shape[-1]
-    chunk = min(CHUNK, t)  # one token at a time (decoding) costs one product, not a C x C block
+    chunk = min(chunk_size, t)  # one token at a time (decoding) costs one product, not a C x C block
     length = -(-t // chunk) * chunk
     pad = (0, 0, 0, length - t)  # zero features past the end: they add nothing
     qc, kc, vc = (rearrange(F.pad(x, pad), "b h (n c) f -> b h n c f", c=chunk) for x in (phi_q, phi_k, v))

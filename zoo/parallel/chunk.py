@@ -160,16 +160,23 @@ class Chunk:
         """The sum of ``x`` (this rank's contribution: the running sums of its chunk, [...]) over the earlier
         ranks, with the gradient returned to them: an exclusive prefix sum over the group (contiguous
         layout). Every rank sends its ``x`` to every later rank; zeros on the first rank."""
+        return self.rows_before(x).sum(-2)
+
+    def rows_before(self, x: Tensor) -> Tensor:
+        """``x`` [..., F] of every earlier rank, in rank order, with the gradient returned to them, then
+        this rank's own row as zeros: [..., rank + 1, F] (contiguous layout), for a scan that is not a
+        plain sum (a decayed state: each rank's contribution passes through the later ranks' decay).
+        Every rank sends its ``x`` to every later rank."""
         rows = x.unsqueeze(-2)  # [..., 1, F]: one row per rank
         dim, first = rows.dim() - 2, torch.zeros(1, dtype=torch.long, device=x.device)
         sends = tuple((self.peers[r], first) for r in range(self.rank + 1, self.size))
         receives = tuple((self.peers[r], 1) for r in range(self.rank))
         gathered = gather_earlier(Route(self.group, sends, receives, dim), rows)
-        own = gathered.narrow(dim, self.rank, 1).squeeze(dim)
+        own = gathered.narrow(dim, self.rank, 1)
         # the own row joins the result as zeros (masked, so exact whatever it holds): its node then runs
         # backward on every rank, also on the first, where the later ranks' gradients of what it sent arrive
         nothing = own.masked_fill(own.new_ones((), dtype=torch.bool), 0.0)
-        return gathered.narrow(dim, 0, self.rank).sum(dim) + nothing
+        return torch.cat([gathered.narrow(dim, 0, self.rank), nothing], dim=dim)
 
     def tail(self, x: Tensor, keep: int, *, dim: int = 1) -> Tensor:
         """The last ``keep`` positions of the whole sequence of ``x`` (this rank's rows along ``dim``),

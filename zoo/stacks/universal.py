@@ -64,9 +64,9 @@ from torch import Tensor, nn
 from zoo.blocks import Block, merge_into, prefixed
 from zoo.config import require
 from zoo.position.base import check_random_offset_max, sinusoid_table
+from zoo.precision import float32
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 from zoo.stacks.separable_conv import SeparableConvTransition, check_transition_options
-from zoo.train.precision import float32
 
 
 @dataclass

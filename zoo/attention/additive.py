@@ -36,6 +36,10 @@ SCORES = ("dot", "general", "concat")
 
 @ATTENTION.register("additive")
 class AdditiveAttention(Attention):
+    projection_features = ("qk_norm",)
+    no_projection_reason = (
+        "its scores are Bahdanau's tanh network over every pair (already bounded), and its KV cache is not grouped"
+    )
     supports_cross = True
     supports_memory = True  # a KV cache of projected keys and values continues a stream (causal use)
     position_kinds = (

@@ -127,6 +127,11 @@ class KernelizedAttention(Attention):
     subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
     this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
 
+    projection_features = ("qk_norm",)
+    no_projection_reason = (
+        "it computes no scores (a feature map product, summed), and its running sums are kept per query head"
+    )
+
     position_kinds = ()
     no_position_reason = (
         "it never forms a score per query-key pair (feature maps summed over keys), so no distance bias can be "

@@ -46,6 +46,11 @@ from zoo.config import require
 
 @ATTENTION.register("longformer")
 class LongformerAttention(PatternAttention):
+    projection_features = ()
+    no_projection_reason = (
+        "its global tokens project queries, keys and values with matrices of their own (Beltagy et al. 2020, "
+        "Section 3.1), which the shared projection options do not reach"
+    )
     # its own paths (residue classes of the dilated window, global rows through their own projections) apply
     # no position part: refused rather than silently dropped (PatternAttention's rotation and bias do not reach them)
     position_kinds = ()

@@ -50,6 +50,7 @@ class AdditiveAttention(Attention):
     @dataclass
     class Options:
         score: str = "concat"  # dot | general | concat
+        bias: bool = True  # bias in the q/k/v/output projections
 
         def __post_init__(self) -> None:
             require(self.score in SCORES, f"score must be one of {', '.join(SCORES)}; got {self.score!r}")
@@ -63,7 +64,7 @@ class AdditiveAttention(Attention):
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         h, k = self.n_heads, self.head_dim
-        self.add_projections()
+        self.add_projections(bias=self.options.bias)
         self.attn_dropout = nn.Dropout(self.dropout)
         if self.options.score == "general":
             self.w_a = nn.Parameter(torch.randn(h, k, k) * k**-0.5)  # per-head bilinear form

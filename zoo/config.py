@@ -182,7 +182,9 @@ class ModelConfig:
     # table N(0, token_init_std) read unscaled (BERT, the PyTorch LRA code: 0.02). zoo/models/base.py
     token_init_std: float = 0.0
     label_smoothing: float = 0.0
-    attention: dict = field(default_factory=lambda: {"name": "vanilla"})
+    # one part for every layer, or a list of per-layer parts (names or dicts), cycled over the layers:
+    # ["local_1d", "local_1d", "local_1d", "vanilla"] (a hybrid; see layer_parts)
+    attention: dict | list = field(default_factory=lambda: {"name": "vanilla"})
     cross_attention: dict = field(default_factory=lambda: {"name": "vanilla"})
     residual: dict = field(default_factory=lambda: {"name": "post_norm"})
     stack: dict = field(default_factory=lambda: {"name": "sequential"})
@@ -209,13 +211,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for axis in PART_AXES:
             part = getattr(self, axis)
-            if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
-                part = {"name": part}
-            require(
-                isinstance(part, Mapping) and "name" in part,
-                f"{axis} must be a name or a dict with a 'name' key, got {part!r}",
-            )
-            setattr(self, axis, dict(part))
+            if axis in LAYERED_AXES and isinstance(part, Sequence) and not isinstance(part, str):
+                setattr(self, axis, per_layer_parts(axis, part))
+                continue
+            setattr(self, axis, as_part(axis, part))
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         check_field_types(ModelConfig, values, "model config")
         require(
@@ -270,6 +269,40 @@ class ModelConfig:
 
 
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+LAYERED_AXES = ("attention",)  # axes that also take a list of per-layer parts (hybrids)
+
+
+def as_part(axis: str, part: Any) -> dict[str, Any]:
+    """A part given as a name or a dict -> ``{"name": ..., **options}``."""
+    if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
+        part = {"name": part}
+    require(
+        isinstance(part, Mapping) and "name" in part,
+        f"{axis} must be a name or a dict with a 'name' key"
+        + (", or a list of them (one per layer, cycled)" if axis in LAYERED_AXES else "")
+        + f", got {part!r}",
+    )
+    return dict(part)
+
+
+def per_layer_parts(axis: str, parts: Sequence[Any]) -> list[dict[str, Any]]:
+    """A list of per-layer parts (names or dicts) -> a list of ``{"name": ..., **options}``."""
+    require(len(parts) > 0, f"{axis}: a per-layer list needs at least one part (it is cycled over the layers)")
+    return [as_part(f"{axis}[{i}]", part) for i, part in enumerate(parts)]
+
+
+def layer_parts(part: dict[str, Any] | list[dict[str, Any]], n_layers: int) -> list[dict[str, Any]]:
+    """The part of each of ``n_layers`` layers: one part for all, or a per-layer list cycled when shorter
+    (``[a, a, a, b]`` over 8 layers: a a a b a a a b) and cut when longer."""
+    parts = part if isinstance(part, list) else [part]
+    return [dict(parts[i % len(parts)]) for i in range(n_layers)]
+
+
+def part_label(part: dict[str, Any] | list[dict[str, Any]] | str) -> str:
+    """A part's registry name, or a hybrid's names joined by '+' in layer order ("local_1d+local_1d+vanilla")."""
+    if isinstance(part, str):
+        return part
+    return "+".join(p["name"] for p in part) if isinstance(part, list) else part["name"]
 
 
 def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -277,14 +310,26 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
     Nested dicts merge key by key, except that naming a different part swaps it: ``attention="lsh"``
     or ``attention={"name": "lsh", ...}`` replaces the preset's attention options (they belong to
-    the old mechanism), while ``attention={"n_hashes": 8}`` tweaks the current one. Unknown top-level
-    keys are refused with the valid ones and a did-you-mean.
+    the old mechanism), while ``attention={"n_hashes": 8}`` tweaks the current one. ``attention`` also
+    takes a list of per-layer parts (a hybrid, cycled over the layers), which replaces the part(s); over
+    a hybrid, options without a name apply to every layer and a name swaps the hybrid for that part.
+    Unknown top-level keys are refused with the valid ones and a did-you-mean.
     """
     merged = copy.deepcopy(base)
     for key, value in overrides.items():
         if key not in MODEL_KEYS:
             raise unknown("model config key", key, MODEL_KEYS)
-        if key in PART_AXES:
+        if key in LAYERED_AXES and isinstance(value, Sequence) and not isinstance(value, str):
+            merged[key] = per_layer_parts(key, value)  # a per-layer list replaces the part(s)
+        elif key in LAYERED_AXES and isinstance(merged.get(key), list):
+            require(
+                isinstance(value, (str, Mapping)),
+                f"{key} must be a registry name, a dict of options or a per-layer list, got {value!r}",
+            )
+            new = {"name": value} if isinstance(value, str) else dict(value)
+            # naming a part swaps the whole hybrid for it; options alone apply to every layer
+            merged[key] = dict(new) if "name" in new else [{**layer, **new} for layer in merged[key]]
+        elif key in PART_AXES:
             old = merged.get(key, {})  # absent: a tweak stays a tweak ({"act": True} keeps the preset's stack)
             old = {"name": old} if isinstance(old, str) else dict(old)
             require(
@@ -334,6 +379,8 @@ def resolve_model_config(
 __all__ = [
     "ModelConfig",
     "ArgumentTypeError",
+    "layer_parts",
+    "part_label",
     "NoOptions",
     "build_options",
     "check_field_types",

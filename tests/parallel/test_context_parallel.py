@@ -305,9 +305,10 @@ def test_every_mechanism_that_does_not_refuse_a_split_equals_one_process():
     check_cases(2, cases)
 
 
-def test_grouped_kv_and_qk_norm_over_a_split_sequence_equal_one_process():
+def test_grouped_kv_qk_norm_and_a_hybrid_over_a_split_sequence_equal_one_process():
     """Every mechanism that applies grouped keys/values (multi-query here: 2 heads, 1 key/value head) and
-    does not refuse a split: the grouped keys the ranks exchange give what one process computes."""
+    does not refuse a split: the grouped keys the ranks exchange give what one process computes; and a
+    per-layer hybrid (local_1d, vanilla), each layer splitting its own way."""
     cases = []
     for name in zoo.list_attention():
         cls = ATTENTION.get(name)
@@ -319,6 +320,8 @@ def test_grouped_kv_and_qk_norm_over_a_split_sequence_equal_one_process():
         if context_refusal(case.build()) is None:
             cases.append(case)
     assert {"grouped_vanilla", "grouped_local_1d", "grouped_sparse_fixed"} <= {c.name for c in cases}
+    hybrid = [{"name": "local_1d", **ATTENTION.get("local_1d").contract_options()}, "vanilla"]  # per layer
+    cases.append(Case("hybrid_local_vanilla", "vanilla_lm", {"attention": hybrid, "position": "rope"}, pad=True))
     check_cases(2, cases)
 
 

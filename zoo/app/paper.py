@@ -26,6 +26,7 @@ refuses a paper configuration asked of another dataset unless ``paper.allow_othe
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -115,7 +116,7 @@ def describe(overrides: list[str]) -> dict[str, Any]:
             for k in ("n_layers", "d_model", "n_heads", "d_ff", "dropout", "attention_dropout", "vocab_size", "max_len")
         },
         "vocab_source": vocab_source,
-        "axes": {axis: dict(getattr(config, axis)) for axis in ("attention", "residual", "stack", "position")},
+        "axes": {axis: copy.deepcopy(getattr(config, axis)) for axis in ("attention", "residual", "stack", "position")},
         "adaptive": dict(config.adaptive),
         "data": resolved["data"],
         "trainer": {
@@ -164,8 +165,10 @@ def format_report(info: dict[str, Any]) -> str:
         "size: " + ", ".join(f"{k} {v}" for k, v in size.items()) + f"    (vocabulary: {info['vocab_source']})"
     )
     for axis, part in info["axes"].items():
-        options = ", ".join(f"{k}={v}" for k, v in part.items() if k != "name")
-        lines.append(f"{axis:>9}: {part['name']}" + (f" ({options})" if options else ""))
+        for i, each in enumerate(part if isinstance(part, list) else [part]):  # a hybrid: its per-layer list
+            options = ", ".join(f"{k}={v}" for k, v in each.items() if k != "name")
+            label = f"{axis}[{i}]" if isinstance(part, list) else axis
+            lines.append(f"{label:>9}: {each['name']}" + (f" ({options})" if options else ""))
     if info["adaptive"]:
         lines.append(f" adaptive: {info['adaptive']}")
     t = info["trainer"]
@@ -185,6 +188,14 @@ def format_report(info: dict[str, Any]) -> str:
         f"    FLOPs: {'unknown' if flops is None else f'{flops / 1e9:.3f} GFLOP'} per training token (estimate; "
         f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['head_rule']})"
     )
+    names = {row["attention"] for row in info.get("layers") or []}
+    for row in info.get("layers") or [] if len(names) > 1 else []:  # a hybrid: what each layer sees and costs
+        flops, keys = row["forward_flops_per_token"], row["keys_per_query"]
+        lines.append(
+            f"  layer {row['layer']}: {row['attention']}, keys/query "
+            f"{'unknown' if keys is None else f'{keys:.0f}'} ({row['keys_rule']}), forward "
+            f"{'unknown' if flops is None else f'{flops / 1e6:.2f} MFLOP'} per token"
+        )
     per_token, per_sequence = info["activation_bytes_per_token"], info["activation_mib_per_sequence"]
     lines.append(
         f"   memory: {'unknown' if per_token is None else f'{per_token / 1024:.1f} KiB'} activations per token, "

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.blocks import Block
-from zoo.config import ModelConfig
+from zoo.config import ModelConfig, part_label
 from zoo.models.inputs import (
     check_embeds,
     check_tokens,
@@ -119,7 +119,7 @@ class ZooModel(nn.Module):
         super().__init__()
         self.config = config
         # what a state must match to be fed back: the same preset, head, mechanism, stack and sizes
-        parts = "/".join(split_part(getattr(config, axis))[0] for axis in ("attention", "stack"))
+        parts = "/".join(part_label(getattr(config, axis)) for axis in ("attention", "stack"))
         self.signature = f"{config.name}:{config.kind}:{parts}:{config.n_layers}x{config.d_model}h{config.n_heads}"
 
     def final_norm(self) -> nn.Module:

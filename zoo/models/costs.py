@@ -156,6 +156,34 @@ def unanswered(model: nn.Module, t: int) -> list[str]:
     return list(dict.fromkeys(silent))
 
 
+def per_layer_costs(model: nn.Module, t: int) -> list[dict[str, Any]] | None:
+    """Each applied block's attention, keys per query and forward FLOPs per token at length t (a hybrid's
+    layers differ); None when a stack does not say which blocks it applies."""
+    blocks = applied_blocks(model)
+    if blocks is None:
+        return None
+    rows = []
+    for i, block in enumerate(blocks):
+        attention = block.attention
+        keys, flops, feed_forward = (
+            attention.keys_per_query(t),
+            attention.forward_flops(t),
+            feed_forward_flops(block, t),
+        )
+        rows.append(
+            {
+                "layer": i,
+                "attention": attention.registry_name or type(attention).__name__,
+                "keys_per_query": None if keys is None else keys.keys,
+                "keys_rule": "unknown" if keys is None else keys.rule,
+                "forward_flops_per_token": None
+                if flops is None or feed_forward is None
+                else (flops.total + feed_forward) / t,
+            }
+        )
+    return rows
+
+
 def describe_costs(model: nn.Module, t: int) -> dict[str, Any]:
     """The cost entries of ``describe`` for a model (built on the meta device is enough) at length t;
     an unknown figure is None and its rule says "unknown"."""
@@ -176,4 +204,5 @@ def describe_costs(model: nn.Module, t: int) -> dict[str, Any]:
         "activation_bytes_per_token": None if activations is None else activations[0],
         "activation_mib_per_sequence": None if activations is None else activations[0] * t / 2**20,
         "activation_rule": unknown if activations is None else activations[1],
+        "layers": per_layer_costs(model, t),
     }

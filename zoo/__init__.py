@@ -17,6 +17,7 @@ from zoo.attention import ATTENTION, Attention, AttnOutput, create_attention
 from zoo.config import ModelConfig
 from zoo.hub import from_pretrained, load, save
 from zoo.models.base import ModelOutput, ModelState
+from zoo.norm import NORM, create_norm
 from zoo.position import POSITION
 from zoo.presets import create_model, list_models, preset_config
 from zoo.registry import UnknownNameError, import_plugins, load_entry_points
@@ -45,6 +46,10 @@ def list_positions(pattern: str = "*") -> list[str]:
     return POSITION.list(pattern)
 
 
+def list_norms(pattern: str = "*") -> list[str]:
+    return NORM.list(pattern)
+
+
 __all__ = [
     "Attention",
     "AttnOutput",
@@ -55,10 +60,12 @@ __all__ = [
     "UnknownNameError",
     "create_attention",
     "create_model",
+    "create_norm",
     "from_pretrained",
     "import_plugins",
     "list_attention",
     "list_models",
+    "list_norms",
     "list_positions",
     "list_residuals",
     "list_stacks",

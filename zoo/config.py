@@ -24,7 +24,7 @@ from typing import Any, Union
 from zoo.registry import did_you_mean, unknown
 
 IGNORE_INDEX = -100  # a target that is not scored (padding, prompt positions): the data/model contract
-PART_AXES = ("attention", "cross_attention", "residual", "stack", "position")
+PART_AXES = ("attention", "cross_attention", "residual", "stack", "position", "norm")
 # classifier pooling (zoo/models/classifier.py pool): the mean over the real tokens, the first token, or the
 # PyTorch LRA code's mean: padded outputs zeroed and averaged over the whole padded length
 POOLINGS = ("mean", "first", "padded_mean")
@@ -146,6 +146,14 @@ def build_options(options_cls: type, options: dict[str, Any], what: str, key_pre
     return options_cls(**options)
 
 
+def split_part(part: Mapping[str, Any] | str) -> tuple[str, dict[str, Any]]:
+    """{"name": "lsh", "n_hashes": 8} -> ("lsh", {"n_hashes": 8}); "lsh" -> ("lsh", {})"""
+    if isinstance(part, str):
+        return part, {}
+    options = dict(part)
+    return options.pop("name"), options
+
+
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``: the one-line form of a config check."""
     if not condition:
@@ -189,6 +197,8 @@ class ModelConfig:
     residual: dict = field(default_factory=lambda: {"name": "post_norm"})
     stack: dict = field(default_factory=lambda: {"name": "sequential"})
     position: dict = field(default_factory=lambda: {"name": "sinusoidal"})
+    # the normalisation every residual policy, the final norm and a mechanism's own norms build (zoo/norm)
+    norm: dict = field(default_factory=lambda: {"name": "layernorm"})
     # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
     # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/models/adaptive_softmax.py
     adaptive: dict = field(default_factory=dict)
@@ -391,4 +401,5 @@ __all__ = [
     "model_defaults",
     "require",
     "resolve_model_config",
+    "split_part",
 ]

@@ -116,7 +116,10 @@ def describe(overrides: list[str]) -> dict[str, Any]:
             for k in ("n_layers", "d_model", "n_heads", "d_ff", "dropout", "attention_dropout", "vocab_size", "max_len")
         },
         "vocab_source": vocab_source,
-        "axes": {axis: copy.deepcopy(getattr(config, axis)) for axis in ("attention", "residual", "stack", "position")},
+        "axes": {
+            axis: copy.deepcopy(getattr(config, axis))
+            for axis in ("attention", "residual", "stack", "position", "norm")
+        },
         "adaptive": dict(config.adaptive),
         "data": resolved["data"],
         "trainer": {

@@ -12,8 +12,9 @@ and one that cannot apply a field refuses it when the layer is built, saying why
   keys and values in its cache (KV cache, pattern caches), so a decoding state is n_heads / n_kv_heads
   times smaller, and widens them to every head only where it scores.
 - ``qk_norm`` (Henry et al. 2020, "Query-Key Normalization for Transformers", arXiv:2010.04245; per head,
-  as Dehghani et al. 2023 and OLMo 2 / Qwen 3 apply it): a norm over each head's queries and keys, right
-  after the projection and before any rotation, with its own weights for q and for k. ``none`` = off.
+  as Dehghani et al. 2023 and OLMo 2 / Qwen 3 apply it): a norm of the norm axis (``zoo/norm``: rmsnorm,
+  layernorm, ...) over each head's queries and keys, right after the projection and before any rotation,
+  with its own weights for q and for k. ``none`` = off.
 - ``softcap`` (Gemma 2, Gemma Team 2024, arXiv:2408.00118): scores become cap * tanh(scores / cap)
   before the softmax, where the mechanism writes its scores out. 0 = off.
 
@@ -31,9 +32,10 @@ from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from zoo.config import require
+from zoo.norm import NORM, create_norm
+from zoo.registry import unknown
 
 PROJECTION_FEATURES = ("grouped_kv", "qk_norm", "softcap")  # what a mechanism may list in projection_features
-QK_NORMS = ("none", "rmsnorm", "layernorm")
 
 
 @dataclass
@@ -41,12 +43,13 @@ class ProjectionOptions:
     """The projection options of every mechanism (see the module notes)."""
 
     n_kv_heads: int = 0  # key/value heads (0 = n_heads); n_heads / n_kv_heads query heads share each (GQA; 1 = MQA)
-    qk_norm: str = "none"  # none | rmsnorm | layernorm: per-head norm of queries and keys before rotation
+    qk_norm: str = "none"  # none, or a norm (rmsnorm, layernorm, ...): per head, on queries and keys before rotation
     softcap: float = 0.0  # scores -> softcap * tanh(scores / softcap) before the softmax (Gemma 2); 0 = off
 
     def __post_init__(self) -> None:
         require(self.n_kv_heads >= 0, f"n_kv_heads must be an int >= 0 (0 = n_heads), got {self.n_kv_heads}")
-        require(self.qk_norm in QK_NORMS, f"qk_norm must be one of {', '.join(QK_NORMS)}, got {self.qk_norm!r}")
+        if self.qk_norm != "none" and self.qk_norm not in NORM:
+            raise unknown("qk_norm (none or a norm)", self.qk_norm, ["none", *NORM.list()])
         require(self.softcap >= 0.0, f"softcap must be >= 0 (0 = off), got {self.softcap}")
         after = getattr(super(), "__post_init__", None)  # the mechanism's own checks (later in the MRO)
         if after is not None:
@@ -71,13 +74,6 @@ def with_projection_options(own: type) -> type:
     return dataclass(merged)
 
 
-def head_norm(kind: str, head_dim: int) -> nn.Module:
-    """The per-head norm of QK-norm over the last axis (head_dim), eps as Llama-family models set it."""
-    if kind == "rmsnorm":  # Zhang & Sennrich 2019, arXiv:1910.07467
-        return nn.RMSNorm(head_dim, eps=1e-6)
-    return nn.LayerNorm(head_dim, eps=1e-6)
-
-
 class HeadNormedLinear(nn.Linear):
     """A q or k projection followed by a norm over each head: [b, t, d] -> [b, t, heads * k], every head's
     k entries normalised on their own (QK-norm). Holds the norm as ``head_norm``, so a model without
@@ -86,7 +82,7 @@ class HeadNormedLinear(nn.Linear):
     def __init__(self, d_in: int, heads: int, head_dim: int, *, bias: bool, norm: str):
         super().__init__(d_in, heads * head_dim, bias=bias)
         self.head_dim = head_dim
-        self.head_norm = head_norm(norm, head_dim)
+        self.head_norm = create_norm(norm, head_dim)  # the norm axis (zoo/norm), over one head's k entries
 
     def forward(self, x: Tensor) -> Tensor:
         y = rearrange(super().forward(x), "... (h k) -> ... h k", k=self.head_dim)

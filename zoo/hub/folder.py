@@ -32,6 +32,7 @@ from zoo.attention.base import ATTENTION
 from zoo.config import PART_AXES
 from zoo.hub.card import model_card
 from zoo.models.base import HEAD
+from zoo.norm.base import NORM
 from zoo.position.base import POSITION
 from zoo.presets.factory import MODEL, create_model
 from zoo.registry import UnknownNameError
@@ -51,6 +52,7 @@ REGISTRIES = {
     "residual": RESIDUAL,
     "stack": STACK,
     "position": POSITION,
+    "norm": NORM,
 }
 
 

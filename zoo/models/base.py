@@ -32,14 +32,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.blocks import Block
-from zoo.config import ModelConfig, part_label
+from zoo.config import ModelConfig, part_label, split_part
 from zoo.models.inputs import (
     check_embeds,
     check_tokens,
 )
+from zoo.norm.base import create_norm
 from zoo.registry import Registry
 from zoo.residual.base import RESIDUAL
-from zoo.stacks.build import split_part
 
 
 @dataclass
@@ -124,7 +124,7 @@ class ZooModel(nn.Module):
 
     def final_norm(self) -> nn.Module:
         name, _ = split_part(self.config.residual)
-        return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
+        return create_norm(self.config.norm, self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
 
     def input_vectors(
         self,

@@ -12,18 +12,10 @@ from typing import Any
 
 from zoo.attention.base import ATTENTION, Attention
 from zoo.blocks import Block, FeedForward
-from zoo.config import ModelConfig, layer_parts, part_label
+from zoo.config import ModelConfig, layer_parts, part_label, split_part
 from zoo.position.base import POSITION, Position
 from zoo.residual.base import RESIDUAL, Residual
 from zoo.stacks.base import STACK, Stack
-
-
-def split_part(part: dict[str, Any] | str) -> tuple[str, dict[str, Any]]:
-    """{"name": "lsh", "n_hashes": 8} -> ("lsh", {"n_hashes": 8})"""
-    if isinstance(part, str):
-        return part, {}
-    options = dict(part)
-    return options.pop("name"), options
 
 
 def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, **options: Any) -> Attention:
@@ -42,8 +34,8 @@ def attention_class(part: dict[str, Any] | str | list) -> type[Attention]:
 def residual_factory(config: ModelConfig) -> Callable[[], Residual]:
     name, options = split_part(config.residual)
     cls = RESIDUAL.get(name)
-    cls(config.d_model, config.dropout, **options)  # validate options now, not on first block
-    return lambda: cls(config.d_model, config.dropout, **options)
+    cls(config.d_model, config.dropout, norm=config.norm, **options)  # validate options now, not on first block
+    return lambda: cls(config.d_model, config.dropout, norm=config.norm, **options)
 
 
 def create_position(config: ModelConfig) -> Position:

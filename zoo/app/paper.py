@@ -13,7 +13,7 @@ parts (:mod:`zoo.models.costs`):
   score_terms is 2, QK^T and AV, or 3 for Transformer-XL's Q R^T; adaptive span counts its
   largest span, an upper bound; LSH counts what it computes, its chunks and its hashing).
 - Activation memory per token: Korthikanti et al. 2022 (arXiv:2205.05198), bf16 with a fused
-  attention kernel: (18 d_model + 4 d_ff) bytes per token per layer the stack keeps
+  attention kernel: (18 d_model + the feed-forward part's own, 4 d_ff for mlp) bytes per token per layer the stack keeps
   (``Stack.kept_layers``: reversible keeps one), plus each layer's memory keys and values
   (``Attention.memory_keys``, 4 d_model bytes each). These are estimates: ``python -m zoo.bench``
   measures saved tensors exactly.
@@ -97,6 +97,9 @@ def count_parameters(model) -> dict[str, int]:
     return {"params": total, "params_embedding_and_head": io, "params_blocks": total - io}
 
 
+DESCRIBED_AXES = ("attention", "residual", "stack", "position", "norm", "feed_forward")
+
+
 def describe(overrides: list[str]) -> dict[str, Any]:
     """Everything describe.py prints, as one JSON-able dict (``params`` an int)."""
     resolved = resolved_config(overrides)
@@ -115,7 +118,10 @@ def describe(overrides: list[str]) -> dict[str, Any]:
             for k in ("n_layers", "d_model", "n_heads", "d_ff", "dropout", "attention_dropout", "vocab_size", "max_len")
         },
         "vocab_source": vocab_source,
-        "axes": {axis: dict(getattr(config, axis)) for axis in ("attention", "residual", "stack", "position", "norm")},
+        "axes": {
+            axis: dict(getattr(config, axis))
+            for axis in ("attention", "residual", "stack", "position", "norm", "feed_forward")
+        },
         "adaptive": dict(config.adaptive),
         "data": resolved["data"],
         "trainer": {
@@ -165,7 +171,7 @@ def format_report(info: dict[str, Any]) -> str:
     )
     for axis, part in info["axes"].items():
         options = ", ".join(f"{k}={v}" for k, v in part.items() if k != "name")
-        lines.append(f"{axis:>9}: {part['name']}" + (f" ({options})" if options else ""))
+        lines.append(f"{axis:>12}: {part['name']}" + (f" ({options})" if options else ""))
     if info["adaptive"]:
         lines.append(f" adaptive: {info['adaptive']}")
     t = info["trainer"]
@@ -183,7 +189,8 @@ def format_report(info: dict[str, Any]) -> str:
     flops, keys = info["train_flops_per_token"], info["keys_per_query"]
     lines.append(
         f"    FLOPs: {'unknown' if flops is None else f'{flops / 1e9:.3f} GFLOP'} per training token (estimate; "
-        f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['head_rule']})"
+        f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['feed_forward_rule']}; "
+        f"{info['head_rule']})"
     )
     per_token, per_sequence = info["activation_bytes_per_token"], info["activation_mib_per_sequence"]
     lines.append(

@@ -15,6 +15,7 @@ Public API::
 from zoo import data as _data  # noqa: F401  (registers every task)
 from zoo.attention import ATTENTION, Attention, AttnOutput, create_attention
 from zoo.config import ModelConfig
+from zoo.feed_forward import FEED_FORWARD
 from zoo.hub import from_pretrained, load, save
 from zoo.models.base import ModelOutput, ModelState
 from zoo.norm import NORM, create_norm
@@ -50,6 +51,10 @@ def list_norms(pattern: str = "*") -> list[str]:
     return NORM.list(pattern)
 
 
+def list_feed_forwards(pattern: str = "*") -> list[str]:
+    return FEED_FORWARD.list(pattern)
+
+
 __all__ = [
     "Attention",
     "AttnOutput",
@@ -64,6 +69,7 @@ __all__ = [
     "from_pretrained",
     "import_plugins",
     "list_attention",
+    "list_feed_forwards",
     "list_models",
     "list_norms",
     "list_positions",

@@ -24,7 +24,10 @@ from typing import Any, Union
 from zoo.registry import did_you_mean, unknown
 
 IGNORE_INDEX = -100  # a target that is not scored (padding, prompt positions): the data/model contract
-PART_AXES = ("attention", "cross_attention", "residual", "stack", "position", "norm")
+PART_AXES = ("attention", "cross_attention", "residual", "stack", "position", "norm", "feed_forward")
+# the model's ``activation`` key: the activation of the feed-forward parts that take one (mlp, sepconv)
+ACTIVATIONS = ("relu", "gelu")
+DEFAULT_ACTIVATION = "relu"
 # classifier pooling (zoo/models/classifier.py pool): the mean over the real tokens, the first token, or the
 # PyTorch LRA code's mean: padded outputs zeroed and averaged over the whole padded length
 POOLINGS = ("mean", "first", "padded_mean")
@@ -160,6 +163,53 @@ def require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def check_activation_key(activation: str) -> None:
+    """The model's ``activation``: relu or gelu; a feed-forward part's name there (swiglu) is pointed to
+    the feed_forward axis."""
+    if activation in ACTIVATIONS:
+        return
+    from zoo.feed_forward.base import FEED_FORWARD  # the axis imports this module
+
+    if activation in FEED_FORWARD:
+        raise ValueError(
+            f"activation={activation!r} names a feed-forward part, not an activation: set feed_forward={activation} "
+            f"(the gated units of Shazeer 2020, arXiv:2002.05202, are parts of the feed_forward axis); activation "
+            f"takes {' or '.join(ACTIVATIONS)}"
+        )
+    raise ValueError(f"activation must be {' or '.join(ACTIVATIONS)}, got {activation!r}")
+
+
+def legacy_transition(stack: dict[str, Any], feed_forward: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A config written before the feed-forward axis chose the universal stack's transition with
+    ``stack.transition`` (ffn | sepconv) and ``stack.kernel_size``; the transition is now the
+    ``feed_forward`` part: ``sepconv`` (its kernel_size) or the model's feed-forward (ffn). Returns
+    (stack, feed_forward) without the old keys; refuses a sepconv transition beside another
+    feed-forward than the default mlp (two choices of one sub-layer)."""
+    if "transition" not in stack and "kernel_size" not in stack:
+        return stack, feed_forward
+    stack = dict(stack)
+    transition, kernel_size = stack.pop("transition", None) or "ffn", stack.pop("kernel_size", None)
+    require(
+        transition in ("ffn", "sepconv"),
+        f"transition must be one of ffn, sepconv (the universal stack's old key; the transition is now the "
+        f"feed_forward axis: feed_forward=sepconv), got {transition!r}",
+    )
+    if transition == "ffn":
+        require(
+            kernel_size is None,
+            f"kernel_size={kernel_size} applies only to transition='sepconv' (now feed_forward=sepconv with "
+            "feed_forward.kernel_size); this stack's transition is 'ffn'",
+        )
+        return stack, feed_forward
+    require(
+        feed_forward.get("name") == "mlp",
+        f"stack.transition='sepconv' (the universal stack's old key) chooses feed_forward=sepconv, but feed_forward "
+        f"is {feed_forward.get('name')!r}: set feed_forward=sepconv and drop stack.transition",
+    )
+    options = {k: v for k, v in feed_forward.items() if k == "activation"}
+    return stack, {"name": "sepconv", **options, **({} if kernel_size is None else {"kernel_size": kernel_size})}
+
+
 @dataclass
 class ModelConfig:
     """Resolved configuration of a model: a head (``kind``) plus one choice per axis.
@@ -182,8 +232,10 @@ class ModelConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     attention_dropout: float = 0.0
-    activation: str = "relu"
-    ff_chunk_size: int = 0  # 0 = whole sequence at once
+    # the activation of a feed-forward part that takes one and leaves it unset (mlp, sepconv): kept as a model
+    # key so existing presets and checkpoints build; feed_forward.activation says the same per part
+    activation: str = DEFAULT_ACTIVATION
+    ff_chunk_size: int = 0  # 0 = whole sequence at once; any feed-forward part (zoo/feed_forward/base.py)
     max_len: int = 4096  # learned position table size; a sequence past it is refused
     tie_embeddings: bool = True
     # token table: 0 = weights N(0, 1/d) read times sqrt(d) (rows at RMS 1, Vaswani et al.); > 0 = a plain
@@ -199,6 +251,8 @@ class ModelConfig:
     position: dict = field(default_factory=lambda: {"name": "sinusoidal"})
     # the normalisation every residual policy, the final norm and a mechanism's own norms build (zoo/norm)
     norm: dict = field(default_factory=lambda: {"name": "layernorm"})
+    # the sub-layer after attention in every block (zoo/feed_forward): mlp, swiglu, geglu, reglu, sepconv, ...
+    feed_forward: dict = field(default_factory=lambda: {"name": "mlp"})
     # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
     # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/models/adaptive_softmax.py
     adaptive: dict = field(default_factory=dict)
@@ -225,6 +279,7 @@ class ModelConfig:
                 setattr(self, axis, per_layer_parts(axis, part))
                 continue
             setattr(self, axis, as_part(axis, part))
+        self.stack, self.feed_forward = legacy_transition(self.stack, self.feed_forward)
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         check_field_types(ModelConfig, values, "model config")
         require(
@@ -246,7 +301,7 @@ class ModelConfig:
         require(
             0.0 <= self.attention_dropout < 1.0, f"attention_dropout must be in [0, 1), got {self.attention_dropout}"
         )
-        require(self.activation in ("relu", "gelu"), f"activation must be relu or gelu, got {self.activation!r}")
+        check_activation_key(self.activation)
         require(self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         require(self.pool_length >= 0, f"pool_length must be an int >= 0 (0 = input length), got {self.pool_length}")
         require(
@@ -387,6 +442,8 @@ def resolve_model_config(
 
 
 __all__ = [
+    "ACTIVATIONS",
+    "DEFAULT_ACTIVATION",
     "ModelConfig",
     "ArgumentTypeError",
     "layer_parts",

@@ -13,7 +13,7 @@ parts (:mod:`zoo.models.costs`):
   score_terms is 2, QK^T and AV, or 3 for Transformer-XL's Q R^T; adaptive span counts its
   largest span, an upper bound; LSH counts what it computes, its chunks and its hashing).
 - Activation memory per token: Korthikanti et al. 2022 (arXiv:2205.05198), bf16 with a fused
-  attention kernel: (18 d_model + 4 d_ff) bytes per token per layer the stack keeps
+  attention kernel: (18 d_model + the feed-forward part's own, 4 d_ff for mlp) bytes per token per layer the stack keeps
   (``Stack.kept_layers``: reversible keeps one), plus each layer's memory keys and values
   (``Attention.memory_keys``, 4 d_model bytes each). These are estimates: ``python -m zoo.bench``
   measures saved tensors exactly.
@@ -98,6 +98,9 @@ def count_parameters(model) -> dict[str, int]:
     return {"params": total, "params_embedding_and_head": io, "params_blocks": total - io}
 
 
+DESCRIBED_AXES = ("attention", "residual", "stack", "position", "norm", "feed_forward")
+
+
 def describe(overrides: list[str]) -> dict[str, Any]:
     """Everything describe.py prints, as one JSON-able dict (``params`` an int)."""
     resolved = resolved_config(overrides)
@@ -118,7 +121,7 @@ def describe(overrides: list[str]) -> dict[str, Any]:
         "vocab_source": vocab_source,
         "axes": {
             axis: copy.deepcopy(getattr(config, axis))
-            for axis in ("attention", "residual", "stack", "position", "norm")
+            for axis in ("attention", "residual", "stack", "position", "norm", "feed_forward")
         },
         "adaptive": dict(config.adaptive),
         "data": resolved["data"],
@@ -171,7 +174,7 @@ def format_report(info: dict[str, Any]) -> str:
         for i, each in enumerate(part if isinstance(part, list) else [part]):  # a hybrid: its per-layer list
             options = ", ".join(f"{k}={v}" for k, v in each.items() if k != "name")
             label = f"{axis}[{i}]" if isinstance(part, list) else axis
-            lines.append(f"{label:>9}: {each['name']}" + (f" ({options})" if options else ""))
+            lines.append(f"{label:>12}: {each['name']}" + (f" ({options})" if options else ""))
     if info["adaptive"]:
         lines.append(f" adaptive: {info['adaptive']}")
     t = info["trainer"]
@@ -189,7 +192,8 @@ def format_report(info: dict[str, Any]) -> str:
     flops, keys = info["train_flops_per_token"], info["keys_per_query"]
     lines.append(
         f"    FLOPs: {'unknown' if flops is None else f'{flops / 1e9:.3f} GFLOP'} per training token (estimate; "
-        f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['head_rule']})"
+        f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['feed_forward_rule']}; "
+        f"{info['head_rule']})"
     )
     names = {row["attention"] for row in info.get("layers") or []}
     for row in info.get("layers") or [] if len(names) > 1 else []:  # a hybrid: what each layer sees and costs

@@ -30,6 +30,7 @@ from torch import nn
 
 from zoo.attention.base import ATTENTION
 from zoo.config import PART_AXES
+from zoo.feed_forward.base import FEED_FORWARD
 from zoo.hub.card import model_card
 from zoo.models.base import HEAD
 from zoo.norm.base import NORM
@@ -53,6 +54,7 @@ REGISTRIES = {
     "stack": STACK,
     "position": POSITION,
     "norm": NORM,
+    "feed_forward": FEED_FORWARD,
 }
 
 

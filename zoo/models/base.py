@@ -189,7 +189,7 @@ class ZooModel(nn.Module):
         if reason is not None:
             return reason
         for i, block in enumerate(m for m in stack.modules() if isinstance(m, Block)):
-            reason = block.attention.stream_refusal()
+            reason = block.attention.stream_refusal() or block.feed_forward.stream_refusal()
             if reason is not None:
                 return f"layer {i}: {reason}"
         return None

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from zoo.attention.base import ATTENTION, Attention
-from zoo.blocks import Block, FeedForward
+from zoo.blocks import Block
 from zoo.config import ModelConfig, layer_parts, part_label, split_part
+from zoo.feed_forward.base import FeedForward, create_feed_forward
 from zoo.position.base import POSITION, Position
 from zoo.residual.base import RESIDUAL, Residual
 from zoo.stacks.base import STACK, Stack
@@ -90,14 +91,20 @@ def build_stack(
                 layer_index=layer_index,
                 **cross_options,
             )
-        feed_forward = FeedForward(
+        return Block(attention, make_feed_forward(), make_residual, cross_attention)
+
+    def make_feed_forward() -> FeedForward:
+        return create_feed_forward(
+            config.feed_forward,
             config.d_model,
             config.d_ff,
-            activation=config.activation,
             dropout=config.dropout,
             chunk_size=config.ff_chunk_size,
+            causal=causal,
+            activation=config.activation,
         )
-        return Block(attention, feed_forward, make_residual, cross_attention)
+
+    make_feed_forward()  # refuse bad options now, before any block
 
     stack_name, stack_options = split_part(config.stack)
     stack_cls = STACK.get(stack_name)

@@ -12,6 +12,7 @@ Public API::
     zoo.load_checkpoint("run/checkpoints/last.pt")       # a training checkpoint, read as data only
 """
 
+from zoo import convert  # noqa: F401  (zoo.convert.from_llama / to_llama; transformers imported on use)
 from zoo import data as _data  # noqa: F401  (registers every task)
 from zoo.attention import ATTENTION, Attention, AttnOutput, create_attention
 from zoo.config import ModelConfig

@@ -1,7 +1,7 @@
 """Every causal mechanism runs inside ``transformer_pp``, the rest of the block kept (pre-RMSNorm, SwiGLU,
 unscaled embeddings, no biases): by flag, never by name. A mechanism that takes rotary positions runs
-with them; one that does not (by its flags or options) refuses ``rope`` with its reason and runs with ``position=none``. Where the
-model can continue a stream, token by token equals one call.
+with them; one that does not (by its flags or options) refuses ``rope`` with its reason and runs with
+``position=none``. Where the model can continue a stream, token by token equals one call.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 from app_cli import TOY, train_main
+from test_streaming import stream
 
 import zoo
 from zoo.app.paper import describe
@@ -49,15 +50,6 @@ def lm(attention, n_layers=4, **extra):
 
 def tokens_for(t, seed=0):
     return torch.randint(0, VOCAB, (2, t), generator=torch.Generator().manual_seed(seed))
-
-
-def stream(model, tokens, pieces):
-    state, logits, start = model.init_state(tokens.shape[0]), [], 0
-    for n in pieces:
-        out = model(tokens[:, start : start + n], state=state)
-        state, start = out.state, start + n
-        logits.append(out.logits)
-    return torch.cat(logits, dim=1), state
 
 
 def test_the_list_is_cycled_over_the_layers_and_rebuilds_from_the_stored_config():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_attention import run_stream
 
 import zoo
 from zoo.attention.base import ATTENTION, causal_allowed
@@ -72,15 +73,6 @@ def test_grouped_kv_equals_every_head_with_its_groups_keys(name, causal):
 STREAMING = [n for n in NAMES if has(n, "grouped_kv") and ATTENTION.get(n).supports_memory]
 
 
-def stream(attn, x, pieces):
-    state, outs, start = attn.init_state(x.shape[0]), [], 0
-    for n in pieces:
-        result = attn(x[:, start : start + n], state=state)
-        state, start = result.state, start + n
-        outs.append(result.out)
-    return torch.cat(outs, 1), state
-
-
 @pytest.mark.parametrize("name", STREAMING)
 def test_grouped_kv_streams_exactly_with_a_state_smaller_by_the_group(name):
     grouped = build(name, True, n_kv_heads=KV)
@@ -88,11 +80,11 @@ def test_grouped_kv_streams_exactly_with_a_state_smaller_by_the_group(name):
     total = min(33, contract.exact_for or 33)
     x = inputs(total, seed=3)
     whole = grouped(x).out
-    one_by_one, state = stream(grouped, x, [1] * total)
-    segments, _ = stream(grouped, x, [5, 1, total - 6])
+    one_by_one, state = run_stream(grouped, x, [1] * total)
+    segments, _ = run_stream(grouped, x, [5, 1, total - 6])
     torch.testing.assert_close(one_by_one, whole, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(segments, whole, atol=1e-5, rtol=1e-4)
-    _, ungrouped = stream(build(name, True), x, [1] * total)
+    _, ungrouped = run_stream(build(name, True), x, [1] * total)
     assert key_value_bytes(state) * (H // KV) == key_value_bytes(ungrouped) > 0
     # what zoo.bench --generate reports: smaller by the keys and values saved (positions, padding stay)
     assert state_bytes(ungrouped) - state_bytes(state) == key_value_bytes(state) * (H // KV - 1)

@@ -139,3 +139,12 @@ def test_the_command_line_trains_a_hybrid(tmp_path, monkeypatch):
     model_config = json.loads((run / "config.json").read_text())["model_config"]
     assert [part["name"] for part in model_config["attention"]] == ["local_1d"] * 3 + ["vanilla"]
     assert json.loads((run / "result.json").read_text())["attention"] == "local_1d+local_1d+local_1d+vanilla"
+
+
+def test_a_hybrid_is_shared_and_loaded_back_with_its_model_card(tmp_path):
+    model = lm(["local_1d", {"name": "vanilla", "n_kv_heads": 2, "qk_norm": "rmsnorm"}], n_layers=3)
+    model.save_pretrained(tmp_path)
+    again = zoo.from_pretrained(tmp_path)
+    x = tokens_for(10)
+    torch.testing.assert_close(again(x).logits, model(x).logits, rtol=0, atol=0)
+    assert "attention per layer [`local_1d`" in (tmp_path / "README.md").read_text()

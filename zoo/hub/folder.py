@@ -74,7 +74,9 @@ def own_modules(config: Any) -> list[str]:
     """Modules outside transformer-zoo that registered the preset, the head or a part ``config``
     names (``imports=[...]`` in a run): a loader must import them itself, nothing imports them for it."""
     found = [MODEL.get(config.name).build_config, HEAD.get(config.kind)]
-    found += [REGISTRIES[axis].get(getattr(config, axis)["name"]) for axis in PART_AXES]
+    for axis in PART_AXES:  # an axis may hold a per-layer list of parts (a hybrid's attention)
+        value = getattr(config, axis)
+        found += [REGISTRIES[axis].get(part["name"]) for part in (value if isinstance(value, list) else [value])]
     modules = (getattr(obj, "__module__", "zoo") for obj in found)
     return sorted({m for m in modules if m != "zoo" and not m.startswith("zoo.")})
 

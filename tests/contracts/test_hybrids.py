@@ -148,3 +148,13 @@ def test_a_hybrid_is_shared_and_loaded_back_with_its_model_card(tmp_path):
     x = tokens_for(10)
     torch.testing.assert_close(again(x).logits, model(x).logits, rtol=0, atol=0)
     assert "attention per layer [`local_1d`" in (tmp_path / "README.md").read_text()
+
+
+def test_options_given_alone_on_the_command_line_apply_to_every_layer():
+    """+attention.n_kv_heads=2 (the attention group left to the preset) tweaks every layer's part."""
+    from zoo.app.compose import compose
+    from zoo.app.resolve import as_dict, model_config
+
+    argv = ["experiment=tiny", "model=vanilla_lm", "model.attention=[local_1d,vanilla]", "+attention.n_kv_heads=2"]
+    config = model_config(as_dict(compose(argv)))
+    assert config.attention == [{"name": "local_1d", "n_kv_heads": 2}, {"name": "vanilla", "n_kv_heads": 2}]

@@ -12,12 +12,15 @@ Public API::
     zoo.load_checkpoint("run/checkpoints/last.pt")       # a training checkpoint, read as data only
 """
 
+from zoo import convert  # noqa: F401  (zoo.convert.from_llama / to_llama; transformers imported on use)
 from zoo import data as _data  # noqa: F401  (registers every task)
 from zoo.attention import ATTENTION, Attention, AttnOutput, create_attention
 from zoo.config import ModelConfig
+from zoo.feed_forward import FEED_FORWARD
 from zoo.hub import from_pretrained, load, save
 from zoo.hub import hf_auto as _hf_auto
 from zoo.models.base import ModelOutput, ModelState
+from zoo.norm import NORM, create_norm
 from zoo.position import POSITION
 from zoo.presets import create_model, list_models, preset_config
 from zoo.registry import UnknownNameError, import_plugins, load_entry_points
@@ -47,6 +50,14 @@ def list_positions(pattern: str = "*") -> list[str]:
     return POSITION.list(pattern)
 
 
+def list_norms(pattern: str = "*") -> list[str]:
+    return NORM.list(pattern)
+
+
+def list_feed_forwards(pattern: str = "*") -> list[str]:
+    return FEED_FORWARD.list(pattern)
+
+
 __all__ = [
     "Attention",
     "AttnOutput",
@@ -57,10 +68,13 @@ __all__ = [
     "UnknownNameError",
     "create_attention",
     "create_model",
+    "create_norm",
     "from_pretrained",
     "import_plugins",
     "list_attention",
+    "list_feed_forwards",
     "list_models",
+    "list_norms",
     "list_positions",
     "list_residuals",
     "list_stacks",

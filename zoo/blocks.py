@@ -1,6 +1,7 @@
-"""The one block skeleton every variant shares, and the position-wise feed-forward network.
+"""The one block skeleton every variant shares.
 
-A :class:`Block` receives its parts (attention, optional cross-attention, feed-forward) and a
+A :class:`Block` receives its parts (attention, optional cross-attention, a feed-forward part of the
+feed-forward axis, :mod:`zoo.feed_forward`) and a
 residual policy factory; it never branches on which mechanism it holds. Each sub-layer runs as its
 residual policy's two steps: ``h = residual.sublayer_input(x)``, ``x = residual.join(x, f(h))``.
 A mechanism that remembers its layer's inputs across calls (``remembers_inputs``: Transformer-XL
@@ -26,45 +27,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.attention.base import Attention, AttnOutput, LayerInput
 from zoo.config import require
+from zoo.feed_forward.base import FeedForward
 from zoo.parallel.chunk import active_chunk
 from zoo.residual.base import Residual
-
-
-class FeedForward(nn.Module):
-    """FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017, eq. 2; act = ReLU, or GELU).
-
-    ``chunk_size`` > 0 applies the network to slices of that many positions at a time (Reformer,
-    Kitaev et al. 2020, Section 3), so the forward pass never holds the [b, t, d_ff] activation of
-    the whole sequence at once; under a recomputing stack (reversible) that is the peak saved."""
-
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0, chunk_size: int = 0):
-        super().__init__()
-        require(activation in ("relu", "gelu"), f"activation must be relu or gelu, got {activation!r}")
-        require(chunk_size >= 0, f"chunk_size must be >= 0 (0 = unchunked), got {chunk_size}")
-        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.activation = F.relu if activation == "relu" else F.gelu
-        self.drop = nn.Dropout(dropout)
-        self.chunk_size = chunk_size
-
-    def forward_flops(self, t: int) -> float:
-        """Matmul FLOPs of one forward call over t tokens: W1 and W2, 2 x 2 t d d_ff."""
-        return 2.0 * t * (self.w1.weight.numel() + self.w2.weight.numel())
-
-    def position_wise(self, x: Tensor) -> Tensor:
-        return self.w2(self.drop(self.activation(self.w1(x))))
-
-    def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
-        # pad_mask is unused: a position-wise network cannot carry padding into real positions (a
-        # transition that mixes positions, zoo/stacks/separable_conv.py, reads it)
-        if not self.chunk_size or x.shape[1] <= self.chunk_size:
-            return self.position_wise(x)
-        return torch.cat([self.position_wise(piece) for piece in x.split(self.chunk_size, dim=1)], dim=1)
 
 
 @dataclass
@@ -101,7 +70,7 @@ class Block(nn.Module):
     def __init__(
         self,
         attention: Attention,
-        feed_forward: nn.Module,
+        feed_forward: FeedForward,
         make_residual: Callable[[], Residual],
         cross_attention: Attention | None = None,
     ):
@@ -214,7 +183,8 @@ class Block(nn.Module):
         return self.feed_forward_residual.branch(x, self.feed_forward)
 
     def feed_forward_slices(self, t: int) -> list[slice]:
-        """The slices of t positions the feed-forward runs on (``FeedForward.chunk_size``)."""
+        """The slices of t positions the feed-forward runs on (``FeedForward.chunk_size``; a stack that runs
+        the feed-forward on them, reversible, refuses one that is not ``position_wise``)."""
         size = getattr(self.feed_forward, "chunk_size", 0) or t
         return [slice(s, min(s + size, t)) for s in range(0, t, size)]
 

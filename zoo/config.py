@@ -24,7 +24,10 @@ from typing import Any, Union
 from zoo.registry import did_you_mean, unknown
 
 IGNORE_INDEX = -100  # a target that is not scored (padding, prompt positions): the data/model contract
-PART_AXES = ("attention", "cross_attention", "residual", "stack", "position")
+PART_AXES = ("attention", "cross_attention", "residual", "stack", "position", "norm", "feed_forward")
+# the model's ``activation`` key: the activation of the feed-forward parts that take one (mlp, sepconv)
+ACTIVATIONS = ("relu", "gelu")
+DEFAULT_ACTIVATION = "relu"
 # classifier pooling (zoo/models/classifier.py pool): the mean over the real tokens, the first token, or the
 # PyTorch LRA code's mean: padded outputs zeroed and averaged over the whole padded length
 POOLINGS = ("mean", "first", "padded_mean")
@@ -146,10 +149,65 @@ def build_options(options_cls: type, options: dict[str, Any], what: str, key_pre
     return options_cls(**options)
 
 
+def split_part(part: Mapping[str, Any] | str) -> tuple[str, dict[str, Any]]:
+    """{"name": "lsh", "n_hashes": 8} -> ("lsh", {"n_hashes": 8}); "lsh" -> ("lsh", {})"""
+    if isinstance(part, str):
+        return part, {}
+    options = dict(part)
+    return options.pop("name"), options
+
+
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``: the one-line form of a config check."""
     if not condition:
         raise ValueError(message)
+
+
+def check_activation_key(activation: str) -> None:
+    """The model's ``activation``: relu or gelu; a feed-forward part's name there (swiglu) is pointed to
+    the feed_forward axis."""
+    if activation in ACTIVATIONS:
+        return
+    from zoo.feed_forward.base import FEED_FORWARD  # the axis imports this module
+
+    if activation in FEED_FORWARD:
+        raise ValueError(
+            f"activation={activation!r} names a feed-forward part, not an activation: set feed_forward={activation} "
+            f"(the gated units of Shazeer 2020, arXiv:2002.05202, are parts of the feed_forward axis); activation "
+            f"takes {' or '.join(ACTIVATIONS)}"
+        )
+    raise ValueError(f"activation must be {' or '.join(ACTIVATIONS)}, got {activation!r}")
+
+
+def legacy_transition(stack: dict[str, Any], feed_forward: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A config written before the feed-forward axis chose the universal stack's transition with
+    ``stack.transition`` (ffn | sepconv) and ``stack.kernel_size``; the transition is now the
+    ``feed_forward`` part: ``sepconv`` (its kernel_size) or the model's feed-forward (ffn). Returns
+    (stack, feed_forward) without the old keys; refuses a sepconv transition beside another
+    feed-forward than the default mlp (two choices of one sub-layer)."""
+    if "transition" not in stack and "kernel_size" not in stack:
+        return stack, feed_forward
+    stack = dict(stack)
+    transition, kernel_size = stack.pop("transition", None) or "ffn", stack.pop("kernel_size", None)
+    require(
+        transition in ("ffn", "sepconv"),
+        f"transition must be one of ffn, sepconv (the universal stack's old key; the transition is now the "
+        f"feed_forward axis: feed_forward=sepconv), got {transition!r}",
+    )
+    if transition == "ffn":
+        require(
+            kernel_size is None,
+            f"kernel_size={kernel_size} applies only to transition='sepconv' (now feed_forward=sepconv with "
+            "feed_forward.kernel_size); this stack's transition is 'ffn'",
+        )
+        return stack, feed_forward
+    require(
+        feed_forward.get("name") == "mlp",
+        f"stack.transition='sepconv' (the universal stack's old key) chooses feed_forward=sepconv, but feed_forward "
+        f"is {feed_forward.get('name')!r}: set feed_forward=sepconv and drop stack.transition",
+    )
+    options = {k: v for k, v in feed_forward.items() if k == "activation"}
+    return stack, {"name": "sepconv", **options, **({} if kernel_size is None else {"kernel_size": kernel_size})}
 
 
 @dataclass
@@ -174,19 +232,27 @@ class ModelConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     attention_dropout: float = 0.0
-    activation: str = "relu"
-    ff_chunk_size: int = 0  # 0 = whole sequence at once
+    # the activation of a feed-forward part that takes one and leaves it unset (mlp, sepconv): kept as a model
+    # key so existing presets and checkpoints build; feed_forward.activation says the same per part
+    activation: str = DEFAULT_ACTIVATION
+    ff_chunk_size: int = 0  # 0 = whole sequence at once; any feed-forward part (zoo/feed_forward/base.py)
     max_len: int = 4096  # learned position table size; a sequence past it is refused
     tie_embeddings: bool = True
     # token table: 0 = weights N(0, 1/d) read times sqrt(d) (rows at RMS 1, Vaswani et al.); > 0 = a plain
     # table N(0, token_init_std) read unscaled (BERT, the PyTorch LRA code: 0.02). zoo/models/base.py
     token_init_std: float = 0.0
     label_smoothing: float = 0.0
-    attention: dict = field(default_factory=lambda: {"name": "vanilla"})
+    # one part for every layer, or a list of per-layer parts (names or dicts), cycled over the layers:
+    # ["local_1d", "local_1d", "local_1d", "vanilla"] (a hybrid; see layer_parts)
+    attention: dict | list = field(default_factory=lambda: {"name": "vanilla"})
     cross_attention: dict = field(default_factory=lambda: {"name": "vanilla"})
     residual: dict = field(default_factory=lambda: {"name": "post_norm"})
     stack: dict = field(default_factory=lambda: {"name": "sequential"})
     position: dict = field(default_factory=lambda: {"name": "sinusoidal"})
+    # the normalisation every residual policy, the final norm and a mechanism's own norms build (zoo/norm)
+    norm: dict = field(default_factory=lambda: {"name": "layernorm"})
+    # the sub-layer after attention in every block (zoo/feed_forward): mlp, swiglu, geglu, reglu, sepconv, ...
+    feed_forward: dict = field(default_factory=lambda: {"name": "mlp"})
     # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
     # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/models/adaptive_softmax.py
     adaptive: dict = field(default_factory=dict)
@@ -209,13 +275,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for axis in PART_AXES:
             part = getattr(self, axis)
-            if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
-                part = {"name": part}
-            require(
-                isinstance(part, Mapping) and "name" in part,
-                f"{axis} must be a name or a dict with a 'name' key, got {part!r}",
-            )
-            setattr(self, axis, dict(part))
+            if axis in LAYERED_AXES and isinstance(part, Sequence) and not isinstance(part, str):
+                setattr(self, axis, per_layer_parts(axis, part))
+                continue
+            setattr(self, axis, as_part(axis, part))
+        self.stack, self.feed_forward = legacy_transition(self.stack, self.feed_forward)
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         check_field_types(ModelConfig, values, "model config")
         require(
@@ -237,7 +301,7 @@ class ModelConfig:
         require(
             0.0 <= self.attention_dropout < 1.0, f"attention_dropout must be in [0, 1), got {self.attention_dropout}"
         )
-        require(self.activation in ("relu", "gelu"), f"activation must be relu or gelu, got {self.activation!r}")
+        check_activation_key(self.activation)
         require(self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         require(self.pool_length >= 0, f"pool_length must be an int >= 0 (0 = input length), got {self.pool_length}")
         require(
@@ -270,6 +334,40 @@ class ModelConfig:
 
 
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+LAYERED_AXES = ("attention",)  # axes that also take a list of per-layer parts (hybrids)
+
+
+def as_part(axis: str, part: Any) -> dict[str, Any]:
+    """A part given as a name or a dict -> ``{"name": ..., **options}``."""
+    if isinstance(part, str):  # "lsh" is shorthand for {"name": "lsh"}
+        part = {"name": part}
+    require(
+        isinstance(part, Mapping) and "name" in part,
+        f"{axis} must be a name or a dict with a 'name' key"
+        + (", or a list of them (one per layer, cycled)" if axis in LAYERED_AXES else "")
+        + f", got {part!r}",
+    )
+    return dict(part)
+
+
+def per_layer_parts(axis: str, parts: Sequence[Any]) -> list[dict[str, Any]]:
+    """A list of per-layer parts (names or dicts) -> a list of ``{"name": ..., **options}``."""
+    require(len(parts) > 0, f"{axis}: a per-layer list needs at least one part (it is cycled over the layers)")
+    return [as_part(f"{axis}[{i}]", part) for i, part in enumerate(parts)]
+
+
+def layer_parts(part: dict[str, Any] | list[dict[str, Any]], n_layers: int) -> list[dict[str, Any]]:
+    """The part of each of ``n_layers`` layers: one part for all, or a per-layer list cycled when shorter
+    (``[a, a, a, b]`` over 8 layers: a a a b a a a b) and cut when longer."""
+    parts = part if isinstance(part, list) else [part]
+    return [dict(parts[i % len(parts)]) for i in range(n_layers)]
+
+
+def part_label(part: dict[str, Any] | list[dict[str, Any]] | str) -> str:
+    """A part's registry name, or a hybrid's names joined by '+' in layer order ("local_1d+local_1d+vanilla")."""
+    if isinstance(part, str):
+        return part
+    return "+".join(p["name"] for p in part) if isinstance(part, list) else part["name"]
 
 
 def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -277,14 +375,26 @@ def merge_config(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
     Nested dicts merge key by key, except that naming a different part swaps it: ``attention="lsh"``
     or ``attention={"name": "lsh", ...}`` replaces the preset's attention options (they belong to
-    the old mechanism), while ``attention={"n_hashes": 8}`` tweaks the current one. Unknown top-level
-    keys are refused with the valid ones and a did-you-mean.
+    the old mechanism), while ``attention={"n_hashes": 8}`` tweaks the current one. ``attention`` also
+    takes a list of per-layer parts (a hybrid, cycled over the layers), which replaces the part(s); over
+    a hybrid, options without a name apply to every layer and a name swaps the hybrid for that part.
+    Unknown top-level keys are refused with the valid ones and a did-you-mean.
     """
     merged = copy.deepcopy(base)
     for key, value in overrides.items():
         if key not in MODEL_KEYS:
             raise unknown("model config key", key, MODEL_KEYS)
-        if key in PART_AXES:
+        if key in LAYERED_AXES and isinstance(value, Sequence) and not isinstance(value, str):
+            merged[key] = per_layer_parts(key, value)  # a per-layer list replaces the part(s)
+        elif key in LAYERED_AXES and isinstance(merged.get(key), list):
+            require(
+                isinstance(value, (str, Mapping)),
+                f"{key} must be a registry name, a dict of options or a per-layer list, got {value!r}",
+            )
+            new = {"name": value} if isinstance(value, str) else dict(value)
+            # naming a part swaps the whole hybrid for it; options alone apply to every layer
+            merged[key] = dict(new) if "name" in new else [{**layer, **new} for layer in merged[key]]
+        elif key in PART_AXES:
             old = merged.get(key, {})  # absent: a tweak stays a tweak ({"act": True} keeps the preset's stack)
             old = {"name": old} if isinstance(old, str) else dict(old)
             require(
@@ -332,8 +442,12 @@ def resolve_model_config(
 
 
 __all__ = [
+    "ACTIVATIONS",
+    "DEFAULT_ACTIVATION",
     "ModelConfig",
     "ArgumentTypeError",
+    "layer_parts",
+    "part_label",
     "NoOptions",
     "build_options",
     "check_field_types",
@@ -344,4 +458,5 @@ __all__ = [
     "model_defaults",
     "require",
     "resolve_model_config",
+    "split_part",
 ]

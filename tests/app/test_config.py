@@ -34,6 +34,7 @@ GROUPS = [
     "residual",
     "stack",
     "position",
+    "norm",
     "data",
     "optim",
     "trainer",

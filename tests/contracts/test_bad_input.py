@@ -564,9 +564,14 @@ def test_cross_attention_context(name, context):
 
 
 @pytest.mark.parametrize("axis", zoo.config.PART_AXES)
-@pytest.mark.parametrize("value", [None, 3, ["lsh"]])
+@pytest.mark.parametrize("value", [None, 3, ["lsh"], [3]])
 def test_a_part_must_be_a_name_or_a_dict(axis, value):
-    clear_error(lambda: zoo.create_model("vanilla_lm", **{**get_preset("vanilla_lm").tiny, axis: value}), axis)
+    """... or, for an axis that takes per-layer parts (attention), a list of names or dicts."""
+    build = lambda: zoo.create_model("vanilla_lm", **{**get_preset("vanilla_lm").tiny, axis: value})  # noqa: E731
+    if axis in zoo.config.LAYERED_AXES and value == ["lsh"]:
+        assert [b.attention.registry_name for b in build().stack.blocks] == ["lsh", "lsh"]
+        return
+    clear_error(build, axis)
 
 
 @pytest.mark.parametrize(

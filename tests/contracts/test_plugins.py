@@ -27,6 +27,7 @@ from zoo.data.base import TASK, create_task
 from zoo.data.images import check_raster
 from zoo.models import costs
 from zoo.models.base import HEAD
+from zoo.norm import NORM, Norm
 from zoo.position.base import POSITION
 from zoo.presets import build_model_for_task
 from zoo.presets.factory import TINY
@@ -149,7 +150,9 @@ def test_own_residual(plugin):
     assert name in zoo.list_residuals()
     model = zoo.create_model("vanilla_lm", **TINY, residual=name)
     assert type(model.stack.blocks[0].attention_residual).__module__ == f"{PACKAGE}.residual"
-    assert isinstance(model.norm, nn.LayerNorm)  # its final_norm flag reached the model
+    assert isinstance(model.norm, Norm)  # its final_norm flag reached the model
+    with_rmsnorm = zoo.create_model("vanilla_lm", **TINY, residual=name, norm="rmsnorm")
+    assert isinstance(with_rmsnorm.stack.blocks[0].attention_residual.norm, NORM.get("rmsnorm"))  # make_norm
     learns(model, lm_batch())
     reversible = zoo.create_model("reformer", **TINY, residual=name)  # additive: the reversible stack takes it
     learns(reversible, lm_batch())

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.base import ATTENTION, Attention, AttnOutput
-from zoo.blocks import Block, FeedForward
+from zoo.blocks import Block
+from zoo.feed_forward.mlp import MLP as FeedForward
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
 

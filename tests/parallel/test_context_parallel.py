@@ -305,6 +305,26 @@ def test_every_mechanism_that_does_not_refuse_a_split_equals_one_process():
     check_cases(2, cases)
 
 
+def test_grouped_kv_qk_norm_and_a_hybrid_over_a_split_sequence_equal_one_process():
+    """Every mechanism that applies grouped keys/values (multi-query here: 2 heads, 1 key/value head) and
+    does not refuse a split: the grouped keys the ranks exchange give what one process computes; and a
+    per-layer hybrid (local_1d, vanilla), each layer splitting its own way."""
+    cases = []
+    for name in zoo.list_attention():
+        cls = ATTENTION.get(name)
+        if "grouped_kv" not in cls.projection_features or "rotary" not in cls.position_kinds:
+            continue
+        options = {k: v for k, v in cls.contract_options().items() if k != cls.memory_option}  # no carried cache
+        attention = {"name": name, **options, "n_kv_heads": 1, "qk_norm": "rmsnorm"}
+        case = Case(f"grouped_{name}", "vanilla_lm", {"attention": attention, "position": "rope"}, pad=True)
+        if context_refusal(case.build()) is None:
+            cases.append(case)
+    assert {"grouped_vanilla", "grouped_local_1d", "grouped_sparse_fixed"} <= {c.name for c in cases}
+    hybrid = [{"name": "local_1d", **ATTENTION.get("local_1d").contract_options()}, "vanilla"]  # per layer
+    cases.append(Case("hybrid_local_vanilla", "vanilla_lm", {"attention": hybrid, "position": "rope"}, pad=True))
+    check_cases(2, cases)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_split_over_ranks_equals_one_process_for_the_whole_matrix(world):

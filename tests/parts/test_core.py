@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.blocks import FeedForward
+from zoo.feed_forward.mlp import MLP as FeedForward
 from zoo.position.base import sinusoid_table
 from zoo.registry import Registry, UnknownNameError
 from zoo.train.steps import after_optimizer_step, noam_lambda, schedule, total_loss

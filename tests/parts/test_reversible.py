@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.blocks import FeedForward
+from zoo.feed_forward.mlp import MLP as FeedForward
 
 SMALL = dict(
     vocab_size=40,

@@ -1,6 +1,7 @@
-"""The Universal Transformer's separable-convolution transition (zoo/stacks/separable_conv.py): equal to a
-plain full convolution with the factorised weight, causal by perturbation, blind to padding, and
-wired into the ``universal`` stack by its ``transition`` option."""
+"""The Universal Transformer's separable-convolution transition (zoo/feed_forward/sepconv.py): equal to a
+plain full convolution with the factorised weight, causal by perturbation, blind to padding, a part of
+the feed-forward axis (``feed_forward=sepconv``), and still built from a config written before the axis
+(the universal stack's ``transition`` option)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from zoo.blocks import FeedForward
 from zoo.config import merge_config
+from zoo.feed_forward.mlp import MLP
+from zoo.feed_forward.sepconv import SeparableConv1d, SeparableConvTransition
 from zoo.presets.factory import get_preset
-from zoo.stacks.separable_conv import SeparableConv1d, SeparableConvTransition
 
 
 def full_conv_reference(conv: SeparableConv1d, x: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -41,7 +42,7 @@ def test_separable_conv_equals_the_factorised_full_convolution(causal, kernel_si
 
 def test_transition_is_two_separable_convolutions_with_the_activation_between():
     torch.manual_seed(0)
-    transition = SeparableConvTransition(6, 10, 3, causal=True)
+    transition = SeparableConvTransition(6, 10, kernel_size=3, causal=True)
     x = torch.randn(2, 8, 6)
     hidden = F.relu(full_conv_reference(transition.conv1, x, True))
     torch.testing.assert_close(transition(x), full_conv_reference(transition.conv2, hidden, True), atol=1e-5, rtol=1e-5)
@@ -52,7 +53,7 @@ def test_causality_by_perturbation(causal):
     """Causal: changing input j changes no output before j. Bidirectional (the control that shows
     the check can fail): it does change outputs before j, within the two layers' reach."""
     torch.manual_seed(0)
-    transition = SeparableConvTransition(4, 8, 3, causal=causal)
+    transition = SeparableConvTransition(4, 8, kernel_size=3, causal=causal)
     x = torch.randn(1, 12, 4)
     j = 6
     y = x.clone()
@@ -69,7 +70,7 @@ def test_causality_by_perturbation(causal):
 
 def test_padded_positions_never_reach_real_ones():
     torch.manual_seed(0)
-    transition = SeparableConvTransition(4, 8, 5, causal=False)
+    transition = SeparableConvTransition(4, 8, kernel_size=5, causal=False)
     x = torch.randn(2, 10, 4)
     pad_mask = torch.ones(2, 10, dtype=torch.bool)
     pad_mask[0, 7:] = False
@@ -80,13 +81,13 @@ def test_padded_positions_never_reach_real_ones():
     assert not torch.allclose(transition(x)[real], transition(noisy)[real])
 
 
-def sepconv_model(name, **stack):
+def sepconv_model(name, **options):
     preset = get_preset(name)
-    overrides = merge_config(preset.tiny, {"stack": {"transition": "sepconv", **stack}})
+    overrides = merge_config(preset.tiny, {"feed_forward": {"name": "sepconv", **options}})
     return zoo.create_model(name, **overrides)
 
 
-def test_universal_stack_option_builds_the_transition():
+def test_the_feed_forward_axis_builds_the_transition():
     model = sepconv_model("universal_transformer", kernel_size=5)
     ffn = model.stack.block.feed_forward
     assert isinstance(ffn, SeparableConvTransition) and ffn.conv1.kernel_size == 5 and ffn.conv1.causal
@@ -97,7 +98,27 @@ def test_universal_stack_option_builds_the_transition():
     assert seq2seq.decoder.block.feed_forward.conv1.causal
     assert seq2seq.encoder.block.feed_forward.conv1.kernel_size == 3  # the default
     plain = zoo.create_model("universal_transformer", **get_preset("universal_transformer").tiny)
-    assert isinstance(plain.stack.block.feed_forward, FeedForward)
+    assert isinstance(plain.stack.block.feed_forward, MLP)
+    with pytest.raises(ValueError, match="kernel_size must be an int >= 1"):
+        sepconv_model("universal_transformer", kernel_size=0)
+
+
+def test_a_config_from_before_the_axis_builds_the_same_transition():
+    """``stack.transition=sepconv`` (and ``kernel_size``), the universal stack's options before the
+    feed-forward axis: the same part, the same parameter names, so its checkpoints load."""
+    tiny = get_preset("universal_transformer").tiny
+    old = zoo.create_model(
+        "universal_transformer", **merge_config(tiny, {"stack": {"transition": "sepconv", "kernel_size": 5}})
+    )
+    new = sepconv_model("universal_transformer", kernel_size=5)
+    assert old.config.feed_forward == {"name": "sepconv", "kernel_size": 5} and "transition" not in old.config.stack
+    assert old.state_dict().keys() == new.state_dict().keys()
+    old.load_state_dict(new.state_dict())
+    assert isinstance(
+        zoo.create_model("universal_transformer", stack={"transition": "ffn"}).stack.block.feed_forward, MLP
+    )
+    with pytest.raises(ValueError, match="feed_forward=swiglu|feed_forward is 'swiglu'"):
+        zoo.create_model("universal_transformer", stack={"transition": "sepconv"}, feed_forward="swiglu")
     with pytest.raises(ValueError, match="transition must be one of ffn, sepconv"):
         zoo.create_model("universal_transformer", stack={"transition": "conv"})
     with pytest.raises(ValueError, match="kernel_size=5 applies only to transition='sepconv'"):
@@ -145,8 +166,9 @@ def test_encoder_with_sepconv_ignores_padding_and_the_model_learns():
 
 
 def test_hydra_reaches_transition_and_head():
-    """``model.head`` and the universal stack's transition are set from the command line, also on
-    top of ``experiment=tiny`` whose tiny variant has no ``stack`` entry to merge into."""
+    """``model.head`` and the transition are set from the command line (the feed-forward group, and the
+    universal stack's old key), also on top of ``experiment=tiny`` whose tiny variant has no ``stack``
+    entry to merge into."""
     pytest.importorskip("hydra")
     from zoo.app.compose import compose
     from zoo.app.run import build
@@ -154,7 +176,17 @@ def test_hydra_reaches_transition_and_head():
     base = ["experiment=tiny", "model=universal_transformer", "trainer.seq_len=16", "trainer.batch_size=2"]
     overrides = ["+model.stack.transition=sepconv", "+model.stack.kernel_size=5", "model.head=none"]
     _, _, model = build(compose(base + overrides))
-    assert model.config.stack == {"name": "universal", "transition": "sepconv", "kernel_size": 5}
+    assert model.config.stack == {"name": "universal"}
+    assert model.config.feed_forward == {"name": "sepconv", "kernel_size": 5}
     assert model.stack.block.feed_forward.conv1.kernel_size == 5 and model.head is None
+    _, _, model = build(compose(base + ["feed_forward=sepconv", "feed_forward.kernel_size=5"]))
+    assert model.config.feed_forward == {"name": "sepconv", "kernel_size": 5}
     _, _, model = build(compose(base))
-    assert isinstance(model.stack.block.feed_forward, FeedForward) and model.head is not None
+    assert isinstance(model.stack.block.feed_forward, MLP) and model.head is not None
+
+
+def test_a_model_with_sepconv_refuses_a_state_and_the_reversible_stack_with_the_reason():
+    model = zoo.create_model("vanilla_lm", **get_preset("vanilla_lm").tiny, feed_forward="sepconv")
+    assert "sepconv" in model.stream_refusal()
+    with pytest.raises(ValueError, match="neighbouring positions"):
+        zoo.create_model("reformer", **get_preset("reformer").tiny, feed_forward="sepconv")

@@ -13,7 +13,7 @@ parts (:mod:`zoo.models.costs`):
   score_terms is 2, QK^T and AV, or 3 for Transformer-XL's Q R^T; adaptive span counts its
   largest span, an upper bound; LSH counts what it computes, its chunks and its hashing).
 - Activation memory per token: Korthikanti et al. 2022 (arXiv:2205.05198), bf16 with a fused
-  attention kernel: (18 d_model + 4 d_ff) bytes per token per layer the stack keeps
+  attention kernel: (18 d_model + the feed-forward part's own, 4 d_ff for mlp) bytes per token per layer the stack keeps
   (``Stack.kept_layers``: reversible keeps one), plus each layer's memory keys and values
   (``Attention.memory_keys``, 4 d_model bytes each). These are estimates: ``python -m zoo.bench``
   measures saved tensors exactly.
@@ -26,6 +26,7 @@ refuses a paper configuration asked of another dataset unless ``paper.allow_othe
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -97,6 +98,9 @@ def count_parameters(model) -> dict[str, int]:
     return {"params": total, "params_embedding_and_head": io, "params_blocks": total - io}
 
 
+DESCRIBED_AXES = ("attention", "residual", "stack", "position", "norm", "feed_forward")
+
+
 def describe(overrides: list[str]) -> dict[str, Any]:
     """Everything describe.py prints, as one JSON-able dict (``params`` an int)."""
     resolved = resolved_config(overrides)
@@ -115,7 +119,10 @@ def describe(overrides: list[str]) -> dict[str, Any]:
             for k in ("n_layers", "d_model", "n_heads", "d_ff", "dropout", "attention_dropout", "vocab_size", "max_len")
         },
         "vocab_source": vocab_source,
-        "axes": {axis: dict(getattr(config, axis)) for axis in ("attention", "residual", "stack", "position")},
+        "axes": {
+            axis: copy.deepcopy(getattr(config, axis))
+            for axis in ("attention", "residual", "stack", "position", "norm", "feed_forward")
+        },
         "adaptive": dict(config.adaptive),
         "data": resolved["data"],
         "trainer": {
@@ -164,8 +171,10 @@ def format_report(info: dict[str, Any]) -> str:
         "size: " + ", ".join(f"{k} {v}" for k, v in size.items()) + f"    (vocabulary: {info['vocab_source']})"
     )
     for axis, part in info["axes"].items():
-        options = ", ".join(f"{k}={v}" for k, v in part.items() if k != "name")
-        lines.append(f"{axis:>9}: {part['name']}" + (f" ({options})" if options else ""))
+        for i, each in enumerate(part if isinstance(part, list) else [part]):  # a hybrid: its per-layer list
+            options = ", ".join(f"{k}={v}" for k, v in each.items() if k != "name")
+            label = f"{axis}[{i}]" if isinstance(part, list) else axis
+            lines.append(f"{label:>12}: {each['name']}" + (f" ({options})" if options else ""))
     if info["adaptive"]:
         lines.append(f" adaptive: {info['adaptive']}")
     t = info["trainer"]
@@ -183,8 +192,17 @@ def format_report(info: dict[str, Any]) -> str:
     flops, keys = info["train_flops_per_token"], info["keys_per_query"]
     lines.append(
         f"    FLOPs: {'unknown' if flops is None else f'{flops / 1e9:.3f} GFLOP'} per training token (estimate; "
-        f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['head_rule']})"
+        f"keys/query {'' if keys is None else f'{keys:.0f}: '}{info['keys_rule']}; {info['feed_forward_rule']}; "
+        f"{info['head_rule']})"
     )
+    names = {row["attention"] for row in info.get("layers") or []}
+    for row in info.get("layers") or [] if len(names) > 1 else []:  # a hybrid: what each layer sees and costs
+        flops, keys = row["forward_flops_per_token"], row["keys_per_query"]
+        lines.append(
+            f"  layer {row['layer']}: {row['attention']}, keys/query "
+            f"{'unknown' if keys is None else f'{keys:.0f}'} ({row['keys_rule']}), forward "
+            f"{'unknown' if flops is None else f'{flops / 1e6:.2f} MFLOP'} per token"
+        )
     per_token, per_sequence = info["activation_bytes_per_token"], info["activation_mib_per_sequence"]
     lines.append(
         f"   memory: {'unknown' if per_token is None else f'{per_token / 1024:.1f} KiB'} activations per token, "

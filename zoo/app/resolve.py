@@ -35,6 +35,8 @@ def part_layer(axis: str, node: dict[str, Any] | None) -> dict[str, Any] | None:
     if not node:
         return None
     options = set_keys(node)
+    if "name" not in options:  # options alone (+attention.n_kv_heads=2): the preset's part(s), every layer's
+        return {axis: options} if options else None
     name = options.pop("name")
     return {axis: {"name": name, **to_options(PART_GROUPS[axis].get(name).Options, options)}}
 

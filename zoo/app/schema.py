@@ -5,7 +5,8 @@ Every config group node is backed by a dataclass registered in Hydra's ConfigSto
 OmegaConf then type-checks values and, because structured configs are closed, refuses a key the
 schema lacks at compose time (``attention.n_hashs=8``). The schemas are generated, never hand-written:
 
-- ``schema/<axis>/<name>`` for each part axis (``attention``, ``residual``, ``stack``, ``position``):
+- ``schema/<axis>/<name>`` for each part axis (``attention``, ``residual``, ``stack``, ``position``,
+  ``norm``, ``feed_forward``):
   ``name`` + the fields of ``<REGISTRY>.get(name).Options``, every one optional with default null.
   Null means *unset*: the preset's own value when the preset uses that part, else the part's
   default. Anything else is a value the user (or an experiment file) set, and it reaches the model
@@ -32,6 +33,8 @@ from omegaconf import MISSING as REQUIRED  # '???': a value the config must supp
 from zoo.attention.base import ATTENTION
 from zoo.config import ModelConfig, field_types, require
 from zoo.data import TASK
+from zoo.feed_forward.base import FEED_FORWARD
+from zoo.norm.base import NORM
 from zoo.position.base import POSITION
 from zoo.presets import MODEL
 from zoo.registry import Registry
@@ -48,6 +51,8 @@ PART_GROUPS: dict[str, Registry[Any]] = {
     "residual": RESIDUAL,
     "stack": STACK,
     "position": POSITION,
+    "norm": NORM,
+    "feed_forward": FEED_FORWARD,
 }
 
 
@@ -201,6 +206,8 @@ class RootSchema:
     residual: Any = None  # null: the preset's residual policy; likewise
     stack: Any = None  # null: the preset's stack; likewise
     position: Any = None  # null: the preset's position signal; likewise
+    norm: Any = None  # null: the preset's norm; likewise
+    feed_forward: Any = None  # null: the preset's feed-forward part; likewise
     data: Any = REQUIRED
     optim: Any = REQUIRED
     trainer: Any = REQUIRED

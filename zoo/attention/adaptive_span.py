@@ -124,6 +124,11 @@ class SpanCache:
 @ATTENTION.register("adaptive_span")
 class AdaptiveSpanAttention(Attention):
     takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
+    projection_features = ("qk_norm",)
+    no_projection_reason = (
+        "its state keeps the layer's inputs [b, m, d] and recomputes keys from them (grouping keys shrinks no "
+        "cache), and its scores go through a soft span mask it never caps"
+    )
     supports_memory = True  # cache of past inputs, like Transformer-XL's memory
     supports_cross = False
     causal_only = True

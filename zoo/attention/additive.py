@@ -37,6 +37,10 @@ SCORES = ("dot", "general", "concat")
 @ATTENTION.register("additive")
 class AdditiveAttention(Attention):
     takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
+    projection_features = ("qk_norm",)
+    no_projection_reason = (
+        "its scores are Bahdanau's tanh network over every pair (already bounded), and its KV cache is not grouped"
+    )
     supports_cross = True
     supports_memory = True  # a KV cache of projected keys and values continues a stream (causal use)
     position_kinds = (
@@ -47,6 +51,7 @@ class AdditiveAttention(Attention):
     @dataclass
     class Options:
         score: str = "concat"  # dot | general | concat
+        bias: bool = True  # bias in the q/k/v/output projections
 
         def __post_init__(self) -> None:
             require(self.score in SCORES, f"score must be one of {', '.join(SCORES)}; got {self.score!r}")
@@ -60,7 +65,7 @@ class AdditiveAttention(Attention):
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         h, k = self.n_heads, self.head_dim
-        self.add_projections()
+        self.add_projections(bias=self.options.bias)
         self.attn_dropout = nn.Dropout(self.dropout)
         if self.options.score == "general":
             self.w_a = nn.Parameter(torch.randn(h, k, k) * k**-0.5)  # per-head bilinear form

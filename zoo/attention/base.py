@@ -47,7 +47,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from zoo.attention.flex import DistanceBias
-from zoo.config import NoOptions, build_options, check_type, require
+from zoo.attention.projections import HeadNormedLinear, ProjectionOptions, expand_kv, with_projection_options
+from zoo.config import build_options, check_type, require
 from zoo.registry import Registry
 
 if TYPE_CHECKING:
@@ -153,8 +154,11 @@ class Attention(nn.Module):
     # its key padding, padding never updates the state, and which keys a query sees depends on distances only
     takes_left_padding: ClassVar[bool] = False
     no_left_padding_reason: ClassVar[str] = ""  # why takes_left_padding is False, for generate()'s refusal
-    Options: ClassVar[type] = NoOptions
+    Options: ClassVar[type] = ProjectionOptions  # a subclass's own Options gets these fields too (projections.py)
     registry_name: ClassVar[str | None] = None
+    # projection options it applies (projections.py): "grouped_kv" (n_kv_heads), "qk_norm", "softcap"
+    projection_features: ClassVar[tuple[str, ...]] = ()
+    no_projection_reason: ClassVar[str] = ""  # why a feature is missing from projection_features, for the refusal
     # what consumers read instead of the registry name
     score_terms: ClassVar[int] = 2  # products of each query with every key it sees: Q K^T and A V (XL adds Q R^T)
     memory_option: ClassVar[str | None] = None  # the option that sizes the memory kept across calls (XL: mem_len)
@@ -165,6 +169,12 @@ class Attention(nn.Module):
     position_kinds: ClassVar[tuple[str, ...]] = ()
     no_position_reason: ClassVar[str] = ""  # why a kind is missing from position_kinds, for the refusal
     numbers_cache: ClassVar[bool] = False  # applies a part's cache_positions (StreamingLLM numbering)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("Options")
+        if own is not None and not issubclass(own, ProjectionOptions):
+            cls.Options = with_projection_options(own)
 
     def __init__(
         self,
@@ -197,6 +207,15 @@ class Attention(nn.Module):
             f"attention {name!r} has no causal form ({self.no_causal_reason or 'supports_causal=False'}); "
             "build it with causal=False (an encoder), or choose another attention for a decoder",
         )
+        reason = self.projection_refusal()
+        if reason is not None:
+            raise ValueError(f"attention {name!r} cannot take {reason}")
+        self.n_kv_heads = self.options.n_kv_heads or n_heads
+        require(
+            n_heads % self.n_kv_heads == 0,
+            f"{name}: n_heads ({n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}): every key/value "
+            "head serves the same number of query heads",
+        )
         if position is not None and position.kinds():
             reason = self.position_refusal(position)
             if reason is not None:
@@ -206,6 +225,16 @@ class Attention(nn.Module):
         # the model's part, shared by every layer (T5's one table): kept out of this module's
         # parameters and state dict, which the model holds once
         self.__dict__["position"] = position
+
+    def projection_refusal(self) -> str | None:
+        """Why this layer cannot apply the projection options it was given (``projections.py``), as
+        "<option>: <reason>", or None. Default: by ``projection_features`` and ``no_projection_reason``."""
+        options = {"grouped_kv": "n_kv_heads", "qk_norm": "qk_norm", "softcap": "softcap"}
+        for feature in self.options.features():
+            if feature not in self.projection_features:
+                why = self.no_projection_reason or f"projection_features has no {feature!r}"
+                return f"{options[feature]}={getattr(self.options, options[feature])!r}: {why}"
+        return None
 
     # -- positions inside attention -----------------------------------------------------------
     def position_refusal(self, position: Position) -> str | None:
@@ -451,18 +480,29 @@ class Attention(nn.Module):
 
     # -- projections -------------------------------------------------------------------------
     def add_projections(self, bias: bool = True) -> None:
-        """The standard separate q/k/v/output projections (d -> d), shared by every mechanism
-        that does not tie them (LSH ties q and k and builds its own)."""
-        d = self.d_model
-        self.to_q = nn.Linear(d, d, bias=bias)
-        self.to_k = nn.Linear(d, d, bias=bias)
-        self.to_v = nn.Linear(d, d, bias=bias)
+        """The standard separate q/k/v/output projections, shared by every mechanism that does not tie
+        them (LSH ties q and k and builds its own): q and output d -> d, k and v d -> n_kv_heads * k
+        (grouped-query attention), q and k normalised per head under ``qk_norm`` (projections.py)."""
+        d, heads, k, norm = self.d_model, self.n_heads, self.head_dim, self.options.qk_norm
+        kv = self.n_kv_heads * k
+        if norm == "none":
+            self.to_q, self.to_k = nn.Linear(d, d, bias=bias), nn.Linear(d, kv, bias=bias)
+        else:
+            self.to_q = HeadNormedLinear(d, heads, k, bias=bias, norm=norm)
+            self.to_k = HeadNormedLinear(d, self.n_kv_heads, k, bias=bias, norm=norm)
+        self.to_v = nn.Linear(d, kv, bias=bias)
         self.to_out = nn.Linear(d, d, bias=bias)
+
+    def expand_kv(self, *tensors: Tensor) -> Tensor | tuple[Tensor, ...]:
+        """Grouped keys/values [b, n_kv_heads, ..., k] widened to every query head [b, h, ..., k] (as
+        they are when n_kv_heads = n_heads): where a mechanism scores, after it has cached them."""
+        out = tuple(expand_kv(x, self.n_heads) for x in tensors)
+        return out[0] if len(out) == 1 else out
 
     # -- head reshapes -----------------------------------------------------------------------
     def split_heads(self, x: Tensor) -> Tensor:
-        """[b, t, h*k] -> [b, h, t, k]"""
-        return rearrange(x, "b t (h k) -> b h t k", h=self.n_heads)
+        """[b, t, h*k] -> [b, h, t, k] (h = n_kv_heads for grouped keys and values)"""
+        return rearrange(x, "b t (h k) -> b h t k", k=self.head_dim)
 
     @staticmethod
     def merge_heads(x: Tensor) -> Tensor:

@@ -43,6 +43,8 @@ from zoo.config import require
 
 @ATTENTION.register("bigbird")
 class BigBirdAttention(Attention):
+    projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
+    no_projection_reason = "its scores go through fused SDPA kernels and are never written out to cap"
     position_kinds = ()
     no_position_reason = (
         "its block window, global and random blocks have no rotation or distance-bias path here; use "
@@ -139,6 +141,7 @@ class BigBirdAttention(Attention):
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        k, v = self.expand_kv(k, v)
         return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None) -> Tensor:

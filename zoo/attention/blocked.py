@@ -84,6 +84,9 @@ class PatternAttention(Attention):
 
     supports_memory = True  # a causal pattern continues a stream through its PatternCache
     position_kinds = ("rotary", "pair_bias")  # on the pairs each pattern computes (see the module notes)
+    # grouped keys/values stay grouped in the PatternCache and in what context parallelism sends
+    projection_features = ("grouped_kv", "qk_norm")
+    no_projection_reason = "its blocked kernels score through fused SDPA and never write the scores out to cap them"
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -97,6 +100,7 @@ class PatternAttention(Attention):
         if state is None:
             positions = torch.arange(x.shape[1], device=x.device)
             q, k = self.rotate(q, positions), self.rotate(k, positions)
+            k, v = self.expand_kv(k, v)
             if self.on_flex(x.device):
                 out = self.attend_flex(q, positions, k, v, positions, pad_mask)
             else:
@@ -193,7 +197,7 @@ class PatternAttention(Attention):
         store = None
         if cache.k is None:  # nothing earlier: the pattern's own blocked pass is exact and cheapest
             keys, values, key_positions, valid = k, v, positions, pad_mask
-            flex = self.on_flex(q.device)
+            flex, (k, v) = self.on_flex(q.device), self.expand_kv(k, v)
             out = self.attend_flex(q, positions, k, v, positions, pad_mask) if flex else self.attend(q, k, v, pad_mask)
         else:
             if needs_gradient(k, v):
@@ -205,9 +209,9 @@ class PatternAttention(Attention):
             valid = join_key_padding(cache.valid, cache.length, pad_mask, q.transpose(1, 2))
             # a cache grows every call, and each new shape compiles FlexAttention again: only when asked by name
             if self.backend == "flex" and self.on_flex(q.device):
-                out = self.attend_flex(q, positions, keys, values, key_positions, valid)
+                out = self.attend_flex(q, positions, *self.expand_kv(keys, values), key_positions, valid)
             else:
-                out = self.attend_cached(q, positions, keys, values, key_positions, valid)
+                out = self.attend_cached(q, positions, *self.expand_kv(keys, values), key_positions, valid)
         return out, self.kept(keys, values, key_positions, valid, cache.next + t, store)
 
     def attend_cached(
@@ -274,6 +278,7 @@ class PatternAttention(Attention):
         positions = chunk.positions(q.device)
         q, k = self.rotate(q, positions), self.rotate(k, positions)  # rope: sent rotated, as a cache holds them
         (keys, values), key_positions, valid = chunk.earlier([k, v], dim=2, select=self.kept_positions, valid=pad_mask)
+        (k, v), (keys, values) = self.expand_kv(k, v), self.expand_kv(keys, values)  # sent grouped, scored widened
         if self.on_flex(q.device):  # FlexAttention (flex.py) takes the rule over any absolute positions
             out = self.attend_flex(q, positions, keys, values, key_positions, valid)
             return AttnOutput(self.to_out(self.merge_heads(out)))

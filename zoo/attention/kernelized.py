@@ -128,6 +128,10 @@ class KernelizedAttention(Attention):
     this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
 
     takes_left_padding = True  # padding never enters the running sums (tests/contracts/test_generate.py)
+    projection_features = ("qk_norm",)
+    no_projection_reason = (
+        "it computes no scores (a feature map product, summed), and its running sums are kept per query head"
+    )
 
     position_kinds = ()
     no_position_reason = (

@@ -43,6 +43,8 @@ SHARING = ("none", "headwise", "kv", "layerwise")
 
 @ATTENTION.register("linformer")
 class LinformerAttention(Attention):
+    projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
+    no_projection_reason = "its scores go through fused SDPA kernels and are never written out to cap"
     position_kinds = ()
     no_position_reason = (
         "its keys are projected along the length to k mixtures of positions, which have no distance to a query"
@@ -115,6 +117,7 @@ class LinformerAttention(Attention):
         t, n = x.shape[1], self.options.max_len
         require(t <= n, f"linformer: sequence length {t} is longer than max_len={n}, the columns of its projection E")
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        k, v = self.expand_kv(k, v)
         if pad_mask is not None:  # a padded key or value adds nothing to E K, F V
             keep = pad_mask[:, None, :, None].to(k.dtype)
             k, v = k * keep, v * keep

@@ -47,6 +47,11 @@ from zoo.config import require
 @ATTENTION.register("longformer")
 class LongformerAttention(PatternAttention):
     takes_left_padding = True  # the window depends on i - j only; global tokens excepted (left_padding_refusal)
+    projection_features = ()
+    no_projection_reason = (
+        "its global tokens project queries, keys and values with matrices of their own (Beltagy et al. 2020, "
+        "Section 3.1), which the shared projection options do not reach"
+    )
     # its own paths (residue classes of the dilated window, global rows through their own projections) apply
     # no position part: refused rather than silently dropped (PatternAttention's rotation and bias do not reach them)
     position_kinds = ()

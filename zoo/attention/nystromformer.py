@@ -59,6 +59,8 @@ def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
 
 @ATTENTION.register("nystromformer")
 class NystromAttention(Attention):
+    projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
+    no_projection_reason = "its three kernels are softmaxes over landmark means, not one score per pair to cap"
     position_kinds = ()
     no_position_reason = "its landmarks average many positions, which have no single distance to a query"
     supports_causal = False
@@ -113,6 +115,7 @@ class NystromAttention(Attention):
         self.check_inputs(x, context, pad_mask, state)
         b, t = x.shape[:2]
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        k, v = self.expand_kv(k, v)
         valid = torch.ones(b, t, dtype=torch.bool, device=x.device) if pad_mask is None else pad_mask
         keep = valid[:, None, :, None].to(x.dtype)
         scale = self.head_dim**-0.25

@@ -61,6 +61,10 @@ def sinkhorn(logits: Tensor, allowed: Tensor, iterations: int, columns: bool = T
 
 @ATTENTION.register("sinkhorn")
 class SinkhornAttention(Attention):
+    projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
+    no_projection_reason = (
+        "it sorts blocks by a learned network and scores them through SDPA, writing no score out to cap"
+    )
     position_kinds = ()
     no_position_reason = (
         "its sorted blocks attend to blocks moved by a learned sort, whose distances are not computed here"
@@ -160,6 +164,7 @@ class SinkhornAttention(Attention):
         valid[:, :t] = True if pad_mask is None else pad_mask
         keep = valid[:, None, :, None].to(x.dtype)
         q, k, v = (pad_time(self.split_heads(p(x)), length) for p in (self.to_q, self.to_k, self.to_v))
+        k, v = self.expand_kv(k, v)
         k, v = k * keep, v * keep
         s = self.sort_matrix(torch.nn.functional.pad(x, (0, 0, 0, length - t)), valid, n)
         kb, vb = (rearrange(z, "b h (n s) k -> b h n s k", s=size) for z in (k, v))

@@ -56,6 +56,9 @@ MIXES = ("none", "dot")
 
 @ATTENTION.register("synthesizer")
 class SynthesizerAttention(Attention):
+    no_projection_reason = (
+        "its scores are synthesized per position from a network (Tay et al. 2020), with no keys to group or normalise"
+    )
     position_kinds = ()
     no_position_reason = "its scores are synthesized per position (no query-key dot product to rotate or bias)"
     length_option = "max_len"

@@ -46,6 +46,7 @@ from zoo.attention.base import (
 )
 from zoo.attention.flex import DistanceBias, check_backend, flex_attend, use_flex
 from zoo.attention.pair_bias import biased_sdpa
+from zoo.attention.projections import softcapped_attention
 from zoo.config import require
 
 
@@ -123,6 +124,7 @@ class VanillaAttention(Attention):
     lra_row = "Transformer"
     position_kinds = ("rotary", "pair_bias")
     numbers_cache = True  # position.cache_positions: StreamingLLM's numbering inside the cache
+    projection_features = ("grouped_kv", "qk_norm", "softcap")  # the KV cache keeps the grouped heads
 
     @dataclass
     class Options:
@@ -191,20 +193,47 @@ class VanillaAttention(Attention):
             causal = self.causal
         t, s = q.shape[2], k.shape[2]
         cached = state is not None and s > t  # a growing cache: a new shape (a new compilation) every call
-        if (self.options.backend == "flex" or not cached) and use_flex(
+        grouped = k.shape[1] != q.shape[1]  # grouped keys/values (n_kv_heads): cached grouped, widened to score
+        if self.options.softcap:
+            k, v = self.expand_kv(k, v)
+            out = self.attend_softcapped(q, k, v, key_pad, causal, q_pos, k_pos, dropout)
+        elif (self.options.backend == "flex" or not cached) and use_flex(
             self.options.backend, x.device, "vanilla", dropout
         ):
             bias = None if q_pos is None else self.flex_bias(q_pos, k_pos, q.dtype)
-            out = self.attend_flex(q, k, v, key_pad, causal, bias)
+            out = self.attend_flex(q, *self.expand_kv(k, v), key_pad, causal, bias)
         elif q_pos is not None and self.has_pair_bias:
             bias_of = lambda d: self.pair_bias(d, q.dtype)  # noqa: E731
+            k, v = self.expand_kv(k, v)
             out = biased_sdpa(
                 q, k, v, bias_of, q_pos=q_pos, k_pos=k_pos, causal=causal, key_pad=key_pad, dropout=dropout
             )
         else:
             mask, is_causal = _sdpa_mask(t, s, causal, key_pad, x.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=grouped
+            )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
+
+    def attend_softcapped(
+        self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, q_pos, k_pos, dropout: float
+    ) -> Tensor:
+        """Dense attention with Gemma 2's soft-capped scores (``softcap``), written out a block of queries
+        at a time (projections.py); causality by the positions the queries and keys stand at."""
+
+        def allowed(start: int, stop: int) -> Tensor | None:
+            mask = None if key_pad is None else key_pad[:, None, None, :]
+            if causal:
+                order = k_pos[None, :] <= q_pos[start:stop, None]  # [c, s]
+                mask = order if mask is None else mask & order
+            return mask
+
+        def bias(start: int, stop: int) -> Tensor | None:
+            if q_pos is None or not self.has_pair_bias:
+                return None
+            return self.pair_bias(q_pos[start:stop, None] - k_pos[None, :], q.dtype)
+
+        return softcapped_attention(q, k, v, cap=self.options.softcap, allowed=allowed, bias=bias, dropout=dropout)
 
     def attend_flex(
         self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, bias: DistanceBias | None = None
@@ -247,6 +276,11 @@ class VanillaAttention(Attention):
                 f"attention 'vanilla' with position {self.position.registry_name!r}: ring attention merges blocks "
                 "without a distance bias; use position=rope (rotated at each chunk's positions) or run in one process"
             )
+        if self.options.softcap:
+            return (
+                f"attention 'vanilla' has softcap={self.options.softcap}: ring attention merges blocks of the fused "
+                "kernel, which does not cap scores; set softcap=0 or run in one process"
+            )
         if self.options.backend == "flex":
             return (
                 "attention 'vanilla' has backend=flex: ring attention runs its own blocks (the fused CPU kernel, "
@@ -268,6 +302,7 @@ class VanillaAttention(Attention):
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         positions = chunk.positions(x.device)
         q, k = self.rotate(q, positions), self.rotate(k, positions)
+        k, v = self.expand_kv(k, v)  # the ring sends every head's keys (grouping them is a later saving)
         return AttnOutput(self.to_out(self.merge_heads(chunk.ring_attention(q, k, v, key_valid=pad_mask))))
 
     def _self_keys(self, q: Tensor, x: Tensor, pad_mask: Tensor | None, state: KVCache | None):

@@ -143,8 +143,9 @@ def split_holdout(n: int, val_size: int, seed: int, name: str) -> tuple[Tensor, 
 def check_raster(config: Any, data: str, rows: int, width: int) -> None:
     """Refuse an attention whose layout does not read the image raster (rows x width) as it is: the
     mechanism says (``Attention.check_layout``; local_2d checks its width and height)."""
-    options = dict(config.attention)
-    ATTENTION.get(options.pop("name")).check_layout(options, rows=rows, width=width, data=data)
+    for part in config.attention if isinstance(config.attention, list) else [config.attention]:
+        options = dict(part)
+        ATTENTION.get(options.pop("name")).check_layout(options, rows=rows, width=width, data=data)
 
 
 class ImageTask(Task):

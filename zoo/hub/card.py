@@ -40,12 +40,17 @@ def parts(config: dict[str, Any]) -> str:
     """``attention `xl_rel` (mem_len 16, block_size 8), residual `post_norm`, ...``"""
 
     def one(axis: str) -> str:
-        part = dict(config[axis])
+        if isinstance(config[axis], list):  # a per-layer hybrid: its parts in layer order, cycled
+            return f"{axis} per layer [{'; '.join(one_part(part) for part in config[axis])}]"
+        return f"{axis} {one_part(config[axis])}"
+
+    def one_part(value: dict[str, Any]) -> str:
+        part = dict(value)
         name = part.pop("name")
         options = ", ".join(f"{k} {v}" for k, v in part.items())
-        return f"{axis} `{name}`" + (f" ({options})" if options else "")
+        return f"`{name}`" + (f" ({options})" if options else "")
 
-    axes = ["attention", "residual", "stack", "position"]
+    axes = [axis for axis in ("attention", "residual", "stack", "position", "norm", "feed_forward") if axis in config]
     if config["kind"] == "seq2seq":
         axes.insert(1, "cross_attention")
     return ", ".join(one(axis) for axis in axes)

@@ -30,8 +30,10 @@ from torch import nn
 
 from zoo.attention.base import ATTENTION
 from zoo.config import PART_AXES
+from zoo.feed_forward.base import FEED_FORWARD
 from zoo.hub.card import model_card
 from zoo.models.base import HEAD
+from zoo.norm.base import NORM
 from zoo.position.base import POSITION
 from zoo.presets.factory import MODEL, create_model
 from zoo.registry import UnknownNameError
@@ -51,6 +53,8 @@ REGISTRIES = {
     "residual": RESIDUAL,
     "stack": STACK,
     "position": POSITION,
+    "norm": NORM,
+    "feed_forward": FEED_FORWARD,
 }
 
 
@@ -70,7 +74,9 @@ def own_modules(config: Any) -> list[str]:
     """Modules outside transformer-zoo that registered the preset, the head or a part ``config``
     names (``imports=[...]`` in a run): a loader must import them itself, nothing imports them for it."""
     found = [MODEL.get(config.name).build_config, HEAD.get(config.kind)]
-    found += [REGISTRIES[axis].get(getattr(config, axis)["name"]) for axis in PART_AXES]
+    for axis in PART_AXES:  # an axis may hold a per-layer list of parts (a hybrid's attention)
+        value = getattr(config, axis)
+        found += [REGISTRIES[axis].get(part["name"]) for part in (value if isinstance(value, list) else [value])]
     modules = (getattr(obj, "__module__", "zoo") for obj in found)
     return sorted({m for m in modules if m != "zoo" and not m.startswith("zoo.")})
 

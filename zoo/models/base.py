@@ -32,14 +32,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.blocks import Block
-from zoo.config import ModelConfig
+from zoo.config import ModelConfig, part_label, split_part
 from zoo.models.inputs import (
     check_embeds,
     check_tokens,
 )
+from zoo.norm.base import create_norm
 from zoo.registry import Registry
 from zoo.residual.base import RESIDUAL
-from zoo.stacks.build import split_part
 
 
 @dataclass
@@ -127,12 +127,12 @@ class ZooModel(nn.Module):
         super().__init__()
         self.config = config
         # what a state must match to be fed back: the same preset, head, mechanism, stack and sizes
-        parts = "/".join(split_part(getattr(config, axis))[0] for axis in ("attention", "stack"))
+        parts = "/".join(part_label(getattr(config, axis)) for axis in ("attention", "stack"))
         self.signature = f"{config.name}:{config.kind}:{parts}:{config.n_layers}x{config.d_model}h{config.n_heads}"
 
     def final_norm(self) -> nn.Module:
         name, _ = split_part(self.config.residual)
-        return nn.LayerNorm(self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
+        return create_norm(self.config.norm, self.config.d_model) if RESIDUAL.get(name).final_norm else nn.Identity()
 
     def input_vectors(
         self,
@@ -196,7 +196,7 @@ class ZooModel(nn.Module):
         if reason is not None:
             return reason
         for i, block in enumerate(self.decoding_blocks()):
-            reason = block.attention.stream_refusal()
+            reason = block.attention.stream_refusal() or block.feed_forward.stream_refusal()
             if reason is not None:
                 return f"layer {i}: {reason}"
         return None

@@ -10,9 +10,11 @@ part that does not answer makes the figure unknown (None), never a dense guess.
   its differentiable work; work a part does without gradient (LSH's hashing) runs once per forward
   pass, the recomputation's included. The output layer costs 3 x its forward.
 - Activation memory: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
-  Transformer Models", arXiv:2205.05198), bf16 with a fused attention kernel: (18 d_model + 4 d_ff)
-  bytes per token per kept layer, plus the keys and values of each layer's memory (4 d_model bytes
-  per memory key). Estimates: ``python -m zoo.bench`` measures saved tensors exactly.
+  Transformer Models", arXiv:2205.05198), bf16 with a fused attention kernel: (18 d_model + the
+  feed-forward's own) bytes per token per kept layer, the feed-forward answering its d_ff-wide
+  tensors (``FeedForward.activation_bytes_per_token``: 4 d_ff for the two-layer mlp, Korthikanti's
+  figure; 8 h for a gated unit of hidden width h), plus the keys and values of each layer's memory
+  (4 d_model bytes per memory key). Estimates: ``python -m zoo.bench`` measures saved tensors exactly.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ def feed_forward_flops(block: Block, t: int) -> float | None:
     return ask(t) if callable(ask) else None
 
 
+def feed_forward_bytes(block: Block) -> float | None:
+    ask = getattr(block.feed_forward, "activation_bytes_per_token", None)
+    return ask() if callable(ask) else None
+
+
 def step_flops(model: nn.Module, t: int, batch: int = 1) -> dict[str, float] | None:
     """Matmul FLOPs of one training step on ``batch`` sequences of ``t`` tokens, by component, with
     "total"; None when a part does not say (see the module docstring for the rule)."""
@@ -111,17 +118,19 @@ def forward_flops(model: nn.Module, t: int) -> float | None:
     return total
 
 
-def activation_bytes_per_token(model: nn.Module, t: int, d_model: int, d_ff: int) -> tuple[float, str] | None:
+def activation_bytes_per_token(model: nn.Module, t: int, d_model: int) -> tuple[float, str] | None:
     """(bytes of activations kept per token of a training step, the rule), or None when unknown."""
     blocks = applied_blocks(model)
     kept = [stack.kept_layers() for stack in stacks(model)]
     if blocks is None or any(k is None for k in kept):
         return None
     memory = [block.attention.memory_keys() for block in blocks]
-    if any(m is None for m in memory):
+    feed_forward = [feed_forward_bytes(block) for block in blocks]
+    if any(m is None for m in memory) or any(f is None for f in feed_forward):
         return None
-    per_token = sum(kept) * (18 * d_model + 4 * d_ff) + sum(4 * d_model * m / max(t, 1) for m in memory)
-    rule = "Korthikanti et al. 2022, bf16, fused attention: (18 d + 4 d_ff) B/token/layer"
+    per_layer = 18 * d_model + sum(feed_forward) / len(feed_forward)  # a kept layer's, averaged over the blocks
+    per_token = sum(kept) * per_layer + sum(4 * d_model * m / max(t, 1) for m in memory)
+    rule = "Korthikanti et al. 2022, bf16, fused attention: (18 d + the feed-forward's own) B/token/layer"
     if sum(kept) < len(blocks):
         rule += f"; {sum(kept)} of {len(blocks)} layers kept (the stack recomputes the rest)"
     if any(memory):
@@ -149,11 +158,39 @@ def unanswered(model: nn.Module, t: int) -> list[str]:
                 silent.append(f"attention {name!r}")
             if attention.memory_keys() is None:
                 silent.append(f"attention {name!r} (memory_keys)")
-            if feed_forward_flops(block, t) is None:
+            if feed_forward_flops(block, t) is None or feed_forward_bytes(block) is None:
                 silent.append(f"feed-forward {type(block.feed_forward).__name__}")
     if not callable(getattr(model, "output_flops", None)) or model.output_flops(t) is None:
         silent.append(f"head {getattr(getattr(model, 'config', None), 'kind', type(model).__name__)!r}")
     return list(dict.fromkeys(silent))
+
+
+def per_layer_costs(model: nn.Module, t: int) -> list[dict[str, Any]] | None:
+    """Each applied block's attention, keys per query and forward FLOPs per token at length t (a hybrid's
+    layers differ); None when a stack does not say which blocks it applies."""
+    blocks = applied_blocks(model)
+    if blocks is None:
+        return None
+    rows = []
+    for i, block in enumerate(blocks):
+        attention = block.attention
+        keys, flops, feed_forward = (
+            attention.keys_per_query(t),
+            attention.forward_flops(t),
+            feed_forward_flops(block, t),
+        )
+        rows.append(
+            {
+                "layer": i,
+                "attention": attention.registry_name or type(attention).__name__,
+                "keys_per_query": None if keys is None else keys.keys,
+                "keys_rule": "unknown" if keys is None else keys.rule,
+                "forward_flops_per_token": None
+                if flops is None or feed_forward is None
+                else (flops.total + feed_forward) / t,
+            }
+        )
+    return rows
 
 
 def describe_costs(model: nn.Module, t: int) -> dict[str, Any]:
@@ -163,7 +200,7 @@ def describe_costs(model: nn.Module, t: int) -> dict[str, Any]:
     keys = keys_per_query(model, t)
     step, forward = step_flops(model, t), forward_flops(model, t)
     output = model.output_flops(t) if callable(getattr(model, "output_flops", None)) else None
-    activations = activation_bytes_per_token(model, t, config.d_model, config.d_ff)
+    activations = activation_bytes_per_token(model, t, config.d_model)
     if activations is not None and keys is not None and keys.upper_bound and "memory" in activations[1]:
         activations = (activations[0], activations[1] + " (at most: the keys/query figure is an upper bound)")
     unknown = "unknown: " + ", ".join(unanswered(model, t)) + " does not say"
@@ -176,4 +213,14 @@ def describe_costs(model: nn.Module, t: int) -> dict[str, Any]:
         "activation_bytes_per_token": None if activations is None else activations[0],
         "activation_mib_per_sequence": None if activations is None else activations[0] * t / 2**20,
         "activation_rule": unknown if activations is None else activations[1],
+        "layers": per_layer_costs(model, t),
+        "feed_forward_rule": feed_forward_rule(model),
     }
+
+
+def feed_forward_rule(model: nn.Module) -> str:
+    """The feed-forward parts' own FLOP rules (one per kind of part the model applies)."""
+    blocks = applied_blocks(model) or []
+    rules = [getattr(block.feed_forward, "flops_rule", None) for block in blocks]
+    said = [rule() for rule in rules if callable(rule)]
+    return "; ".join(dict.fromkeys(said)) if said else "unknown: the feed-forward does not say"

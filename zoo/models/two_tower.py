@@ -37,7 +37,8 @@ class TwoTowerClassifier(ZooModel):
         self.embed = TokenEmbedding(config.vocab_size, d, init_std=config.token_init_std)
         self.position = create_position(config)
         self.drop = nn.Dropout(config.dropout)
-        causal = attention_class(config.attention).causal_only
+        parts = config.attention if isinstance(config.attention, list) else [config.attention]
+        causal = any(attention_class(part).causal_only for part in parts)
         self.stack = build_stack(config, causal=causal, cross=False, n_layers=config.n_layers, position=self.position)
         self.norm = self.final_norm()
         activation = nn.GELU() if config.activation == "gelu" else nn.ReLU()

@@ -79,7 +79,7 @@ def context_refusal(model: nn.Module) -> str | None:
     if reason is not None:
         return reason
     for i, block in enumerate(blocks_of(model)):
-        reason = block.attention.context_refusal()
+        reason = block.attention.context_refusal() or block.feed_forward.context_refusal()
         if reason is not None:
             return f"layer {i}: {reason}"
     return None

@@ -23,6 +23,8 @@ LayerNorm applies to [StopGrad(M), E] on every call (the paper's block): memory 
 stream and is normalised with the current weights inside the graph (``sublayer_input``, passed to
 the attention by ``blocks.Block``).
 
+LayerNorm here is the model's norm axis (``norm=``, :mod:`zoo.norm`), LayerNorm unless set.
+
 Deviations: the stream ends in a final LayerNorm before the LM head (``final_norm``), as in the
 pre-norm stack; the paper feeds the last layer's output to a policy network instead. Dropout, when
 configured, acts on y (the sub-layer output) before the join.
@@ -67,7 +69,7 @@ class GRUGate(Residual):
 
     def __init__(self, d_model: int, dropout: float = 0.0, **options):
         super().__init__(d_model, dropout, **options)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = self.make_norm()
         self.from_y = nn.Linear(d_model, 3 * d_model, bias=False)  # W_r, W_z, W_g
         self.from_x = nn.Linear(d_model, 2 * d_model, bias=False)  # U_r, U_z
         self.from_rx = nn.Linear(d_model, d_model, bias=False)  # U_g, applied to r * x

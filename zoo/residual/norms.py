@@ -1,10 +1,10 @@
 """Residual policies: how a sub-layer's output joins the residual stream.
 
-The three classic ones:
+The three classic ones (Norm: the model's norm axis, LayerNorm unless ``norm=`` names another):
 
-- ``post_norm``: LayerNorm(x + Dropout(Sublayer(x))) (Vaswani et al. 2017, Section 5.4).
-- ``pre_norm``:  x + Dropout(Sublayer(LayerNorm(x))) (Wang et al. 2019, arXiv:1906.01787); the
-  stack then ends in one more LayerNorm (``final_norm``).
+- ``post_norm``: Norm(x + Dropout(Sublayer(x))) (Vaswani et al. 2017, Section 5.4).
+- ``pre_norm``:  x + Dropout(Sublayer(Norm(x))) (Wang et al. 2019, arXiv:1906.01787); the
+  stack then ends in one more Norm (``final_norm``).
 - ``rezero``:    x + alpha * Dropout(Sublayer(x)), alpha a learned scalar initialised to 0, so
   every block starts as the identity (Bachlechner et al. 2020, arXiv:2003.04887).
 """
@@ -21,7 +21,7 @@ from zoo.residual.base import RESIDUAL, AdditiveResidual, Residual
 class PostNorm(Residual):
     def __init__(self, d_model: int, dropout: float = 0.0, **options):
         super().__init__(d_model, dropout, **options)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = self.make_norm()
 
     def join(self, x: Tensor, y: Tensor) -> Tensor:
         return self.norm(x + self.drop(y))
@@ -33,7 +33,7 @@ class PreNorm(AdditiveResidual):
 
     def __init__(self, d_model: int, dropout: float = 0.0, **options):
         super().__init__(d_model, dropout, **options)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = self.make_norm()
 
     def sublayer_input(self, x: Tensor) -> Tensor:
         return self.norm(x)

@@ -11,19 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from zoo.attention.base import ATTENTION, Attention
-from zoo.blocks import Block, FeedForward
-from zoo.config import ModelConfig
+from zoo.blocks import Block
+from zoo.config import ModelConfig, layer_parts, part_label, split_part
+from zoo.feed_forward.base import FeedForward, create_feed_forward
 from zoo.position.base import POSITION, Position
 from zoo.residual.base import RESIDUAL, Residual
 from zoo.stacks.base import STACK, Stack
-
-
-def split_part(part: dict[str, Any] | str) -> tuple[str, dict[str, Any]]:
-    """{"name": "lsh", "n_hashes": 8} -> ("lsh", {"n_hashes": 8})"""
-    if isinstance(part, str):
-        return part, {}
-    options = dict(part)
-    return options.pop("name"), options
 
 
 def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = False, **options: Any) -> Attention:
@@ -34,15 +27,16 @@ def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = Fa
     return ATTENTION.get(name)(d_model, n_heads, causal=causal, **options)
 
 
-def attention_class(part: dict[str, Any] | str) -> type[Attention]:
-    return ATTENTION.get(split_part(part)[0])
+def attention_class(part: dict[str, Any] | str | list) -> type[Attention]:
+    """The class of a part; of a per-layer list's first part."""
+    return ATTENTION.get(split_part(part[0] if isinstance(part, list) else part)[0])
 
 
 def residual_factory(config: ModelConfig) -> Callable[[], Residual]:
     name, options = split_part(config.residual)
     cls = RESIDUAL.get(name)
-    cls(config.d_model, config.dropout, **options)  # validate options now, not on first block
-    return lambda: cls(config.d_model, config.dropout, **options)
+    cls(config.d_model, config.dropout, norm=config.norm, **options)  # validate options now, not on first block
+    return lambda: cls(config.d_model, config.dropout, norm=config.norm, **options)
 
 
 def create_position(config: ModelConfig) -> Position:
@@ -56,14 +50,9 @@ def build_stack(
     """A stack of ``n_layers`` blocks of the configured attention/residual/feed-forward. ``position``: the
     model's position part; one acting inside attention (rope, alibi, t5_bias) is handed to every
     self-attention layer (one part for all, so a learned table is shared by the layers), which applies
-    it or refuses it, with the reason, here. Cross-attention relates two timelines: it gets none."""
-    attn_name, attn_options = split_part(config.attention)
-    attn_cls = ATTENTION.get(attn_name)
-    if attn_cls.causal_only and not causal:
-        raise ValueError(
-            f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another "
-            f"attention for kind={config.kind!r}"
-        )
+    it or refuses it, with the reason, here. Cross-attention relates two timelines: it gets none.
+    ``config.attention`` as a per-layer list (a hybrid) gives layer i the part ``i mod len(list)``."""
+    layers = [attention_part(part, config, causal=causal) for part in layer_parts(config.attention, n_layers)]
     cross_name, cross_options = split_part(config.cross_attention)
     if cross and not ATTENTION.get(cross_name).supports_cross:
         capable = [n for n in ATTENTION.list() if ATTENTION.get(n).supports_cross]
@@ -72,22 +61,25 @@ def build_stack(
             f"cross_attention {cross_name!r} cannot attend to another sequence "
             f"(supports_cross=False{': ' + reason if reason else ''}); choose one of: {', '.join(capable)}"
         )
-    length = attn_cls.length_option
-    if length and attn_options.get(length, 0) == 0:  # 0 / unset: sized by the model's longest sequence
-        attn_options = {**attn_options, length: config.max_len}
     make_residual = residual_factory(config)
 
     def make_block(layer_index: int) -> Block:
-        attention = create_attention(
-            attn_name,
-            d_model=config.d_model,
-            n_heads=config.n_heads,
-            causal=causal,
-            dropout=config.attention_dropout,
-            layer_index=layer_index,
-            position=position,
-            **attn_options,
-        )
+        attn_name, attn_options = layers[layer_index]
+        try:
+            attention = create_attention(
+                attn_name,
+                d_model=config.d_model,
+                n_heads=config.n_heads,
+                causal=causal,
+                dropout=config.attention_dropout,
+                layer_index=layer_index,
+                position=position,
+                **attn_options,
+            )
+        except ValueError as error:
+            if not isinstance(config.attention, list):
+                raise
+            raise type(error)(f"layer {layer_index} ({attn_name}): {error}") from error
         cross_attention = None
         if cross:
             cross_attention = create_attention(
@@ -99,14 +91,20 @@ def build_stack(
                 layer_index=layer_index,
                 **cross_options,
             )
-        feed_forward = FeedForward(
+        return Block(attention, make_feed_forward(), make_residual, cross_attention)
+
+    def make_feed_forward() -> FeedForward:
+        return create_feed_forward(
+            config.feed_forward,
             config.d_model,
             config.d_ff,
-            activation=config.activation,
             dropout=config.dropout,
             chunk_size=config.ff_chunk_size,
+            causal=causal,
+            activation=config.activation,
         )
-        return Block(attention, feed_forward, make_residual, cross_attention)
+
+    make_feed_forward()  # refuse bad options now, before any block
 
     stack_name, stack_options = split_part(config.stack)
     stack_cls = STACK.get(stack_name)
@@ -119,7 +117,34 @@ def build_stack(
             "or turn the stack's signal off (stack.position_signal=false)"
         )
     stack = stack_cls(make_block, n_layers, config.d_model, **stack_options)
-    attentions = [m for m in stack.modules() if isinstance(m, Attention)]
-    for attention in attentions[1:]:  # what a mechanism shares across layers, it says (share_with)
-        attention.share_with(attentions[0])
+    blocks = stack.block_applications()
+    built = {id(block.attention) for block in blocks} if blocks is not None else set()
+    if len({repr(part) for part in layers}) > 1 and len(built) < n_layers:
+        raise ValueError(
+            f"stack {stack_name!r} does not build one block per layer (it re-applies a block), so the per-layer "
+            f"attention list {part_label(config.attention)} cannot be given to its layers; use stack=sequential "
+            "or one attention for every layer"
+        )
+    first: dict[type, Attention] = {}  # what a mechanism shares across layers, it says (share_with): a
+    for attention in (m for m in stack.modules() if isinstance(m, Attention)):  # hybrid's layers per mechanism
+        if type(attention) in first:
+            attention.share_with(first[type(attention)])
+        else:
+            first[type(attention)] = attention
     return stack
+
+
+def attention_part(part: dict[str, Any], config: ModelConfig, *, causal: bool) -> tuple[str, dict[str, Any]]:
+    """One layer's (attention name, options): refused when causal-only in an encoder; a length-sized
+    option left 0 is set to the model's max_len."""
+    attn_name, attn_options = split_part(part)
+    attn_cls = ATTENTION.get(attn_name)
+    if attn_cls.causal_only and not causal:
+        raise ValueError(
+            f"attention {attn_name!r} is causal-only and cannot serve a bidirectional encoder; choose another "
+            f"attention for kind={config.kind!r}"
+        )
+    length = attn_cls.length_option
+    if length and attn_options.get(length, 0) == 0:  # 0 / unset: sized by the model's longest sequence
+        attn_options = {**attn_options, length: config.max_len}
+    return attn_name, attn_options

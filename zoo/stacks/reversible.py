@@ -19,7 +19,7 @@ gradients one layer at a time. So the activations held for backward do not grow 
 - Mixed precision repeats too: backward recomputes each branch under the autocast state the
   forward ran in (:class:`zoo.precision.AutocastState`); recomputed in float32, a bf16 forward's
   inputs would be rebuilt from other branch values and the gradients taken of another function.
-- Chunked feed-forward: G is position-wise, so when ``FeedForward.chunk_size`` is set it is
+- Chunked feed-forward: G is position-wise (a part that is not is refused), so when ``chunk_size`` is set it is
   applied chunk by chunk along the sequence in forward *and* recomputed and differentiated chunk
   by chunk in backward: its [b, t, d_ff] activation never exists for the whole sequence.
 - Gradients of the parameters are returned by the autograd function (they are its inputs), so
@@ -70,6 +70,13 @@ def check_reversible_block(block: Block, layer_index: int) -> None:
             "from one training segment to the next (carries_segment_memory), and recomputing a layer in backward "
             "would replay it against a memory that has moved on; use an attention without segment memory (e.g. lsh, "
             "shared_qk, vanilla without max_cache) or stack=sequential"
+        )
+    if not block.feed_forward.position_wise:
+        raise ValueError(
+            f"stack 'reversible' cannot hold layer {layer_index}: feed_forward {block.feed_forward.registry_name!r} "
+            "reads neighbouring positions, and the reversible coupling runs the feed-forward branch on slices of "
+            "positions without the padding mask; use a position-wise feed-forward (mlp, swiglu, ...) or "
+            "stack=sequential"
         )
     if not block.additive:
         raise ValueError(

@@ -4,9 +4,10 @@ Papers: "Universal Transformers", Dehghani et al. 2019, arXiv:1807.03819 (Sectio
 "Adaptive Computation Time for Recurrent Neural Networks", Graves 2016, arXiv:1603.08983
 (Section 2, eqs. 5-14).
 
-One block (any registered attention, any residual; its feed-forward network is the paper's
-transition function) is applied T times with shared weights. Before every step the coordinate
-signal P^t is added (paper, eq. 3):
+One block (any registered attention, any residual; its feed-forward part is the paper's transition
+function: ``feed_forward=mlp`` its position-wise network, ``feed_forward=sepconv`` its separable
+convolution, or any other part of the feed-forward axis) is applied T times with shared weights.
+Before every step the coordinate signal P^t is added (paper, eq. 3):
 
     P^t[i, 2j] = sin(i / 10000^(2j/d)) + sin(t / 10000^(2j/d))
     P^t[i, 2j+1] = cos(i / 10000^(2j/d)) + cos(t / 10000^(2j/d))
@@ -66,7 +67,6 @@ from zoo.config import require
 from zoo.position.base import check_random_offset_max, sinusoid_table
 from zoo.precision import float32
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
-from zoo.stacks.separable_conv import SeparableConvTransition, check_transition_options
 
 
 @dataclass
@@ -108,8 +108,6 @@ class UniversalStack(Stack):
         position_signal: bool = True  # add the position sinusoid before each step
         timestep_signal: bool = True  # add the step sinusoid before each step
         random_offset_max: int = 0  # training positions start at a random 0..R (Dehghani et al. 2019)
-        transition: str = "ffn"  # ffn (position-wise network) | sepconv (separable convolution, separable_conv.py)
-        kernel_size: int | None = None  # sepconv taps over time; None = 3
 
         def __post_init__(self) -> None:
             require(
@@ -121,7 +119,6 @@ class UniversalStack(Stack):
                 f"epsilon must lie in (0, 1) (halting threshold is 1 - epsilon), got {self.epsilon}",
             )
             require(self.ponder_weight >= 0.0, f"ponder_weight (tau) must be >= 0, got {self.ponder_weight}")
-            check_transition_options(self.transition, self.kernel_size)
             check_random_offset_max(self.random_offset_max)
             require(
                 self.position_signal or not self.random_offset_max,
@@ -132,10 +129,6 @@ class UniversalStack(Stack):
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options: Any):
         super().__init__(make_block, n_layers, d_model, **options)
         self.block = make_block(0)  # shared by every step; step n runs it as layer n - 1 (at_depth)
-        if self.options.transition == "sepconv":  # the paper's other transition function
-            block = self.block
-            kernel_size, causal = self.options.kernel_size, block.attention.causal
-            block.feed_forward = SeparableConvTransition.replacing(block.feed_forward, kernel_size, causal=causal)
         self.steps = self.options.max_steps if (self.options.act and self.options.max_steps) else n_layers
         if self.options.act:
             self.halting = nn.Linear(d_model, 1)
@@ -146,7 +139,7 @@ class UniversalStack(Stack):
 
     @classmethod
     def contract_variants(cls) -> list[dict[str, Any]]:
-        return [{}, {"act": True, "halting_bias": -1.0}, {"transition": "sepconv"}]
+        return [{}, {"act": True, "halting_bias": -1.0}]
 
     def block_applications(self) -> list[Block]:
         return [self.block] * self.steps  # under ACT an upper bound: halted rows leave the batch

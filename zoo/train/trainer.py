@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from zoo.config import part_label
 from zoo.data.base import SPLITS, Task
 from zoo.parallel.context import ContextParallel, context_mesh
 from zoo.precision import autocast
@@ -307,7 +308,7 @@ class Trainer(CheckpointedRun):
         return {
             "status": "finished",
             "model": self.model.config.name,
-            "attention": self.model.config.attention.get("name"),
+            "attention": part_label(self.model.config.attention),
             "data": self.task.registry_name,
             "optimizer": self.optim_opts.describe(),
             "precision": self.opts.precision,

@@ -1,5 +1,6 @@
-"""A researcher's own residual policy: x + sigmoid(g) * Sublayer(LayerNorm(x)), one learned gate g per
-channel (a "gated pre-norm"). Registered as ``plugin_residual`` when imported."""
+"""A researcher's own residual policy: x + sigmoid(g) * Sublayer(Norm(x)), one learned gate g per
+channel (a "gated pre-norm"; Norm the model's norm axis, built with ``make_norm``). Registered as
+``plugin_residual`` when imported."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class GatedPreNorm(AdditiveResidual):
 
     def __init__(self, d_model: int, dropout: float = 0.0, **options):
         super().__init__(d_model, dropout, **options)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = self.make_norm()
         self.gate = nn.Parameter(torch.zeros(d_model))  # sigmoid(0) = 1/2: half of each update at first
 
     def sublayer_input(self, x: Tensor) -> Tensor:

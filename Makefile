@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench peers clean-venv
+.PHONY: demo test test-slow lint docs bench peers clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check zoo experiments tests
+
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
 
 peers: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,peers,references]"

@@ -24,8 +24,8 @@ import torch
 
 from zoo.app.run import load_run
 from zoo.train.eval_protocols import add_protocol_arguments, evaluate_protocol, protocol_settings
-from zoo.train.metrics import evaluate_model
 from zoo.train.options import pick_device
+from zoo.train.scoring import evaluate_model
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -17,7 +17,7 @@ import sys
 from zoo.hub import push_folder
 from zoo.hub.export import export_checkpoint
 from zoo.hub.folder import CONFIG_FILE, NotAZooModel
-from zoo.train.checkpoint import CheckpointError
+from zoo.train.checkpoints.format import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -2,6 +2,7 @@
 imagenet64) write a PNG grid of samples and of completions of the top half of test images.
 
     python experiments/sample.py outputs/.../checkpoints/best.pt --prompt "ROMEO:" --tokens 300
+    python experiments/sample.py outputs/.../checkpoints/best.pt --top-p 0.9 --eos 0 --stream
     python experiments/sample.py outputs/.../checkpoints/last.pt --images 6 --png samples.png
 """
 
@@ -23,8 +24,7 @@ def sample_images(args: argparse.Namespace, task, model, device: torch.device) -
 
     size, n = task.image_size, args.images
     dims = 3 * size * size
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    options = dict(temperature=args.temperature, top_k=args.top_k, greedy=args.greedy, generator=generator)
+    options = generation_options(args, device)
     start = torch.full((n, 1), START, dtype=torch.long, device=device)
     samples = model.generate(start, dims, **options)[:, 1:]
     originals = torch.cat([task.batch("test", i)["targets"][:1] for i in range(n)]).to(device)
@@ -37,6 +37,23 @@ def sample_images(args: argparse.Namespace, task, model, device: torch.device) -
     return path
 
 
+def generation_options(args: argparse.Namespace, device: torch.device) -> dict:
+    """generate()'s keyword arguments from the command line: only what was asked for, so a greedy run
+    passes no sampling option (generate refuses one that would not run)."""
+    options: dict = {"generator": torch.Generator(device=device).manual_seed(args.seed)}
+    if args.greedy:
+        options["do_sample"] = False
+    else:
+        options.update(
+            do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
+        )
+    if args.repetition_penalty != 1.0:
+        options["repetition_penalty"] = args.repetition_penalty
+    if args.eos:
+        options["eos_token_id"] = args.eos
+    return options
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
@@ -46,6 +63,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep tokens up to this mass")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top one's chance")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL's seen-token penalty")
+    parser.add_argument("--eos", type=int, nargs="*", default=[], help="end token ids: a row stops at the first")
+    parser.add_argument("--stream", action="store_true", help="print the text as it is generated")
     parser.add_argument("--greedy", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-path", default="")
@@ -64,12 +86,13 @@ def main(argv: list[str] | None = None) -> str:
         return str(sample_images(args, task, model, device))
     ids = task.encode(args.prompt) if args.prompt else task.batch("val", 0)["tokens"][0, :16].tolist()
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    out = model.generate(
-        prompt, args.tokens, temperature=args.temperature, top_k=args.top_k, greedy=args.greedy, generator=generator
-    )
+    options = generation_options(args, device)
+    if args.stream:  # each token as it comes (a token's text may depend on the next for word tasks)
+        print(task.decode(ids), end="", flush=True)
+        options["streamer"] = lambda tokens: print(task.decode(tokens.tolist()), end="", flush=True)
+    out = model.generate(prompt, args.tokens, **options)
     text = task.decode(out[0].tolist())
-    print(text)
+    print() if args.stream else print(text)
     return text
 
 

@@ -22,7 +22,8 @@ def test_no_code_line_runs_past_the_line_length():
 # -- the house: a folder per axis and job, no import circles (issue 21) ------------------------------
 
 ZOO = ROOT / "zoo"
-TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "blocks.py"}  # DESIGN.md's layout
+# the layout in docs/architecture.md
+TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "precision.py", "blocks.py"}
 
 
 def zoo_imports(path: Path) -> list[tuple[str, bool]]:
@@ -93,3 +94,20 @@ def test_no_import_circles_in_zoo():
         if node not in state:
             visit(node, [node])
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+# the model's floors (axes, heads, presets, data, parallelism) never import the jobs above them (training,
+# the app, benchmarks, sharing, studies): mixed precision lives on the ground floor (zoo/precision.py)
+JOBS = ("train", "app", "bench", "hub", "studies")
+
+
+def test_model_floors_import_no_job_above_them():
+    floors = [d for d in sorted(ZOO.iterdir()) if (d / "__init__.py").is_file() and d.name not in JOBS]
+    upward = [
+        f"{p.relative_to(ROOT)} imports {target}"
+        for floor in floors
+        for p in sorted(floor.rglob("*.py"))
+        for target, _ in zoo_imports(p)
+        if target.startswith(tuple(f"zoo.{job}" for job in JOBS))
+    ]
+    assert not upward, "a model floor importing a job above it:\n" + "\n".join(upward)

@@ -17,6 +17,7 @@ from zoo.attention import ATTENTION, Attention, AttnOutput, create_attention
 from zoo.config import ModelConfig
 from zoo.feed_forward import FEED_FORWARD
 from zoo.hub import from_pretrained, load, save
+from zoo.hub import hf_auto as _hf_auto
 from zoo.models.base import ModelOutput, ModelState
 from zoo.norm import NORM, create_norm
 from zoo.position import POSITION
@@ -24,11 +25,12 @@ from zoo.presets import create_model, list_models, preset_config
 from zoo.registry import UnknownNameError, import_plugins, load_entry_points
 from zoo.residual.base import RESIDUAL
 from zoo.stacks.base import STACK
-from zoo.train.checkpoint import CheckpointError, load_checkpoint
+from zoo.train.checkpoints.format import CheckpointError, load_checkpoint
 
 __version__ = "0.1.0"
 
 load_entry_points()  # parts of installed packages (group transformer_zoo.parts), after the zoo's own
+_hf_auto.install()  # transformers' Auto classes know the zoo, lazily (zoo/hub/hf_auto.py); a no-op without it
 
 
 def list_attention(pattern: str = "*") -> list[str]:

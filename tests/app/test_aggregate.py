@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("hydra")
 
-from app_cli import TOY, read_csv, train_main  # noqa: E402
+from support.app_cli import TOY, read_csv, train_main  # noqa: E402
 
 from zoo.app.aggregate import compare, mean_interval, t_quantile  # noqa: E402
 

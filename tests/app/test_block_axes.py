@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("hydra")
 
-from app_cli import train_main  # noqa: E402
-from app_overrides import TINY  # noqa: E402
+from support.app_cli import train_main  # noqa: E402
+from support.app_overrides import TINY  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import build  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("hydra")
 
 from hydra.errors import ConfigCompositionException  # noqa: E402
-from script_modules import load_script
+from support.script_modules import load_script
 
 import zoo  # noqa: E402
 from zoo.app import sync  # noqa: E402

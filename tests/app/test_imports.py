@@ -20,12 +20,12 @@ import torch
 
 pytest.importorskip("hydra")
 
-from script_modules import load_script
+from support.script_modules import load_script
 
 from zoo.app.compose import compose, explain_overrides  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402
 from zoo.attention.base import ATTENTION  # noqa: E402
-from zoo.train.checkpoint import load_checkpoint  # noqa: E402
+from zoo.train.checkpoints.format import load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "my_research_for_zoo_tests"

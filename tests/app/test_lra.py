@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from script_modules import load_script
+from support.script_modules import load_script
 
 import zoo
 from zoo.data import DataFileNotFound, create_task
@@ -277,7 +277,7 @@ def test_each_format_trains_two_steps_through_the_app(tmp_path, case, cifar_dir)
     pytest.importorskip("hydra")
     from zoo.app.compose import compose
     from zoo.app.run import load_run, run
-    from zoo.train.metrics import evaluate_model
+    from zoo.train.scoring import evaluate_model
 
     overrides = {
         "retrieval": ["experiment=lra_retrieval", f"data.path={write_aan(tmp_path / 'aan')}", "trainer.seq_len=64"],
@@ -424,7 +424,7 @@ def test_every_lra_row_has_the_papers_figures_and_seeds_are_aggregated(tmp_path)
 @pytest.mark.slow
 def test_sweep_lra_at_toy_size_writes_both_tables(tmp_path, monkeypatch):
     pytest.importorskip("hydra")
-    from app_cli import train_main
+    from support.app_cli import train_main
 
     from zoo.data.layouts import write_lra_data_dir
 

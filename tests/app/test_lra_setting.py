@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from script_modules import load_script
+from support.script_modules import load_script
 
 from zoo.app.compose import compose
 from zoo.app.paper import count_parameters, meta_model
@@ -196,38 +196,3 @@ def test_their_run_alone_logs_resumes_and_scores_its_best_state(tmp_path):
     assert [row["step"] for row in rows if "val/accuracy" in row] == [2, 4]
     result = json.loads((run / "result.json").read_text())
     assert result["best_step"] in (2, 4) and 0.0 <= result["test_accuracy"] <= 1.0
-
-
-def test_run_listops_passes_each_runs_overrides_and_runs_lsh_as_their_reformer_2(tmp_path):
-    """results/lra_nystromformer/run_listops.sh with a stand-in for python that records its arguments: a run
-    is a mechanism plus ':'-separated overrides; plain ``lsh`` gets their reformer-2 options; each run goes
-    to listops_<mechanism>_s<seed> and is scored on test after training; a finished run is skipped."""
-    import subprocess
-
-    calls = tmp_path / "calls.txt"
-    stand_in = tmp_path / "python"
-    stand_in.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
-    stand_in.chmod(0o755)
-    out = tmp_path / "runs"
-    for mechanism in ("lsh", "local_1d", "vanilla"):  # as training would make them
-        (out / f"listops_{mechanism}_s3").mkdir(parents=True)
-    (out / "listops_vanilla_s3" / "result.json").write_text("{}")
-    script = Path(__file__).resolve().parents[2] / "results" / "lra_nystromformer" / "run_listops.sh"
-    subprocess.run(
-        ["bash", str(script), str(out), "lsh", "local_1d:attention.block=64:model.dropout=0", "vanilla"],
-        env={"PYTHON": str(stand_in), "SEED": "3", "PATH": "/usr/bin:/bin"},
-        cwd=script.parents[2],
-        check=True,
-    )
-    lines = calls.read_text().splitlines()
-    assert len(lines) == 4  # train + evaluate for lsh and local_1d; vanilla was finished
-    lsh_train, lsh_test, local_train, local_test = (line.split() for line in lines)
-    assert "attention=lsh" in lsh_train and f"hydra.run.dir={out}/listops_lsh_s3" in lsh_train
-    for option in ("n_hashes=2", "n_buckets=64", "chunk_size=64", "attend_across_buckets=true"):
-        assert f"attention.{option}" in lsh_train
-    assert "model.attention_dropout=0" in lsh_train and "seed=3" in lsh_train
-    assert lsh_test[:2] == ["experiments/evaluate.py", f"{out}/listops_lsh_s3/checkpoints/best.pt"]
-    assert "attention=local_1d" in local_train and f"hydra.run.dir={out}/listops_local_1d_s3" in local_train
-    assert "attention.block=64" in local_train and "model.dropout=0" in local_train
-    assert not any(arg.startswith("attention.n_hashes") for arg in local_train)
-    assert local_test[1] == f"{out}/listops_local_1d_s3/checkpoints/best.pt"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from script_modules import load_script
+from support.script_modules import load_script
 
 from zoo.app.compose import compose
 from zoo.app.paper import describe, params_within
@@ -136,7 +136,7 @@ def test_paper_config_runs_end_to_end_at_toy_size(name, tmp_path):
     steps and an evaluation with the paper's protocol (settings scaled to the toy length)."""
     from zoo.app.run import build, run
     from zoo.train.eval_protocols import ProtocolSettings, evaluate_protocol
-    from zoo.train.metrics import evaluate_model
+    from zoo.train.scoring import evaluate_model
 
     paper = as_dict(compose([f"experiment=paper/{name}"]))["paper"]
     overrides = [f"experiment=paper/{name}", *paper["toy"], *toy_data(paper["dataset"], tmp_path), *CPU_SMOKE]

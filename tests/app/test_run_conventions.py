@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_cli import ROOT, TOY, read_csv, train_main  # noqa: E402
+from support.app_cli import ROOT, TOY, read_csv, train_main  # noqa: E402
 
 from zoo.app.compose import CONF_DIR, compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("hydra")
 
-from app_cli import train_main  # noqa: E402
+from support.app_cli import train_main  # noqa: E402
 
 from zoo.app.summary import write_summary  # noqa: E402
 

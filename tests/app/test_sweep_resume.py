@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_cli import TOY, read_csv, snapshot, train_main, train_process  # noqa: E402
+from support.app_cli import TOY, read_csv, snapshot, train_main, train_process  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
-from zoo.train.checkpoint import load_checkpoint  # noqa: E402
+from zoo.train.checkpoints.format import load_checkpoint  # noqa: E402
 
 
 def logged_steps(run_dir: Path) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
 
-from app_cli import TOY, read_csv, train_main  # noqa: E402
+from support.app_cli import TOY, read_csv, train_main  # noqa: E402
 
 TEXT = ["trainer.max_steps=3", "data=char_lm"]
 

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 import torch
 
 from zoo.bench import main
-from zoo.bench.generate import run_generate, state_bytes
-from zoo.bench.variants import Variant
+from zoo.bench.generate import generate_markdown, run_generate, state_bytes
+from zoo.bench.variants import Variant, peer_variant
+
+
+def tiny_run(variants, contexts, **options):
+    shape = dict(d_model=16, heads=2, layers=2, vocab=32, threads=1)
+    return run_generate(variants, contexts, **shape, **options, progress=lambda line: None)
+
+
+# what the command line records about a run, as generate_markdown reads it
+META = {**dict.fromkeys(("command", "machine", "device", "torch", "load_before", "load"), "test"), "threads": 1}
+META.update(batch=1, d_model=16, heads=2, layers=2, vocab=32, new_tokens=3)
 
 
 def test_a_bounded_state_keeps_its_bytes_and_a_dense_one_grows_and_a_refusal_is_listed():
@@ -17,18 +28,7 @@ def test_a_bounded_state_keeps_its_bytes_and_a_dense_one_grows_and_a_refusal_is_
         Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}),
         Variant("universal", "zoo", "universal_transformer"),
     ]
-    rounds, summary = run_generate(
-        variants,
-        [32, 96],
-        new_tokens=2,
-        rounds=1,
-        d_model=16,
-        heads=2,
-        layers=2,
-        vocab=32,
-        threads=1,
-        progress=lambda line: None,
-    )
+    rounds, summary = tiny_run(variants, [32, 96], new_tokens=2, rounds=1)
     rows = {(r["variant"], r["context"]): r for r in summary}
     assert rows["local_1d", 32]["cache_mib"] == rows["local_1d", 96]["cache_mib"]
     assert rows["local_1d", 32]["state_bound"] == 8 + 8 - 1
@@ -55,3 +55,21 @@ def test_the_command_line_writes_the_table_plot_and_csv(tmp_path):
     assert {r["variant"] for r in rows} == {"local_1d", "attention=sparse_fixed attention.stride=8"}
     assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
     assert (tmp_path / "generate.png").stat().st_size > 0 and "tokens/s" in (tmp_path / "generate.md").read_text()
+
+
+def test_hf_llama_generate_is_timed_beside_ours_with_the_bandwidth_bound():
+    """HF's LlamaForCausalLM.generate() decodes from its DynamicCache (cropped back to the prompt every
+    round), and every row carries the bound: batch x copy bandwidth / the state's bytes."""
+    pytest.importorskip("transformers")
+    variants = [Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}), peer_variant("hf_llama")]
+    _, summary = tiny_run(variants, [32, 64], new_tokens=3, rounds=2)
+    rows = {(r["variant"], r["context"]): r for r in summary}
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in summary), [r["status"] for r in summary]
+    hf_32, hf_64 = rows["peer:hf_llama", 32], rows["peer:hf_llama", 64]
+    assert hf_64["cache_mib"] == pytest.approx(
+        hf_32["cache_mib"] * 63 / 31
+    )  # one K and V per prompt token but the last
+    for row in summary:
+        bytes_read = row["cache_mib"] * 2**20
+        assert row["bound_tokens_per_s"] == pytest.approx(row["bandwidth_gib_s"] * 2**30 / bytes_read)
+    assert "bandwidth bound" in generate_markdown(summary, META)

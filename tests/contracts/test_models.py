@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import zoo
+from zoo.precision import autocast
 from zoo.presets.factory import get_preset
-from zoo.train.precision import autocast
 from zoo.train.steps import adam, forward_backward, optimizer_step, total_loss
 
 MODELS = zoo.list_models()
@@ -63,7 +63,7 @@ def test_tiny_preset_learns_a_fixed_batch(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_tiny_preset_trains_under_bf16_autocast(name):
-    """trainer.precision=bf16's step (zoo.train.precision.autocast, the trainer's) on the CPU: the linear
+    """trainer.precision=bf16's step (zoo.precision.autocast, the trainer's) on the CPU: the linear
     layers really run in bfloat16, every loss is finite and the loss falls."""
     torch.manual_seed(0)
     model = tiny(name)

@@ -125,7 +125,7 @@ def test_generate_takes_the_cache_and_equals_recomputing_the_prefix(name):
     hook = model.register_forward_hook(lambda module, args, output: calls.append(args[0].shape[1]))
     cached = model.generate(prompt, 20, greedy=True)
     hook.remove()
-    assert calls == [9] + [1] * 20, "generate() fed the whole prefix instead of one token through the cache"
+    assert calls == [9] + [1] * 19, "generate() fed the whole prefix instead of one token through the cache"
     recomputed = prompt
     with torch.no_grad():
         for _ in range(20):

@@ -16,7 +16,7 @@ from zoo.data import copy_at_distance, create_task
 from zoo.data.algorithmic import EOS, FIRST, algorithmic_batch
 from zoo.data.base import seeded_generator
 from zoo.data.delayed_recall import delayed_recall_batch
-from zoo.train.metrics import evaluate_model
+from zoo.train.scoring import evaluate_model
 
 
 def test_delayed_recall_segments_are_one_stream_in_order():

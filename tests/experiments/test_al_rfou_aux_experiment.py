@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from script_modules import load_script
+from support.script_modules import load_script
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SHAKESPEARE = Path(os.environ.get("ZOO_DATA_DIR", PROJECT_ROOT.parent / "shared" / "data")) / "tinyshakespeare"

@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from script_modules import load_script
+from support.script_modules import load_script
 
 from zoo.residual.gtrxl import GRUGate
 

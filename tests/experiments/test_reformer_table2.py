@@ -7,7 +7,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from script_modules import load_script
+from support.script_modules import load_script
 
 
 def table2_script():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from script_modules import load_script
+from support.script_modules import load_script
 
 import zoo
 from zoo.position.base import POSITION

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from script_modules import load_script
+from support.script_modules import load_script
 
 import zoo
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from script_modules import load_script
+from support.script_modules import load_script
 
 SCRIPT = Path(__file__).parents[2] / "experiments" / "ut_length.py"
 

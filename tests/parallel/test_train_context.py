@@ -15,12 +15,12 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
+from support.app_overrides import TINY  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
 from zoo.parallel.launch import run_ranks  # noqa: E402
-from zoo.train.checkpoint import load_checkpoint  # noqa: E402
+from zoo.train.checkpoints.format import load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["data=char_lm", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.threads=1"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from script_modules import load_script
+from support.script_modules import load_script
 
 import zoo
 from zoo.presets.factory import get_preset

@@ -116,3 +116,23 @@ def test_every_preset_takes_gpt2_or_refuses_with_the_reason(preset):
         assert "init=gpt2" in str(error), str(error)
         return
     assert any(isinstance(m, nn.Linear) and abs(m.weight.std().item() - 0.02) < 0.01 for m in model.modules())
+
+
+# seed 0, each preset's tiny variant: the sum of its initial parameters and the next torch.rand(1), recorded
+# before the norm, feed-forward and init axes; building a model must draw what it drew then (validating a
+# part's options draws nothing), so seeded runs replay. A change that redraws must say so here.
+DRAWN_BEFORE_THE_AXES = {
+    "vanilla_lm": (144.23927913350417, 0.6662487983703613),
+    "universal_transformer": (70.80988649134088, 0.8464396595954895),
+    "gtrxl": (433.13201057126935, 0.965022087097168),
+    "reformer": (173.16573670321668, 0.42856407165527344),
+    "vanilla_seq2seq": (345.4776794403042, 0.5332179069519043),
+}
+
+
+@pytest.mark.parametrize("preset", list(DRAWN_BEFORE_THE_AXES))
+def test_building_draws_what_it_drew_before_the_axes(preset):
+    torch.manual_seed(0)
+    model = zoo.create_model(preset, **get_preset(preset).tiny)
+    total = sum(float(p.detach().double().sum()) for p in model.parameters())
+    assert (total, float(torch.rand(1))) == pytest.approx(DRAWN_BEFORE_THE_AXES[preset], rel=1e-12)

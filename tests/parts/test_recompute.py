@@ -16,7 +16,7 @@ import torch
 import zoo
 from zoo.attention.adaptive_span import blocked_span_attention, span_reach
 from zoo.attention.recompute import recompute_in_backward
-from zoo.train.meter import ActivationMeter
+from zoo.train.activation_meter import ActivationMeter
 
 
 def span_case(dynamic, dtype=torch.float64, seed=0, b=2, h=3, t=13, m=5, k=4):

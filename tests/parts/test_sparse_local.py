@@ -20,7 +20,7 @@ from torch.autograd.graph import saved_tensors_hooks
 import zoo
 from zoo.attention.base import guard_empty_rows, reference_attention
 from zoo.position.base import POSITION
-from zoo.train.meter import ActivationMeter
+from zoo.train.activation_meter import ActivationMeter
 
 # -- the papers' sets, as dense [t, t] masks (i = query row, j = key column) ---------------------
 

@@ -141,7 +141,7 @@ def test_parameter_clip_is_adagrads_and_described():
 
 
 def test_a_resumed_run_takes_the_current_clip():
-    from zoo.train.resume import apply_optim_options
+    from zoo.train.checkpoints.resume import apply_optim_options
 
     saved_options = OptimOptions(name="adagrad", lr=0.07, parameter_clip=0.03, schedule="constant", warmup=0)
     model = torch.nn.Linear(2, 2)

@@ -23,11 +23,11 @@ import zoo
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY, script  # noqa: E402
+from support.app_overrides import TINY, script  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
-from zoo.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
+from zoo.train.checkpoints.format import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
 from zoo.train.steps import TrainingDiverged  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -306,13 +306,13 @@ def test_sigterm_saves_and_prints_the_resume_command(tmp_path):
 
 def test_failed_save_removes_its_temp_file_and_says_no_space(tmp_path, monkeypatch):
     """Before: a failed save left .last.pt.tmp<pid> behind, and a full disk said "enforce fail"."""
-    import zoo.train.checkpoint
+    import zoo.train.checkpoints.format
 
     def full_disk(obj, f, *args, **kwargs):
         f.write(b"partial checkpoint bytes")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(zoo.train.checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(zoo.train.checkpoints.format.torch, "save", full_disk)
     with pytest.raises(CheckpointError, match=rf"no space left on device: {tmp_path / 'checkpoints'}/(best|last).pt"):
         train(tmp_path, "trainer.max_steps=2", "trainer.eval_every=0")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
@@ -431,7 +431,7 @@ def test_trainer_step_is_the_library_step(tmp_path):
     trainer and the benchmark measure activations with one meter."""
     from zoo import bench
     from zoo.app.run import build
-    from zoo.train import meter
+    from zoo.train import activation_meter as meter
     from zoo.train import steps as training
 
     cfg = compose(TINY + ["trainer.max_steps=1", "trainer.eval_every=0", "optim.schedule=constant", "optim.warmup=0"])
@@ -451,7 +451,7 @@ def test_a_data_option_added_since_the_checkpoint_counts_as_its_default():
     """A checkpoint written before a task option existed ran with what is now its default, so it resumes;
     a saved value other than the default still refuses."""
     from zoo.data import TASK
-    from zoo.train.resume import config_diff, task_info, with_new_defaults
+    from zoo.train.checkpoints.resume import config_diff, task_info, with_new_defaults
 
     task = TASK.get("listops")(seq_len=64, batch_size=2, max_length=60, min_length=10)
     saved = task_info(task)

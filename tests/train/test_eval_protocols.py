@@ -18,7 +18,7 @@ from zoo.train.eval_protocols import (
     protocol_settings,
     sliding_batches,
 )
-from zoo.train.metrics import evaluate_model
+from zoo.train.scoring import evaluate_model
 
 
 @pytest.mark.parametrize("n,seq_len,stride", [(50, 8, 1), (50, 8, 3), (50, 8, 8), (9, 8, 4), (5, 8, 2), (100, 16, 5)])

@@ -11,12 +11,12 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY, script  # noqa: E402
+from support.app_overrides import TINY, script  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402
-from zoo.train.checkpoint import CheckpointError  # noqa: E402
+from zoo.train.checkpoints.format import CheckpointError  # noqa: E402
 
 
 def test_a_checkpoint_exports_to_a_folder_that_loads_its_model(tmp_path, text_file):

@@ -11,11 +11,11 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
+from support.app_overrides import TINY  # noqa: E402
 
 from zoo.app import run as app_run  # noqa: E402
 from zoo.app.compose import compose  # noqa: E402
-from zoo.train.precision import check_precision  # noqa: E402
+from zoo.precision import check_precision  # noqa: E402
 
 
 def test_bf16_trains_on_the_cpu_through_the_app(tmp_path, text_file):

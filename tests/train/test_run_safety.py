@@ -19,12 +19,17 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_overrides import TINY  # noqa: E402
-from script_modules import load_script
+from support.app_overrides import TINY  # noqa: E402
+from support.script_modules import load_script
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
-from zoo.train.checkpoint import CheckpointError, UncheckedCheckpointWarning, load_checkpoint, sha256_of  # noqa: E402
+from zoo.train.checkpoints.format import (  # noqa: E402
+    CheckpointError,
+    UncheckedCheckpointWarning,
+    load_checkpoint,
+    sha256_of,
+)
 from zoo.train.rundir import RunDirError  # noqa: E402
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]

@@ -19,19 +19,19 @@ import torch
 
 pytest.importorskip("hydra")
 
-from app_cli import train_main  # noqa: E402
-from app_overrides import TINY  # noqa: E402
-from script_modules import load_script
+from support.app_cli import train_main  # noqa: E402
+from support.app_overrides import TINY  # noqa: E402
+from support.script_modules import load_script
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import load_run, run  # noqa: E402
 from zoo.data import DataFileNotFound  # noqa: E402
-from zoo.train.checkpoint import (  # noqa: E402
+from zoo.train.checkpoints.format import (  # noqa: E402
     CheckpointError,
     load_checkpoint,
     write_checksum,  # noqa: E402
 )
-from zoo.train.metrics import evaluate_model  # noqa: E402
+from zoo.train.scoring import evaluate_model  # noqa: E402
 from zoo.train.steps import TrainingDiverged  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -382,6 +382,15 @@ def test_evaluate_script_carries_memory(tmp_path, text_file, memory_attention, c
     module = load_script(ROOT / "experiments" / "sample.py")
     text = module.main([str(tmp_path / "checkpoints" / "best.pt"), "--prompt", "abc", "--tokens", "5"])
     assert text.startswith("abc") and len(text) == 8
+    # the sampling options users reach for, streamed as they come: what is printed is what is returned
+    capsys.readouterr()
+    options = ["--top-p", "0.9", "--min-p", "0.05", "--repetition-penalty", "1.2", "--stream"]
+    text = module.main([str(tmp_path / "checkpoints" / "best.pt"), "--prompt", "abc", "--tokens", "5", *options])
+    assert capsys.readouterr().out == text + "\n" and len(text) == 8
+    greedy_args = [str(tmp_path / "checkpoints" / "best.pt"), "--prompt", "abc", "--tokens", "5", "--greedy"]
+    first = module.main(greedy_args)[3]  # the first greedy character, made the end token: generation stops there
+    _, task, _, _ = load_run(tmp_path / "checkpoints" / "best.pt")
+    assert module.main([*greedy_args, "--eos", str(task.encode(first)[0])]) == "abc" + first
 
 
 def test_aux_losses_are_added_and_logged_by_name(tmp_path):

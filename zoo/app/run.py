@@ -28,7 +28,7 @@ from zoo.data import TASK, Task, create_task
 from zoo.data.base import metric_higher_is_better
 from zoo.presets.factory import build_model, create_model, model_config_for_task
 from zoo.registry import import_plugins
-from zoo.train.checkpoint import import_recorded, load_checkpoint, seed_everything
+from zoo.train.checkpoints.format import import_recorded, load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
 from zoo.train.options import OptimOptions, TrainerOptions, run_device

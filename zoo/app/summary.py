@@ -45,7 +45,7 @@ from zoo.app.sweep_dir import (
 from zoo.app.sweep_plot import plot
 from zoo.app.sweep_tables import job_table, search_tables, variant_rows, variant_table, verdict_lines
 
-# throughput and memory as zoo.bench names and measures them (zoo.train.meter): tokens_per_s = tokens of a
+# throughput and memory as zoo.bench names and measures them (zoo.train.activation_meter): tokens_per_s = tokens of a
 # forward + backward over its seconds, median after the first step; act_mib = MiB saved for backward
 # in one step (ActivationMeter); gpu_peak_mib = CUDA max allocated (blank on CPU). Process RSS is
 # shared by every run of an in-process sweep, so it cannot compare runs and is not a column.

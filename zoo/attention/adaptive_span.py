@@ -74,13 +74,14 @@ with r = reach, n = ceil(t / a); spans [h] (learned/fixed) or [b, h, t] (dynamic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from zoo.attention.append import AppendStore, append, needs_gradient, new_store, slide
 from zoo.attention.base import (
     ATTENTION,
     Attention,
@@ -100,7 +101,7 @@ from zoo.attention.span_band import (  # noqa: F401  (re-exported: the kernel's 
     span_reach,
 )
 from zoo.config import require
-from zoo.train.precision import float32
+from zoo.precision import float32
 
 MODES = ("learned", "dynamic", "fixed")
 
@@ -113,6 +114,7 @@ class SpanCache:
     x: Tensor | None = None
     pad_mask: Tensor | None = None
     next: int = 0
+    store: AppendStore | None = field(default=None, compare=False, repr=False)  # x views it (append.py)
 
     @property
     def length(self) -> int:
@@ -121,6 +123,7 @@ class SpanCache:
 
 @ATTENTION.register("adaptive_span")
 class AdaptiveSpanAttention(Attention):
+    takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     supports_memory = True  # cache of past inputs, like Transformer-XL's memory
     supports_cross = False
     causal_only = True
@@ -359,7 +362,8 @@ class AdaptiveSpanAttention(Attention):
             }
         cache = None
         if state is not None:
-            cache = self._next_cache(past, state.pad_mask, to_remember(x, layer_input), pad_mask, start + t)
+            remember = to_remember(x, layer_input)
+            cache = self._next_cache(past, state.pad_mask, remember, pad_mask, start + t, state.store)
         return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
     # -- context parallelism (zoo/parallel) ----------------------------------------------------------
@@ -411,10 +415,24 @@ class AdaptiveSpanAttention(Attention):
         return out
 
     def _next_cache(
-        self, past: Tensor | None, past_pad: Tensor | None, x: Tensor, pad_mask: Tensor | None, next_position: int
+        self,
+        past: Tensor | None,
+        past_pad: Tensor | None,
+        x: Tensor,
+        pad_mask: Tensor | None,
+        next_position: int,
+        store: AppendStore | None = None,
     ) -> SpanCache:
-        """The last ``cache_size`` inputs (detached, so no gradient crosses segments)."""
+        """The last ``cache_size`` inputs (detached, so no gradient crosses segments). Without gradient they
+        are appended in place and the window slides over its storage (zoo/attention/append.py); in training
+        the cache is a tensor of its own, since a later segment's graph keeps views of it."""
         keep = self.options.cache_size
-        xs = x.detach() if past is None else torch.cat([past, x.detach()], dim=1)
         pad = join_key_padding(past_pad, 0 if past is None else past.shape[1], pad_mask, x)
-        return SpanCache(xs[:, -keep:], None if pad is None else pad[:, -keep:], next=next_position)
+        pad = None if pad is None else pad[:, -keep:]
+        if needs_gradient(x):
+            xs = x.detach() if past is None else torch.cat([past, x.detach()], dim=1)
+            return SpanCache(xs[:, -keep:], pad, next=next_position)
+        store, (xs,) = new_store([x], [1]) if past is None else append(store, [past], [x], [1])
+        if xs.shape[1] > keep:
+            (xs,) = slide(store, [xs], keep)
+        return SpanCache(xs, pad, next=next_position, store=store)

@@ -36,6 +36,7 @@ SCORES = ("dot", "general", "concat")
 
 @ATTENTION.register("additive")
 class AdditiveAttention(Attention):
+    takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     supports_cross = True
     supports_memory = True  # a KV cache of projected keys and values continues a stream (causal use)
     position_kinds = (
@@ -116,8 +117,8 @@ class AdditiveAttention(Attention):
             positions, key_positions = stream_positions(state, x.shape[1], x.device)
             q, k = self.rotate(q, positions), self.rotate(k, positions)
         if state is not None and context is None:  # self-attention continuing a stream: [cache ; segment]
-            k, v, pad_mask = extend_cache(state, k, v, pad_mask, self.registry_name)
-            new_state = KVCache(k.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1)
+            k, v, pad_mask, store = extend_cache(state, k, v, pad_mask, self.registry_name)
+            new_state = KVCache(k.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1, store=store)
         if context is None:
             bias = self.pair_bias(positions[:, None] - key_positions[None, :], q.dtype)  # [h, t, s] or None
         t, s = q.shape[2], k.shape[2]

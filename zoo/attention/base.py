@@ -54,6 +54,11 @@ if TYPE_CHECKING:
     from zoo.position.base import Position
 
 
+# a state's dataclass field holding one tensor for every row (positions of the kept keys, a pinned feature
+# map): ``field(default=None, metadata=NOT_PER_ROW)``, so beam search's reorder_state leaves it as it is
+NOT_PER_ROW = {"batch": False}
+
+
 @dataclass
 class AttnOutput:
     out: Tensor  # [b, t, d], already output-projected
@@ -144,6 +149,10 @@ class Attention(nn.Module):
     no_cross_reason: ClassVar[str] = ""  # why supports_cross is False, for the builder's error
     content_routed: ClassVar[bool] = False  # which keys a query sees depends on content (LSH buckets):
     # changing any token may reshuffle others' key sets, so causality/padding are checked by gradients
+    # a left-padded batch decodes row by row as each prompt alone (zoo/models/generation.py): the cache keeps
+    # its key padding, padding never updates the state, and which keys a query sees depends on distances only
+    takes_left_padding: ClassVar[bool] = False
+    no_left_padding_reason: ClassVar[str] = ""  # why takes_left_padding is False, for generate()'s refusal
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
     # what consumers read instead of the registry name
@@ -283,6 +292,14 @@ class Attention(nn.Module):
                 "pieces cannot equal one call; only a causal layer continues a stream"
             )
         return None
+
+    def left_padding_refusal(self) -> str | None:
+        """Why this layer, built as it is, cannot decode a left-padded batch so that every row equals its
+        prompt decoded alone, or None when it can (``takes_left_padding``). Asked by ``generate(pad_mask=)``."""
+        if self.takes_left_padding:
+            return None
+        name = self.registry_name or type(self).__name__
+        return f"attention {name!r} {self.no_left_padding_reason or 'does not keep left padding out of its cache'}"
 
     def refuse_state(self, state: Any) -> None:
         """Raise, with the reason, when a self-attention ``state`` is given to a layer that cannot

@@ -35,14 +35,15 @@ Key validity ``valid`` is bool [b or 1, T]: True for a real key (inside the sequ
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, guard_empty_rows, join_key_padding
+from zoo.attention.append import AppendStore, append, needs_gradient, slide
+from zoo.attention.base import NOT_PER_ROW, Attention, AttnOutput, guard_empty_rows, join_key_padding
 from zoo.attention.flex import Rule, flex_attend, use_flex
 from zoo.attention.pair_bias import attend_groups_biased, banded_biased, guard_rows
 
@@ -62,9 +63,10 @@ class PatternCache:
 
     k: Tensor | None = None
     v: Tensor | None = None
-    position: Tensor | None = None
+    position: Tensor | None = field(default=None, metadata=NOT_PER_ROW)  # [n], the same for every row
     valid: Tensor | None = None
     next: int = 0
+    store: AppendStore | None = field(default=None, compare=False, repr=False)  # k, v, position view it
 
     @property
     def length(self) -> int:
@@ -188,20 +190,25 @@ class PatternAttention(Attention):
             )
         positions = torch.arange(cache.next, cache.next + t, device=q.device)
         q, k = self.rotate(q, positions), self.rotate(k, positions)  # cached rotated, at their stream positions
+        store = None
         if cache.k is None:  # nothing earlier: the pattern's own blocked pass is exact and cheapest
             keys, values, key_positions, valid = k, v, positions, pad_mask
             flex = self.on_flex(q.device)
             out = self.attend_flex(q, positions, k, v, positions, pad_mask) if flex else self.attend(q, k, v, pad_mask)
         else:
-            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            key_positions = torch.cat([cache.position, positions])
+            if needs_gradient(k, v):
+                keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+                key_positions = torch.cat([cache.position, positions])
+            else:  # written in place into the cache's storage (zoo/attention/append.py)
+                cached, new = [cache.k, cache.v, cache.position], [k, v, positions]
+                store, (keys, values, key_positions) = append(cache.store, cached, new, [2, 2, 0])
             valid = join_key_padding(cache.valid, cache.length, pad_mask, q.transpose(1, 2))
             # a cache grows every call, and each new shape compiles FlexAttention again: only when asked by name
             if self.backend == "flex" and self.on_flex(q.device):
                 out = self.attend_flex(q, positions, keys, values, key_positions, valid)
             else:
                 out = self.attend_cached(q, positions, keys, values, key_positions, valid)
-        return out, self.kept(keys, values, key_positions, valid, cache.next + t)
+        return out, self.kept(keys, values, key_positions, valid, cache.next + t, store)
 
     def attend_cached(
         self, q: Tensor, positions: Tensor, k: Tensor, v: Tensor, key_positions: Tensor, valid: Tensor | None
@@ -282,12 +289,25 @@ class PatternAttention(Attention):
             out = torch.cat([out, own[:, :, head:]], dim=2)
         return AttnOutput(self.to_out(self.merge_heads(out)))
 
-    def kept(self, k: Tensor, v: Tensor, positions: Tensor, valid: Tensor | None, next_position: int) -> PatternCache:
+    def kept(
+        self,
+        k: Tensor,
+        v: Tensor,
+        positions: Tensor,
+        valid: Tensor | None,
+        next_position: int,
+        store: AppendStore | None = None,
+    ) -> PatternCache:
         """The cache after a call: a bounded pattern keeps its sinks and the newest ``state_bound()``
-        keys, an unbounded one the keys ``still_needed`` names. Detached: no gradient crosses calls."""
+        keys, an unbounded one the keys ``still_needed`` names. Detached: no gradient crosses calls.
+        ``store``: the storage k, v, positions are views of; a window without sinks slides over it (no copy)."""
         bound, n = self.state_bound(), positions.shape[0]
         if bound is None:
             index = self.still_needed(positions, next_position).nonzero().squeeze(1)
+        elif n > bound and store is not None and not self.sinks:
+            k, v, positions = slide(store, [k, v, positions], bound)
+            valid = None if valid is None else valid[:, n - bound :]
+            return PatternCache(k, v, positions, valid, next_position, store)
         elif n > bound:
             sinks = min(int((positions < self.sinks).sum()), bound)
             index = torch.cat(
@@ -298,7 +318,8 @@ class PatternAttention(Attention):
         if index is not None:
             k, v, positions = k.index_select(2, index), v.index_select(2, index), positions[index]
             valid = None if valid is None else valid[:, index]
-        return PatternCache(k.detach(), v.detach(), positions, valid, next_position)
+            store = None
+        return PatternCache(k.detach(), v.detach(), positions, valid, next_position, store)
 
 
 def padded_length(t: int, multiple: int) -> int:

@@ -24,14 +24,14 @@ Padding: a padded key gets phi(k) = 0 (and v = 0), so it adds nothing to S or z.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from zoo.attention.base import Attention, AttnOutput, KeysPerQuery, StateContract, dense_keys
+from zoo.attention.base import NOT_PER_ROW, Attention, AttnOutput, KeysPerQuery, StateContract, dense_keys
 
 CHUNK = 64  # causal chunk length C: the intra-chunk products are C x C, the carried sums one per chunk
 
@@ -47,7 +47,7 @@ class KernelState:
 
     kv: Tensor | None = None
     z: Tensor | None = None
-    features: Tensor | None = None
+    features: Tensor | None = field(default=None, metadata=NOT_PER_ROW)  # [f, k], the same for every row
     seen: int = 0
 
     @property
@@ -126,6 +126,8 @@ class KernelizedAttention(Attention):
     """Base of ``linear`` and ``performer``: q/k/v/output projections around the kernelised product. A
     subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
     this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
+
+    takes_left_padding = True  # padding never enters the running sums (tests/contracts/test_generate.py)
 
     position_kinds = ()
     no_position_reason = (

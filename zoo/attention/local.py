@@ -69,6 +69,11 @@ class Local1DAttention(PatternAttention):
     they change what it sees (the paper's "added at inference" use). The stream keeps the sinks and
     the window's most recent keys: at most k + l_m + l_q - 1 keys, however long the stream."""
 
+    no_left_padding_reason = (
+        "lays its query blocks out by absolute position in the stream, so left padding moves a row's block "
+        "boundaries and the keys each query sees"
+    )
+
     lra_row = "Local Attention"
 
     @dataclass
@@ -206,6 +211,11 @@ def note_not_an_image(t: int, height: int, width: int) -> None:
 
 @ATTENTION.register("local_2d")
 class Local2DAttention(PatternAttention):
+    no_left_padding_reason = (
+        "lays its query blocks out by absolute position in the stream, so left padding moves a row's block "
+        "boundaries and the keys each query sees"
+    )
+
     @dataclass
     class Options:
         width: int = 32  # columns of the raster (for RGB: 3 x image width)

@@ -46,6 +46,7 @@ from zoo.config import require
 
 @ATTENTION.register("longformer")
 class LongformerAttention(PatternAttention):
+    takes_left_padding = True  # the window depends on i - j only; global tokens excepted (left_padding_refusal)
     # its own paths (residue classes of the dilated window, global rows through their own projections) apply
     # no position part: refused rather than silently dropped (PatternAttention's rotation and bias do not reach them)
     position_kinds = ()
@@ -67,6 +68,14 @@ class LongformerAttention(PatternAttention):
             require(self.window >= 2 and self.window % 2 == 0, f"window must be an even int >= 2, got {self.window}")
             require(self.dilation >= 1, f"dilation must be >= 1, got {self.dilation}")
             require(self.global_tokens >= 0, f"global_tokens must be >= 0, got {self.global_tokens}")
+
+    def left_padding_refusal(self) -> str | None:
+        if self.options.global_tokens:
+            return (
+                f"attention 'longformer' makes the stream's first global_tokens={self.options.global_tokens} "
+                "positions global, which are padding in a left-padded row rather than its first tokens"
+            )
+        return super().left_padding_refusal()
 
     @classmethod
     def contract_options(cls) -> dict:

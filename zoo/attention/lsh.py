@@ -88,11 +88,12 @@ from zoo.attention.sorted_chunks import (
     _UnitKeys,
 )
 from zoo.config import require
-from zoo.train.precision import float32
+from zoo.precision import float32
 
 
 @ATTENTION.register("lsh")
 class LSHAttention(SharedQKProjections):
+    takes_left_padding = True  # the bucket cache never keeps padding (lsh_stream.py)
     supports_memory = True  # a bucket cache continues a stream exactly (lsh_stream.py), given n_buckets
     content_routed = True  # the buckets (hence each query's key set) depend on the content
     position_kinds = ("rotary", "pair_bias")  # rotation after hashing; the bias on the sorted chunks' pairs

@@ -26,12 +26,13 @@ Shapes: b batch, h heads, R rounds, N = n_buckets x c cached slots, L = N + t it
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo.attention.append import SlotStore, write_slots
 from zoo.attention.sorted_chunks import MASKED_SCORE, SELF_SCORE
 
 PIECE = 256  # new tokens scored per pass over the cache
@@ -48,6 +49,9 @@ class LSHCache:
     bucket: Tensor | None = None
     position: Tensor | None = None
     next: int = 0
+    # the storage a decode step overwrites in place (zoo/attention/append.py), and this state's write of it
+    store: SlotStore | None = field(default=None, compare=False, repr=False)
+    version: int = 0
 
     @property
     def length(self) -> int:
@@ -185,19 +189,21 @@ def _one_token(
     slot = torch.where(same.sum(-1) < c, empty, oldest)[..., None]  # [b, h, R, 1]
     real = bucket < n_buckets  # padding is never kept
     position = torch.full_like(slot, cache.next)
-    new_position = cache.position.scatter(
-        -1, slot, torch.where(real[..., None], position, cache.position.gather(-1, slot))
-    )
-    new_bucket = cache.bucket.scatter(
-        -1, slot, torch.where(real[..., None], bucket[..., None], cache.bucket.gather(-1, slot))
-    )
     index = slot[..., None].expand(-1, -1, -1, -1, k)
     unit = F.normalize(qk[:, :, 0], dim=-1)[:, :, None, None].expand(-1, -1, rounds, -1, -1)
     keep = real[..., None, None]
-    new_keys = cache.keys.scatter(3, index, torch.where(keep, unit, cache.keys.gather(3, index))).detach()
     value = v[:, :, 0][:, :, None, None].expand(-1, -1, rounds, -1, -1)
-    new_values = cache.values.scatter(3, index, torch.where(keep, value, cache.values.gather(3, index))).detach()
-    return out[:, :, None], LSHCache(new_keys, new_values, new_bucket, new_position, cache.next + 1)
+
+    def write(tensors: list[Tensor]) -> None:  # one slot per round overwritten, in place
+        keys, values, buckets_kept, positions = tensors
+        positions.scatter_(-1, slot, torch.where(real[..., None], position, positions.gather(-1, slot)))
+        buckets_kept.scatter_(-1, slot, torch.where(real[..., None], bucket[..., None], buckets_kept.gather(-1, slot)))
+        keys.scatter_(3, index, torch.where(keep, unit, keys.gather(3, index)))
+        values.scatter_(3, index, torch.where(keep, value, values.gather(3, index)))
+
+    cached = [cache.keys, cache.values, cache.bucket, cache.position]
+    store, version = write_slots(cache.store, cached, cache.version, write)
+    return out[:, :, None], LSHCache(*store.tensors, cache.next + 1, store=store, version=version)
 
 
 def _kept(

@@ -8,7 +8,7 @@ shaped score tensors together and keeps both. :func:`recompute_in_backward` keep
 it, the recomputation of Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost",
 arXiv:1604.06174) applied to one attention call. Gradients are those of the wrapped function
 exactly (the same operations run, with the same random numbers for dropout, under the same
-autocast state: :class:`zoo.train.precision.AutocastState`); the price is one
+autocast state: :class:`zoo.precision.AutocastState`); the price is one
 more forward pass of the attention in backward. The band exists only while one layer's backward
 runs, never for all layers at once.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from zoo.train.precision import AutocastState
+from zoo.precision import AutocastState
 
 
 class _Recomputed(torch.autograd.Function):

@@ -70,6 +70,8 @@ class SharedQKAttention(SharedQKProjections):
     the same parameter names as ``lsh`` so a model trained with one evaluates with the other.
     Dense, O(t^2), through fused SDPA."""
 
+    takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
+
     supports_memory = True  # a KV cache of unit keys and values: a stream continues exactly (causal use)
     # rotation keeps |q|, so the unit keys of rotated queries are the rotated unit keys; the bias joins
     # the [t, s] mask this dense layer builds anyway
@@ -106,8 +108,8 @@ class SharedQKAttention(SharedQKProjections):
         keys, v = F.normalize(q, dim=-1), self.split_heads(self.to_v(x))
         new_state = None
         if state is not None:  # [cache ; segment]: the segment's queries sit at the end
-            keys, v, pad_mask = extend_cache(state, keys, v, pad_mask, self.registry_name)
-            new_state = KVCache(keys.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1)
+            keys, v, pad_mask, store = extend_cache(state, keys, v, pad_mask, self.registry_name)
+            new_state = KVCache(keys.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1, store=store)
         t, s = x.shape[1], keys.shape[2]
         eye = torch.arange(s, device=x.device)[None, :] == torch.arange(t, device=x.device)[:, None] + (s - t)
         allowed = causal_allowed(t, s, x.device) if self.causal else torch.ones(t, s, dtype=torch.bool, device=x.device)

@@ -229,6 +229,8 @@ class FactorisedSparseAttention(PatternAttention):
 
 @ATTENTION.register("sparse_strided")
 class StridedSparseAttention(FactorisedSparseAttention):
+    takes_left_padding = True  # its pattern depends on i - j only
+
     @dataclass
     class Options:
         stride: int = 128  # l; 0 = ceil(sqrt(t)) for each call (the paper's l ~ sqrt(n))

@@ -23,6 +23,11 @@ from zoo.config import require
 
 @ATTENTION.register("sparse_fixed")
 class FixedSparseAttention(FactorisedSparseAttention):
+    no_left_padding_reason = (
+        "fixes its summary columns and blocks at absolute positions (j mod stride), so left padding moves them "
+        "within a row"
+    )
+
     @dataclass
     class Options:
         stride: int = 128  # l, the block length; 0 = ceil(sqrt(t)) for each call

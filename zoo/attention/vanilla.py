@@ -3,7 +3,7 @@
 Paper: "Attention Is All You Need", Vaswani et al. 2017, arXiv:1706.03762, Section 3.2.
 
 Computed through ``torch.nn.functional.scaled_dot_product_attention`` so the fused CPU/GPU kernels
-run. The mask passed to it is the cheapest one that expresses the pattern (measured in DESIGN.md):
+run. The mask passed to it is the cheapest one that expresses the pattern (measured: docs/architecture.md):
 ``is_causal=True`` when there is no padding and no cache offset, a broadcast key-padding mask
 [b, 1, 1, s] when there is padding but no causality, and a full [b, 1, t, s] mask only when causality
 and padding (or a cache offset) must be combined.
@@ -26,12 +26,13 @@ eviction the distances are those inside the cache, as the paper does for Llama-2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zoo.attention.append import AppendStore, append, needs_gradient, new_store, slide
 from zoo.attention.base import (
     ATTENTION,
     Attention,
@@ -56,7 +57,9 @@ class KVCache:
     position of every cached key follows (:meth:`positions`; plain integers, which beam search's
     reordering of batch rows leaves alone).
 
-    ``static`` marks a cross-attention cache (keys/values of the encoder output, computed once)."""
+    ``static`` marks a cross-attention cache (keys/values of the encoder output, computed once).
+    ``store``: the buffers k and v are views of when decoding appends in place (zoo/attention/append.py;
+    None: they are tensors of their own, and the next append copies them into a store)."""
 
     k: Tensor | None = None
     v: Tensor | None = None
@@ -64,6 +67,7 @@ class KVCache:
     static: bool = False
     next: int = 0
     sinks: int = 0
+    store: AppendStore | None = field(default=None, compare=False, repr=False)
 
     @property
     def length(self) -> int:
@@ -79,17 +83,25 @@ class KVCache:
 
 def extend_cache(
     cache: KVCache, k: Tensor, v: Tensor, pad_mask: Tensor | None, name: str | None
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """[cached ; new] keys and values [b, h, m + t, k] and their key padding [b, m + t] (None when
-    none), for a dense self-attention continuing a stream; refuses another batch size or a
-    cross-attention cache."""
+) -> tuple[Tensor, Tensor, Tensor | None, AppendStore | None]:
+    """[cached ; new] keys and values [b, h, m + t, k], their key padding [b, m + t] (None when none)
+    and the store they are views of, for a dense self-attention continuing a stream; refuses another
+    batch size or a cross-attention cache. Without gradient the new entries are appended in place
+    (zoo/attention/append.py); a call that needs gradient through them concatenates (store None)."""
     require(not cache.static, f"{name}: a cross-attention cache was passed to self-attention")
+    grad = needs_gradient(k, v)
     if cache.k is None:
-        return k, v, pad_mask
+        if grad:
+            return k, v, pad_mask, None
+        store, (k, v) = new_store([k, v], [2, 2])
+        return k, v, pad_mask, store
     if cache.k.shape[0] != k.shape[0]:
         raise ValueError(f"{name}: KV cache holds batch size {cache.k.shape[0]}, input has {k.shape[0]}")
     pad_mask = join_key_padding(cache.pad_mask, cache.length, pad_mask, k.transpose(1, 2))
-    return torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2), pad_mask
+    if grad:
+        return torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2), pad_mask, None
+    store, (k, v) = append(cache.store, [cache.k, cache.v], [k, v], [2, 2])
+    return k, v, pad_mask, store
 
 
 def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -104,6 +116,7 @@ def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tup
 
 @ATTENTION.register("vanilla")
 class VanillaAttention(Attention):
+    takes_left_padding = True  # the cache keeps its key padding; sinks excepted (left_padding_refusal)
     supports_memory = True  # KV cache for incremental decoding
     supports_cross = True
     memory_option = "max_cache"
@@ -145,6 +158,14 @@ class VanillaAttention(Attention):
 
     def state_bound(self) -> int | None:
         return self.options.max_cache or None
+
+    def left_padding_refusal(self) -> str | None:
+        if self.options.sinks:
+            return (
+                f"attention 'vanilla' keeps the stream's first sinks={self.options.sinks} positions, which are "
+                "padding in a left-padded row rather than its first tokens"
+            )
+        return super().left_padding_refusal()
 
     def carries_segment_memory(self) -> bool:
         return self.options.max_cache > 0  # an unbounded KV cache is for decoding, not carried in training
@@ -259,8 +280,10 @@ class VanillaAttention(Attention):
             q, k = self.rotate(q, positions), self.rotate(k, positions)
         new_state = None
         if state is not None:
-            k, v, pad_mask = extend_cache(state, k, v, pad_mask, "vanilla")
-            cache = KVCache(k.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1, sinks=state.sinks)
+            k, v, pad_mask, store = extend_cache(state, k, v, pad_mask, "vanilla")
+            cache = KVCache(
+                k.detach(), v.detach(), pad_mask, next=int(positions[-1]) + 1, sinks=state.sinks, store=store
+            )
             new_state = self.evicted(cache)
         if in_cache:  # StreamingLLM: number the keys by their place in the cache, the queries after them
             s = k.shape[2]
@@ -276,6 +299,10 @@ class VanillaAttention(Attention):
         if not keep or n <= keep:
             return cache
         sinks = self.options.sinks
+        if cache.store is not None and not sinks:  # a rolling window over the store, no copy
+            k, v = slide(cache.store, [cache.k, cache.v], keep)
+            pad = None if cache.pad_mask is None else cache.pad_mask[:, n - keep :]
+            return KVCache(k, v, pad, next=cache.next, store=cache.store)
         index = torch.cat([torch.arange(sinks), torch.arange(n - (keep - sinks), n)]).to(cache.k.device)
         pad = None if cache.pad_mask is None else cache.pad_mask[:, index]
         k, v = cache.k.index_select(2, index), cache.v.index_select(2, index)

@@ -115,6 +115,7 @@ def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
 
 @ATTENTION.register("xl_rel")
 class XLRelativeAttention(Attention):
+    takes_left_padding = True  # relative distances; the memory keeps its padding mask
     supports_memory = True  # segment-level recurrence
     supports_cross = False  # keys come from [memory ; x]; relative positions need one timeline
     remembers_inputs = True  # memory = past layer inputs, normalised by the block on every call

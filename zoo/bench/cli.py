@@ -57,8 +57,8 @@ from zoo.bench.measure import rss_child, run, run_paired
 from zoo.bench.report import write_outputs, write_paired
 from zoo.bench.timing import pick_device
 from zoo.bench.variants import add_variant_arguments, parse_set, variants_from_args
+from zoo.precision import check_precision
 from zoo.registry import import_plugins
-from zoo.train.precision import check_precision
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from zoo.bench.timing import rotation
 from zoo.parallel.context import ContextParallel, context_mesh
 from zoo.parallel.launch import run_ranks
 from zoo.presets import create_model
-from zoo.train.meter import ActivationMeter
+from zoo.train.activation_meter import ActivationMeter
 
 
 @dataclass(frozen=True)

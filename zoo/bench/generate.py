@@ -32,8 +32,8 @@ from zoo.bench.report import write_csv
 from zoo.bench.timing import clocked, paired_rounds
 from zoo.bench.variants import Variant, build
 from zoo.models.base import map_tensors
-from zoo.train.meter import synchronize
-from zoo.train.precision import autocast
+from zoo.precision import autocast
+from zoo.train.activation_meter import synchronize
 
 
 def state_bytes(state: Any) -> int:
@@ -74,6 +74,8 @@ def run_generate(
     device = torch.device(device)
     shape = dict(d_model=d_model, heads=heads, layers=layers, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
     stop = {v.label: "" for v in variants}
+    bandwidth = copy_bandwidth(device)  # bytes/s: the state read per token over it bounds tokens/s
+    progress(f"measured copy bandwidth {bandwidth / 2**30:,.1f} GiB/s")
     round_rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
     for context in contexts:
@@ -95,24 +97,33 @@ def run_generate(
             try:
                 model, _ = build(variant, context + new_tokens + 1, shape, overrides or {}, device)
                 model.eval()
-                reason = model.stream_refusal()
-                if reason is not None:
+                hf = variant.kind == "peer" and hasattr(model, "generate")  # an HF model: its generate()
+                reason = "" if hf else peer_refusal(variant) or model.stream_refusal()
+                if reason:
                     row["status"] = f"refused: {reason}"
                     stop[variant.label] = "cannot continue a sequence"
                     continue
                 with torch.no_grad(), autocast(device, variant.precision):
                     synchronize(device)
                     start = time.perf_counter()
-                    out = prefill_state(model, prompt, prefill_chunk)
+                    out = hf_prefill(model, prompt) if hf else prefill_state(model, prompt, prefill_chunk)
                     synchronize(device)
                     prefill = time.perf_counter() - start
+                cache = hf_cache_tensors(out) if hf else out.state
                 row.update(
                     status="ok",
                     prefill_s=prefill,
-                    cache_mib=state_bytes(out.state) / 2**20,
-                    state_bound=layer_bound(model),
+                    cache_mib=state_bytes(cache) / 2**20,
+                    state_bound=None if hf else layer_bound(model),
+                    bound_tokens_per_s=batch * bandwidth / max(state_bytes(cache), 1),
+                    bandwidth_gib_s=bandwidth / 2**30,
                 )
-                steps[variant.label] = clocked(_decoder(model, out, new_tokens, variant.precision), device)
+                decoder = (
+                    _hf_decoder(model, out, prompt, new_tokens)
+                    if hf
+                    else _decoder(model, out, new_tokens, variant.precision)
+                )
+                steps[variant.label] = clocked(decoder, device)
                 if prefill > max_seconds:
                     stop[variant.label] = f"prefill > {max_seconds:.0f} s"
             except Exception as error:  # noqa: BLE001  (recorded in the table, not hidden)
@@ -164,6 +175,53 @@ def _decoder(model: torch.nn.Module, prefilled: Any, new_tokens: int, precision:
     return decode
 
 
+def peer_refusal(variant: Variant) -> str:
+    if variant.kind == "peer":
+        return f"peer {variant.name!r} is timed in training steps only (no cached decoding adapter here)"
+    return ""
+
+
+def hf_prefill(model: torch.nn.Module, prompt: torch.Tensor) -> Any:
+    """An HF model's DynamicCache after all but the last prompt token (its generate() feeds that one)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    model(prompt[:, :-1], cache=cache, use_cache=True)
+    return cache
+
+
+def hf_cache_tensors(cache: Any) -> list[torch.Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def _hf_decoder(model: torch.nn.Module, cache: Any, prompt: torch.Tensor, new_tokens: int) -> Callable[[], None]:
+    """HF's generate() (greedy, exactly ``new_tokens`` tokens, as many forward calls as ours) from the
+    prefilled cache, cropped back to the prompt first (DynamicCache grows in place: states are not values)."""
+    context = prompt.shape[1] - 1
+
+    def decode() -> None:
+        if cache.get_seq_length() > context:
+            cache.crop(context - cache.get_seq_length())
+        options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        model.generate(input_ids=prompt, cache=cache, **options)
+
+    return decode
+
+
+def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + write counted), the best of ``repeats``."""
+    source = torch.empty(mib * 2**20, dtype=torch.uint8, device=device).fill_(1)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() / best
+
+
 def write_generate(
     round_rows: list[dict[str, Any]], summary: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]
 ) -> dict[str, Path]:
@@ -180,6 +238,7 @@ def write_generate(
 
 
 def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    bandwidth = next((r["bandwidth_gib_s"] for r in summary if "bandwidth_gib_s" in r), 0.0)
     lines = [
         f"# {meta.get('title') or 'zoo.bench --generate: decoding through the cache'}",
         "",
@@ -191,10 +250,12 @@ def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> st
         f"{meta['vocab']}; load average before {meta['load_before']}, after {meta['load']}. Each round decodes "
         f"{meta['new_tokens']} tokens one at a time from the same prefilled state, the variants in an order "
         "rotated each round, after one unrecorded warm-up round. cache MiB: every tensor of the model's state "
-        "after the prefill (all layers); bound: the tokens a layer's state holds at most (none = grows).",
+        "after the prefill (all layers); bound: the tokens a layer's state holds at most (none = grows). bandwidth "
+        "bound: batch x measured copy bandwidth / the state's bytes, the tokens/s a step that only reads its "
+        f"state once could reach (weights not counted; copy bandwidth {bandwidth:,.1f} GiB/s).",
         "",
-        "| variant | context | tokens/s (min-max) | cache MiB | bound | prefill s | status |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | context | tokens/s (min-max) | bandwidth bound | cache MiB | bound | prefill s | status |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in summary:
         rate = (
@@ -207,8 +268,10 @@ def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> st
             "" if "cache_mib" not in row else ("none" if row.get("state_bound") is None else f"{row['state_bound']:,}")
         )
         prefill = f"{row['prefill_s']:,.2f}" if "prefill_s" in row else ""
+        limit = f"{row['bound_tokens_per_s']:,.0f}" if "bound_tokens_per_s" in row else ""
         lines.append(
-            f"| {row['variant']} | {row['context']:,} | {rate} | {cache} | {bound} | {prefill} | {row['status']} |"
+            f"| {row['variant']} | {row['context']:,} | {rate} | {limit} | {cache} | {bound} | {prefill} | "
+            f"{row['status']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -38,6 +38,27 @@ def _peer_x_transformers(length: int, shape: dict[str, int]) -> nn.Module:
     )
 
 
+@PEER.register("hf_llama")
+def _peer_hf_llama(length: int, shape: dict[str, int]) -> nn.Module:
+    """HF transformers LlamaForCausalLM (SDPA); --generate decodes with its generate() and DynamicCache"""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=shape["vocab"],
+        hidden_size=shape["d_model"],
+        intermediate_size=shape["d_ff"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["heads"],
+        max_position_embeddings=length,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,  # decode exactly the tokens asked for
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config)
+
+
 @PEER.register("local_attention")
 def _peer_local_attention(length: int, shape: dict[str, int]) -> nn.Module:
     """local-attention LocalTransformer, window 128"""

@@ -13,7 +13,7 @@ experiment scripts that time things all measure here, so a speed-up means the sa
   and no variant always runs first or last. :func:`paired_ratios` turns the rounds into each
   variant's median seconds and its median speed-up over a baseline with the min-max over rounds;
 - activation memory is the bytes of tensors saved for backward, counted by
-  :class:`zoo.train.meter.ActivationMeter` (the trainer's ``act_mib`` too): exact and noise-free on CPU.
+  :class:`zoo.train.activation_meter.ActivationMeter` (the trainer's ``act_mib`` too): exact and noise-free on CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.train.meter import ActivationMeter, synchronize
+from zoo.train.activation_meter import ActivationMeter, synchronize
 from zoo.train.options import pick_device as trainer_pick_device
 
 Step = Callable[[], float]  # runs one step, returns its seconds

@@ -5,7 +5,7 @@ Variants come from the command line: ``--attention a,b`` (mechanisms in a skelet
 ``--model p,q`` (presets), ``--variant key=value ...`` (one variant per flag, as dotted config
 overrides, the app's syntax, merged by :func:`zoo.config.merge_config`), ``--peers`` (other
 libraries, :data:`zoo.bench.peers.PEER`); ``--compile`` adds each one under ``torch.compile``;
-``--precision bf16`` steps every variant under bf16 autocast (:mod:`zoo.train.precision`), and
+``--precision bf16`` steps every variant under bf16 autocast (:mod:`zoo.precision`), and
 ``--precision fp32,bf16`` measures each one beside its bf16 twin (``<label>+bf16``).
 """
 
@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from zoo.bench.peers import PEER
+from zoo.precision import PRECISIONS, autocast
 from zoo.presets.factory import build_model, resolve_preset
-from zoo.train.precision import PRECISIONS, autocast
 from zoo.train.steps import total_loss
 
 
@@ -37,7 +37,7 @@ class Variant:
     name: str
     overrides: dict[str, Any] = field(default_factory=dict)
     compile: bool = False  # the step runs the module under torch.compile (label "<label>+compile")
-    precision: str = "fp32"  # the forward runs under autocast at this precision (zoo/train/precision.py)
+    precision: str = "fp32"  # the forward runs under autocast at this precision (zoo/precision.py)
 
 
 def _literal(text: str) -> Any:
@@ -123,6 +123,7 @@ def build(
             inputs, targets = split_batch(tokens)
             with autocast(tokens.device, variant.precision):
                 logits = forward(inputs)
+                logits = getattr(logits, "logits", logits)  # an HF model returns an output object
                 return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
         return module, peer_loss

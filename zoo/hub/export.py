@@ -17,7 +17,7 @@ from torch import nn
 from zoo.data.base import TASK
 from zoo.hub.folder import write_folder
 from zoo.presets.factory import create_model
-from zoo.train.checkpoint import import_recorded, load_checkpoint
+from zoo.train.checkpoints.format import import_recorded, load_checkpoint
 
 
 def training_record(ckpt: dict[str, Any]) -> dict[str, Any]:

@@ -63,29 +63,37 @@ class ModelState:
     offset: int
     batch_size: int
     signature: str = ""
+    # [b] long or None: left padding of each row, whose positions then start at -shift (its first real
+    # token at 0), as when the row is decoded alone (zoo/models/generation.py)
+    shift: Tensor | None = None
 
 
-def map_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+def map_tensors(state: Any, fn: Callable[[Tensor], Tensor], *, rows_only: bool = False) -> Any:
     """Apply ``fn`` to every tensor inside a (nested) state: lists, tuples, dicts, dataclasses.
-    Used to reorder caches in beam search and to move states between devices."""
+    Used to reorder caches in beam search and to move states between devices. ``rows_only``: skip
+    the dataclass fields a cache marks as shared by every row (``field(metadata={"batch": False})``,
+    ``zoo.attention.base.NOT_PER_ROW``: the kept keys' positions, a pinned feature map)."""
     if isinstance(state, Tensor):
         return fn(state)
     if isinstance(state, list):
-        return [map_tensors(s, fn) for s in state]
+        return [map_tensors(s, fn, rows_only=rows_only) for s in state]
     if isinstance(state, tuple):
-        return tuple(map_tensors(s, fn) for s in state)
+        return tuple(map_tensors(s, fn, rows_only=rows_only) for s in state)
     if isinstance(state, dict):
-        return {k: map_tensors(v, fn) for k, v in state.items()}
+        return {k: map_tensors(v, fn, rows_only=rows_only) for k, v in state.items()}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return dataclasses.replace(
-            state, **{f.name: map_tensors(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init}
-        )
+        mapped = {
+            f.name: map_tensors(getattr(state, f.name), fn, rows_only=rows_only)
+            for f in dataclasses.fields(state)
+            if f.init and not (rows_only and f.metadata.get("batch", True) is False)
+        }
+        return dataclasses.replace(state, **mapped)
     return state
 
 
 def reorder_state(state: Any, index: Tensor) -> Any:
-    """Select batch rows of every tensor in a state (beam search)."""
-    out = map_tensors(state, lambda t: t.index_select(0, index) if t.dim() > 0 else t)
+    """Select batch rows of every tensor in a state (beam search), leaving what is shared by every row."""
+    out = map_tensors(state, lambda t: t.index_select(0, index) if t.dim() > 0 else t, rows_only=True)
     if isinstance(out, (ModelState, Seq2SeqState)):
         out = dataclasses.replace(out, batch_size=int(index.numel()))
     return out
@@ -189,15 +197,18 @@ class ZooModel(nn.Module):
         self-attention (``Attention.stream_refusal``: a layer without a state, a bidirectional one, or
         options whose key sets depend on the whole sequence). None when it can: then feeding a stream
         in pieces with ``state`` equals one call over it."""
-        stack = self.decoding_stack()
-        reason = stack.stream_refusal()
+        reason = self.decoding_stack().stream_refusal()
         if reason is not None:
             return reason
-        for i, block in enumerate(m for m in stack.modules() if isinstance(m, Block)):
+        for i, block in enumerate(self.decoding_blocks()):
             reason = block.attention.stream_refusal() or block.feed_forward.stream_refusal()
             if reason is not None:
                 return f"layer {i}: {reason}"
         return None
+
+    def decoding_blocks(self) -> list[Block]:
+        """The blocks of the stack a state continues, in order."""
+        return [m for m in self.decoding_stack().modules() if isinstance(m, Block)]
 
     def refuse_stream(self) -> None:
         """Raise, with the reason, when this model cannot continue a sequence from a state."""

@@ -117,17 +117,6 @@ def check_count(value: Any, name: str, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
 
 
-def check_sampling(*, temperature: Any, top_k: Any, greedy: Any, generator: Any) -> None:
-    """Arguments of sampling from logits: temperature >= 0 (0 = greedy), top_k >= 0 (0 = all)."""
-    check_type(temperature, float, "temperature")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    check_count(top_k, "top_k", 0)
-    check_type(greedy, bool, "greedy")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ArgumentTypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-
-
 def count_scored(targets: Tensor, pad_mask: Tensor | None) -> Tensor:
     """How many targets enter the loss: not -100 and not padding."""
     scored = targets != IGNORE_INDEX

@@ -1,27 +1,26 @@
 """The causal language model (``kind="lm"``): decoder-only. Token embeddings are scaled by
 sqrt(d_model) and tied to the output projection (Vaswani et al. 2017, Section 3.4); optional
 adaptive input and softmax (:mod:`zoo.models.adaptive_softmax`) and Al-Rfou et al.'s auxiliary
-losses (:mod:`zoo.models.al_rfou_losses`); sampling through the KV cache.
+losses (:mod:`zoo.models.al_rfou_losses`); decoding through the
+caches (:mod:`zoo.models.generation`, :mod:`zoo.models.sampling`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from zoo.config import ModelConfig
+from zoo.config import ModelConfig, check_type
 from zoo.models.adaptive_softmax import adaptive_input_and_softmax
 from zoo.models.al_rfou_losses import AlRfouLosses
 from zoo.models.base import HEAD, ModelOutput, ModelState, TokenEmbedding, ZooModel
-from zoo.models.inputs import (
-    check_count,
-    check_pad_mask,
-    check_sampling,
-    check_targets,
-    check_tokens,
-    count_scored,
-)
+from zoo.models.generation import Step, decode
+from zoo.models.inputs import check_count, check_pad_mask, check_targets, count_scored
 from zoo.models.losses import token_loss
+from zoo.models.sampling import Sampling
 from zoo.stacks.build import build_stack, create_position
 
 
@@ -95,7 +94,9 @@ class CausalLM(ZooModel):
         check_pad_mask(pad_mask, x[..., 0])
         self.check_state(state, b, stack=self.stack)
         offset = state.offset if state is not None else 0
-        x = self.drop(self.position(x, offset))
+        shift = state.shift if state is not None else None
+        # a left-padded row's positions count from its first real token ([b] starts; generation.py)
+        x = self.drop(self.position(x, offset if shift is None else offset - shift))
         auxiliary = self.aux_heads is not None and self.training and targets is not None
         if self.aux_heads is not None:
             self.aux_heads.start(auxiliary)
@@ -117,61 +118,104 @@ class CausalLM(ZooModel):
                 stats = {**stats, "scored": scored}
         new_state = None
         if out.state is not None or state is not None:
-            new_state = ModelState(out.state, offset + t, b, self.signature)
+            new_state = ModelState(out.state, offset + t, b, self.signature, shift)
         return ModelOutput(logits, loss, out.aux, new_state, stats, hidden)
 
-    @torch.no_grad()
+    def left_padding_refusal(self) -> str | None:
+        """Why this model cannot decode left-padded prompts through its caches, or None: it must
+        continue a sequence from a state (the recomputing path would shift the padded rows' patterns), and
+        every layer's cache must keep padding out (``Attention.left_padding_refusal``)."""
+        reason = self.stream_refusal()
+        if reason is not None:
+            return f"it recomputes the prefix each step instead of keeping a state ({reason})"
+        for i, block in enumerate(self.decoding_blocks()):
+            reason = block.attention.left_padding_refusal()
+            if reason is not None:
+                return f"layer {i}: {reason}"
+        return None
+
+    def stream(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        pad_mask: Tensor | None = None,
+        do_sample: bool | None = None,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Step]:
+        """:meth:`generate` one step at a time: yields a :class:`~zoo.models.generation.Step` (the [b]
+        tokens emitted, the raw [b, V] logits, the rows finished) as each token is chosen."""
+        self.require_head("generate() samples from the logits")
+        sampling = sampling_options(do_sample, greedy, temperature, top_k, top_p, min_p, repetition_penalty)
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                yield from decode(
+                    self,
+                    prompt,
+                    max_new_tokens,
+                    sampling=sampling,
+                    pad_mask=pad_mask,
+                    eos_token_id=eos_token_id,
+                    pad_token_id=pad_token_id,
+                    generator=generator,
+                )
+        finally:
+            self.train(was_training)
+
     def generate(
         self,
         prompt: Tensor,
         max_new_tokens: int,
         *,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        greedy: bool = False,
-        generator: torch.Generator | None = None,
+        streamer: Callable[[Tensor], Any] | None = None,
+        **options: Any,
     ) -> Tensor:
-        """Continue ``prompt`` [b, t0] by ``max_new_tokens``; returns [b, t0 + max_new_tokens].
+        """Continue ``prompt`` [b, t0] by up to ``max_new_tokens``; returns [b, t0 + n], n the steps taken
+        (fewer than ``max_new_tokens`` only when every row emitted an end token).
 
-        Mechanisms with a cache/memory see one new token per step; the others recompute the
-        (position-table-limited) prefix each step."""
-        self.require_head("generate() samples from the logits")
-        check_tokens(prompt, "prompt", self.config.vocab_size)
-        check_count(max_new_tokens, "max_new_tokens", 0)
-        check_sampling(temperature=temperature, top_k=top_k, greedy=greedy, generator=generator)
-        was_training = self.training
-        self.eval()
-        tokens = prompt
-        incremental = self.attentions_keep_state()
-        if incremental:  # the cache keeps every position (the recomputing path slides a window instead)
-            self.check_decode_length(prompt.shape[1] + max_new_tokens, "prompt length + max_new_tokens")
-        out = self(prompt, state=self.init_state(prompt.shape[0]) if incremental else None)
-        for _ in range(max_new_tokens):
-            next_token = sample_next(
-                out.logits[:, -1], temperature=temperature, top_k=top_k, greedy=greedy, generator=generator
-            )
-            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-            if incremental:
-                out = self(next_token[:, None], state=out.state)
-            else:
-                out = self(tokens[:, -self.config.max_len :])
-        self.train(was_training)
-        return tokens
+        Options (HF ``generate``'s names): ``pad_mask`` [b, t0] bool for left-padded prompts (True = real
+        token); ``do_sample`` (default: sample unless ``greedy`` or temperature 0), ``temperature``,
+        ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``; ``eos_token_id`` (an int or a list) with
+        per-row stopping, a stopped row emitting ``pad_token_id`` (default the first end token);
+        ``generator`` (a seeded torch.Generator). ``streamer`` is called with each step's [b] tokens as
+        they come. Mechanisms with a cache see one new token per step; the others recompute the
+        (position-table-limited) prefix each step (zoo/models/generation.py)."""
+        pieces = [prompt]
+        for step in self.stream(prompt, max_new_tokens, **options):
+            pieces.append(step.tokens[:, None])
+            if streamer is not None:
+                streamer(step.tokens)
+        return torch.cat(pieces, dim=1)
 
 
-def sample_next(
-    logits: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    greedy: bool = False,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """[b, V] logits -> [b] token ids (argmax, or sampling with temperature and top-k)."""
-    if greedy or temperature <= 0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k:
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+def sampling_options(
+    do_sample: bool | None,
+    greedy: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    repetition_penalty: float,
+) -> Sampling:
+    """The :class:`Sampling` these arguments ask for. ``greedy`` is the older spelling of
+    ``do_sample=False``; left unset, ``do_sample`` samples unless ``greedy`` (the zoo's default)."""
+    check_type(greedy, bool, "greedy")
+    if do_sample is None:
+        do_sample = not greedy
+    elif greedy and do_sample:
+        raise ValueError("greedy=True and do_sample=True ask for opposite things: pass one of them")
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if not do_sample and any(value != Sampling.__dataclass_fields__[key].default for key, value in options.items()):
+        set_ = ", ".join(f"{k}={v}" for k, v in options.items() if v != Sampling.__dataclass_fields__[k].default)
+        raise ValueError(f"{set_} shape sampling, but decoding is greedy (do_sample=False): set do_sample=True")
+    return Sampling(do_sample=do_sample, repetition_penalty=repetition_penalty, **options)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import require
-from zoo.position.base import POSITION, Position, check_random_offset_max, sinusoid_table
+from zoo.position.base import POSITION, Position, check_random_offset_max, last_offset, sinusoid_table
 
 
 @POSITION.register("sinusoidal")
@@ -46,7 +46,7 @@ class SinusoidalPosition(Position):
             require(self.base > 1.0, f"base must be > 1, got {self.base}")
             check_random_offset_max(self.random_offset_max)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         positions = self.positions(x, offset)  # [1, t] or [b, t]
         signal = sinusoid_table(positions.flatten(), self.d_model, self.options.base, dtype=x.dtype)
         return x + signal.view(*positions.shape, self.d_model)
@@ -107,13 +107,13 @@ class LearnedPosition(Position):
     def length_limit(self) -> int:
         return self.max_len  # the table holds positions 0 .. max_len - 1
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         require(
             not self.options.every_layer or self.layer_tables is not None,
             "learned positions with every_layer=true need a model that attaches them to its stack (kind lm)",
         )
         shift_max = self.options.random_offset_max if self.training else 0
-        end = offset + self.sequence_length(x) + shift_max
+        end = last_offset(offset) + self.sequence_length(x) + shift_max
         if end > self.max_len:
             shifted = f" with random_offset_max={shift_max}" if shift_max else ""
             raise ValueError(

@@ -86,9 +86,9 @@ class Position(nn.Module):
         (StreamingLLM's rule, Xiao et al. 2023, Section 3.2); a part's option, False by default."""
         return bool(getattr(self.options, "cache_positions", False))
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x [b, t, d] (x[:, 0] at absolute position ``offset``) plus the part's signal: a part that
-        adds one overrides this; one that acts inside attention (or none) leaves x as it is."""
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """x [b, t, d] (x[:, 0] at absolute position ``offset``, an int or long [b] per row) plus the part's
+        signal: a part that adds one overrides this; one that acts inside attention (or none) leaves x as it is."""
         if self.adds_signal:
             raise NotImplementedError(f"position {self.registry_name!r} sets adds_signal: define forward")
         return x
@@ -140,19 +140,29 @@ class Position(nn.Module):
         when the signal has no limit (sinusoids, no signal). Decoding asks before it starts."""
         return None
 
-    def positions(self, x: Tensor, offset: int) -> Tensor:
+    def positions(self, x: Tensor, offset: int | Tensor) -> Tensor:
         """Absolute positions of ``x`` [b, t, d]: offset + index, [1, t] (broadcast over the batch); in
         training with random_offset_max > 0, [b, t] with a random start u_b in 0..R per sequence. While
-        a sequence is split over ranks (``zoo.parallel``), index = this rank's positions in it."""
+        a sequence is split over ranks (``zoo.parallel``), index = this rank's positions in it.
+
+        ``offset`` long [b] (a left-padded batch decoded row by row, zoo/models/generation.py): [b, t],
+        row i from offset[i]; the pad positions before a row's start read position 0 (never attended)."""
         b, t = x.shape[:2]
         chunk = active_chunk()
         index = torch.arange(t, device=x.device) if chunk is None else chunk.positions(x.device)
+        if isinstance(offset, Tensor):
+            return (index[None] + offset.to(x.device)[:, None]).clamp_min(0)
         index = index + offset
         shift_max = getattr(self.options, "random_offset_max", 0)
         if not (self.training and shift_max):
             return index[None]
         shifts = torch.randint(0, shift_max + 1, (b, 1)).to(x.device)
         return index + shifts
+
+
+def last_offset(offset: int | Tensor) -> int:
+    """The furthest start among the rows of ``offset`` (an int, or long [b] per row)."""
+    return offset if isinstance(offset, int) else int(offset.max())
 
 
 def check_random_offset_max(value: int) -> None:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import require
-from zoo.position.base import POSITION, Position
+from zoo.position.base import POSITION, Position, last_offset
 
 
 @POSITION.register("factorized")
@@ -53,8 +53,8 @@ class FactorizedPosition(Position):
     def length_limit(self) -> int:
         return self.max_len
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        end = offset + self.sequence_length(x)
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        end = last_offset(offset) + self.sequence_length(x)
         if end > self.max_len:
             raise ValueError(
                 f"factorized positions: sequence reaches position {end} but the block table covers max_len="

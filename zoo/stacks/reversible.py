@@ -17,7 +17,7 @@ gradients one layer at a time. So the activations held for backward do not grow 
 - Dropout (and anything else drawing random numbers) repeats exactly: the CPU/CUDA RNG state at
   the start of each branch is recorded in forward and restored for its recomputation.
 - Mixed precision repeats too: backward recomputes each branch under the autocast state the
-  forward ran in (:class:`zoo.train.precision.AutocastState`); recomputed in float32, a bf16 forward's
+  forward ran in (:class:`zoo.precision.AutocastState`); recomputed in float32, a bf16 forward's
   inputs would be rebuilt from other branch values and the gradients taken of another function.
 - Chunked feed-forward: G is position-wise (a part that is not is refused), so when ``chunk_size`` is set it is
   applied chunk by chunk along the sequence in forward *and* recomputed and differentiated chunk
@@ -53,8 +53,8 @@ from torch import Tensor, nn
 
 from zoo.blocks import Block, merge_into, prefixed
 from zoo.parallel.chunk import active_chunk, splitting
+from zoo.precision import AutocastState
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
-from zoo.train.precision import AutocastState
 
 
 def check_reversible_block(block: Block, layer_index: int) -> None:

@@ -65,8 +65,8 @@ from torch import Tensor, nn
 from zoo.blocks import Block, merge_into, prefixed
 from zoo.config import require
 from zoo.position.base import check_random_offset_max, sinusoid_table
+from zoo.precision import float32
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
-from zoo.train.precision import float32
 
 
 @dataclass

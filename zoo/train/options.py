@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from zoo.config import require
+from zoo.precision import PRECISIONS, check_precision
 from zoo.train.adagrad import ParameterClippedAdagrad
-from zoo.train.precision import PRECISIONS, check_precision
 from zoo.train.steps import adam, schedule
 
 
@@ -31,7 +31,7 @@ class TrainerOptions:
     checkpoint_every: int = 0  # steps between last.pt saves besides each evaluation (0 = at evaluations)
     checkpoints: bool = True  # write last.pt / best.pt
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "fp32"  # fp32 | bf16 (autocast, on CUDA and CPU: zoo/train/precision.py)
+    precision: str = "fp32"  # fp32 | bf16 (autocast, on CUDA and CPU: zoo/precision.py)
     carry_state: bool = True  # carry segment memory across steps on contiguous data
     max_time_s: float = 0.0  # stop (and evaluate) after this many seconds of training (0 = no limit)
     resume: str = ""  # a checkpoint path, or "auto" = last.pt of this run directory if present

@@ -2,12 +2,12 @@
 
 Around :mod:`zoo.train.steps`'s step (``forward_backward`` per micro-batch, then ``optimizer_step``:
 aux losses, clipping, schedules, post-step hooks) it adds: the device, optimiser, bf16 autocast (CUDA
-and CPU: :mod:`zoo.train.precision`) and gradient accumulation (:mod:`zoo.train.options`); state carried
+and CPU: :mod:`zoo.precision`) and gradient accumulation (:mod:`zoo.train.options`); state carried
 from step to step on contiguous tasks for every model that keeps segment memory, started with
 ``init_state`` where the streams start over; evaluation every N steps with the task metric
-(:mod:`zoo.train.metrics`), logged (:mod:`zoo.train.loggers`); tokens/s, peak and activation memory
-(:mod:`zoo.train.meter`); checkpoints as data (:mod:`zoo.train.checkpoint`), never with non-finite
-weights nor after a non-finite evaluation, and resuming (:mod:`zoo.train.resume`: the run directory
+(:mod:`zoo.train.scoring`), logged (:mod:`zoo.train.loggers`); tokens/s, peak and activation memory
+(:mod:`zoo.train.activation_meter`); checkpoints as data (:mod:`zoo.train.checkpoints.format`), never with non-finite
+weights nor after a non-finite evaluation, and resuming (:mod:`zoo.train.checkpoints.resume`: the run directory
 claimed and locked for the run, which checkpoint, whether it fits, what changed) so 2 + 2 steps equal
 4 straight, bit for bit; early stopping on the validation metric; a NaN/inf loss stops the run naming
 the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first (:mod:`zoo.train.stop`); the
@@ -34,15 +34,15 @@ from torch import nn
 
 from zoo.data.base import SPLITS, Task
 from zoo.parallel.context import ContextParallel, context_mesh
+from zoo.precision import autocast
 from zoo.train import distributed
-from zoo.train.checkpointing import CheckpointedRun
+from zoo.train.activation_meter import ActivationMeter, peak_memory_mib, synchronize
+from zoo.train.checkpoints.resume import open_run
+from zoo.train.checkpoints.saving import CheckpointedRun
 from zoo.train.debug import StepProfiler, anomaly_detection
-from zoo.train.meter import ActivationMeter, peak_memory_mib, synchronize
-from zoo.train.metrics import evaluate_model, scalar_stats
 from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, run_device
-from zoo.train.precision import autocast
-from zoo.train.resume import open_run
 from zoo.train.rundir import write_text
+from zoo.train.scoring import evaluate_model, scalar_stats
 from zoo.train.steps import (
     TrainingDiverged,
     forward_backward,

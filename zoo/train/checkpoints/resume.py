@@ -1,4 +1,4 @@
-"""The resume policy, beside the checkpoint format (:mod:`zoo.train.checkpoint`): which checkpoint a
+"""The resume policy, beside the checkpoint format (:mod:`zoo.train.checkpoints.format`): which checkpoint a
 run continues, whether it may, and what of today's options applies.
 
 - :func:`open_run` claims the run directory, once per run (locked while the run lasts; one holding
@@ -30,7 +30,7 @@ from torch import nn
 
 from zoo.config import model_defaults
 from zoo.data.base import Task
-from zoo.train.checkpoint import (
+from zoo.train.checkpoints.format import (
     CHECKPOINT_FORMAT,
     CheckpointError,
     complete_saves,
@@ -99,7 +99,7 @@ def run_payload(
     world_size: int,
     config: dict[str, Any],
 ) -> dict[str, Any]:
-    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoint`)."""
+    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoints.format`)."""
     return {
         "format": CHECKPOINT_FORMAT,
         "step": progress.step,

@@ -4,9 +4,9 @@ jobs); and ``script(name)``, the module of ``experiments/<name>.py`` (its ``main
 
 from pathlib import Path
 
-from script_modules import load_script
+from support.script_modules import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = [
     "experiment=tiny",

@@ -12,10 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app_overrides import TINY
-from script_modules import load_script
+from support.app_overrides import TINY
+from support.script_modules import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # a sweep's job: TINY's model and batches, two steps, evaluated once at the end
 TOY = [o for o in TINY if not o.startswith(("trainer.max_steps=", "trainer.eval_every="))]
 TOY += ["trainer.max_steps=2", "trainer.eval_every=0"]

@@ -1,5 +1,5 @@
 """Saving and resuming a training run: the :class:`~zoo.train.trainer.Trainer`'s checkpoint side,
-on :mod:`zoo.train.resume`'s policy and :mod:`zoo.train.checkpoint`'s format.
+on :mod:`zoo.train.checkpoints.resume`'s policy and :mod:`zoo.train.checkpoints.format`'s format.
 
 :class:`CheckpointedRun` is a mixin: it uses the trainer's model, optimiser, schedule, task, options
 (``opts``, ``optim_opts``), process group (``dist``), run directory and claim on it, and keeps the
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.train.checkpoint import save_checkpoint
-from zoo.train.resume import Progress, checked, restore, run_payload
+from zoo.train.checkpoints.format import save_checkpoint
+from zoo.train.checkpoints.resume import Progress, checked, restore, run_payload
 from zoo.train.steps import TrainingDiverged
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class CheckpointedRun:
             self.claim.release()
 
     def payload(self) -> dict[str, Any]:
-        """Everything resume needs, as tensors and plain types (:func:`zoo.train.resume.run_payload`)."""
+        """Everything resume needs, as tensors and plain types (:func:`zoo.train.checkpoints.resume.run_payload`)."""
         progress = Progress(self.step, self.best, self.best_step, self.evals_since_best, self.evaluation)
         return run_payload(
             model=self.model,
@@ -75,7 +75,7 @@ class CheckpointedRun:
         return path
 
     def resume(self, path: str | Path) -> None:
-        """Continue the run saved at ``path`` (refused unless it continues this one: :mod:`zoo.train.resume`)."""
+        """Continue the run saved at ``path`` (refused unless it continues this one: :mod:`.resume`)."""
         ckpt = checked(path, model=self.model, task=self.task, world_size=self.dist.data_world, optim=self.optim_opts)
         progress, self.state = restore(
             ckpt,

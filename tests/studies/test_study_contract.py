@@ -1,0 +1,90 @@
+"""Every registered study, at toy size, through the same entry point as the full size: it trains through
+the app, writes rows.csv, its figures and the README block, and its report re-renders from the rows alone
+(``report_only=true``) to the same text, running nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zoo.app.compose import compose
+from zoo.app.study import run_study
+from zoo.studies import STUDY
+from zoo.studies.common import REPORT_BEGIN, REPORT_END
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def study_app(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "study.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def overrides(options: dict) -> list[str]:
+    def value(v):  # Hydra's override grammar: strings in a list quoted (they may hold '=' or ':')
+        if not isinstance(v, list):
+            return str(v)
+        return "[" + ",".join(f"'{x}'" if isinstance(x, str) else str(x) for x in v) + "]"
+
+    return [f"study.{key}={value(v)}" for key, v in options.items()]
+
+
+def block(readme: Path) -> str:
+    text = readme.read_text()
+    return text[text.index(REPORT_BEGIN) : text.index(REPORT_END)]
+
+
+@pytest.mark.parametrize("name", STUDY.list())
+def test_study_runs_at_toy_size_and_reports_from_its_rows(name, tmp_path):
+    cls = STUDY.get(name)
+    assert cls.toy_options, f"study {name!r} declares no toy_options for this test"
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    args = [f"study={name}", *overrides(cls.toy_options), f"out={out}", f"runs={runs}"]
+    done = study_app(*args)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (out / "rows.csv").stat().st_size > 0
+    for figure in cls.figures:
+        assert (out / figure).stat().st_size > 0, figure
+    first = block(out / "README.md")
+    assert f"Command: `python experiments/study.py study={name}" in first
+    (out / "rows.csv").with_suffix(".bak").write_bytes((out / "rows.csv").read_bytes())
+    for figure in cls.figures:
+        (out / figure).unlink()
+    again = study_app(*args, "report_only=true")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert block(out / "README.md") == first  # the report is a function of the rows
+    assert (out / "rows.csv").read_bytes() == (out / "rows.csv").with_suffix(".bak").read_bytes()  # nothing ran
+    for figure in cls.figures:
+        assert (out / figure).stat().st_size > 0, figure
+
+
+def test_unknown_study_option_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(Exception, match="stepz"):
+        compose(["study=alibi_extrapolation", "study.stepz=3", f"out={tmp_path}"], config_name="study_app")
+    cfg = compose(
+        ["study=alibi_extrapolation", "study.train_len=100", f"out={tmp_path}", f"runs={tmp_path}"],
+        config_name="study_app",
+    )
+    with pytest.raises(ValueError, match="train_len"):  # a value its Options refuse, before anything runs
+        run_study(cfg, [])
+    assert not (tmp_path / "rows.csv").exists()
+
+
+def test_report_only_without_rows_says_so(tmp_path):
+    cfg = compose(
+        ["study=alibi_extrapolation", "report_only=true", f"out={tmp_path}", f"runs={tmp_path}"],
+        config_name="study_app",
+    )
+    with pytest.raises(SystemExit, match="no rows"):
+        run_study(cfg, [])

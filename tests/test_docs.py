@@ -23,7 +23,10 @@ def test_docs_build_strictly(tmp_path):
     pytest.importorskip("mkdocstrings_handlers.python", reason="mkdocstrings-python is in the dev extra")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     problems = [line for line in done.stderr.splitlines() if line.startswith(("WARNING", "ERROR"))]
     assert done.returncode == 0, "\n".join(problems) or done.stderr[-3000:]

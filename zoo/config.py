@@ -24,7 +24,7 @@ from typing import Any, Union
 from zoo.registry import did_you_mean, unknown
 
 IGNORE_INDEX = -100  # a target that is not scored (padding, prompt positions): the data/model contract
-PART_AXES = ("attention", "cross_attention", "residual", "stack", "position", "norm", "feed_forward")
+PART_AXES = ("attention", "cross_attention", "residual", "stack", "position", "norm", "feed_forward", "init")
 # the model's ``activation`` key: the activation of the feed-forward parts that take one (mlp, sepconv)
 ACTIVATIONS = ("relu", "gelu")
 DEFAULT_ACTIVATION = "relu"
@@ -253,6 +253,8 @@ class ModelConfig:
     norm: dict = field(default_factory=lambda: {"name": "layernorm"})
     # the sub-layer after attention in every block (zoo/feed_forward): mlp, swiglu, geglu, reglu, sepconv, ...
     feed_forward: dict = field(default_factory=lambda: {"name": "mlp"})
+    # how the built model's weights are drawn (zoo/init): default = every part's own; gpt2 = N(0, 0.02), depth-scaled
+    init: dict = field(default_factory=lambda: {"name": "default"})
     # LM head: {} = full softmax; {"cutoffs": [...], "div_val": ..., "tie_projections": ...} = adaptive
     # input + adaptive softmax (Baevski & Auli 2019; Grave et al. 2017), see zoo/models/adaptive_softmax.py
     adaptive: dict = field(default_factory=dict)

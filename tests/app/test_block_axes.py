@@ -1,6 +1,6 @@
-"""The norm and feed-forward axes from the command line: ``norm=`` and ``feed_forward=`` are groups of
-their own (generated from the registries), a run with them trains and records them, and the old
-``model.activation`` key still reaches the network."""
+"""The norm, feed-forward and init axes from the command line: ``norm=``, ``feed_forward=`` and ``init=``
+are groups of their own (generated from the registries), a run with them trains and records them, and
+the old ``model.activation`` key still reaches the network."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def test_the_groups_reach_the_built_model():
     assert norms and all(m.options.eps == 0.001 for m in norms)
     assert all(isinstance(b.feed_forward, FEED_FORWARD.get("geglu")) for b in model.stack.blocks)
     assert model.stack.blocks[0].feed_forward.gate_proj.bias is not None
+    _, _, model = build(compose([*base, "model=vanilla_lm", "init=gpt2", "init.scale_depth=false"]))
+    assert model.config.init == {"name": "gpt2", "scale_depth": False} and model.embed.scale == 1.0
     _, _, model = build(compose([*base, "model=vanilla_lm", "model.activation=gelu"]))
     assert (
         model.config.feed_forward == {"name": "mlp"} and model.stack.blocks[0].feed_forward.options.activation == "gelu"

@@ -35,6 +35,8 @@ GROUPS = [
     "stack",
     "position",
     "norm",
+    "feed_forward",
+    "init",
     "data",
     "optim",
     "trainer",

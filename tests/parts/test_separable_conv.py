@@ -186,7 +186,13 @@ def test_hydra_reaches_transition_and_head():
 
 
 def test_a_model_with_sepconv_refuses_a_state_and_the_reversible_stack_with_the_reason():
+    from zoo.parallel.context import context_refusal
+
     model = zoo.create_model("vanilla_lm", **get_preset("vanilla_lm").tiny, feed_forward="sepconv")
     assert "sepconv" in model.stream_refusal()
+    assert "neighbouring positions" in context_refusal(model)  # a chunk on another rank holds them
+    assert (
+        context_refusal(zoo.create_model("vanilla_lm", **get_preset("vanilla_lm").tiny, feed_forward="swiglu")) is None
+    )
     with pytest.raises(ValueError, match="neighbouring positions"):
         zoo.create_model("reformer", **get_preset("reformer").tiny, feed_forward="sepconv")

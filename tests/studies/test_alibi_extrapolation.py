@@ -18,8 +18,16 @@ def rows(changes: dict[str, float]) -> list[dict[str, str]]:
         for seed, offset in ((0, 0.0), (1, 0.2)):
             for length, bpc in ((128, 3.0), (2048, 3.0 + change)):
                 for protocol in ("segment", "sliding"):
-                    out.append(dict(position=position, seed=str(seed), protocol=protocol, eval_len=str(length),
-                                    bpc=str(bpc + offset), load_1min="1.0"))
+                    out.append(
+                        dict(
+                            position=position,
+                            seed=str(seed),
+                            protocol=protocol,
+                            eval_len=str(length),
+                            bpc=str(bpc + offset),
+                            load_1min="1.0",
+                        )
+                    )
     return out
 
 

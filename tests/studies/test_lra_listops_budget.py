@@ -17,8 +17,16 @@ def test_each_runs_overrides_reach_the_app_and_lsh_runs_as_their_reformer_2(tmp_
     def fake_train(overrides, run_dir, **_):
         trained.append((run_dir.name, overrides))
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in (
-            {"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.0}, {"step": 2, "val/accuracy": 0.25})))
+        (run_dir / "metrics.jsonl").write_text(
+            "\n".join(
+                json.dumps(m)
+                for m in (
+                    {"step": 1, "train/loss": 2.0},
+                    {"step": 2, "train/loss": 1.0},
+                    {"step": 2, "val/accuracy": 0.25},
+                )
+            )
+        )
         return run_dir
 
     class Scored:
@@ -30,8 +38,12 @@ def test_each_runs_overrides_reach_the_app_and_lsh_runs_as_their_reformer_2(tmp_
 
     monkeypatch.setattr(study_module, "train", fake_train)
     monkeypatch.setattr(study_module.subprocess, "run", fake_run)
-    study = create_study("lra_listops_budget", StudyPaths(out=tmp_path / "out", runs=tmp_path / "runs"),
-                         runs=["lsh", "local_1d:attention.block=64:model.dropout=0"], seeds=[3])
+    study = create_study(
+        "lra_listops_budget",
+        StudyPaths(out=tmp_path / "out", runs=tmp_path / "runs"),
+        runs=["lsh", "local_1d:attention.block=64:model.dropout=0"],
+        seeds=[3],
+    )
     study.run()
     (lsh_dir, lsh), (local_dir, local) = trained
     assert lsh_dir == "listops_lsh_s3" and "attention=lsh" in lsh and "seed=3" in lsh
@@ -45,7 +57,9 @@ def test_each_runs_overrides_reach_the_app_and_lsh_runs_as_their_reformer_2(tmp_
     rows = Rows(study.rows_path, ("run", "kind", "step")).read()
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [(r["run"], r["dev_accuracy"], r["train_loss_since_last_eval"]) for r in evals] == [
-        ("listops_lsh_s3", "25.00", "1.5000"), ("listops_local_1d_s3", "25.00", "1.5000")]
+        ("listops_lsh_s3", "25.00", "1.5000"),
+        ("listops_local_1d_s3", "25.00", "1.5000"),
+    ]
     assert {r["test_of_best"] for r in rows if r["kind"] == "final"} == {"30.00% (best checkpoint: step 2)"}
     study.run()  # everything finished and recorded: scored once, no row twice
     assert len(scored) == 2 and len(Rows(study.rows_path, ("run",)).read()) == len(rows)

@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def study_app(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "experiments" / "study.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "study.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def overrides(options: dict) -> list[str]:
@@ -66,15 +72,19 @@ def test_study_runs_at_toy_size_and_reports_from_its_rows(name, tmp_path):
 def test_unknown_study_option_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(Exception, match="stepz"):
         compose(["study=alibi_extrapolation", "study.stepz=3", f"out={tmp_path}"], config_name="study_app")
-    cfg = compose(["study=alibi_extrapolation", "study.train_len=100", f"out={tmp_path}", f"runs={tmp_path}"],
-                  config_name="study_app")
+    cfg = compose(
+        ["study=alibi_extrapolation", "study.train_len=100", f"out={tmp_path}", f"runs={tmp_path}"],
+        config_name="study_app",
+    )
     with pytest.raises(ValueError, match="train_len"):  # a value its Options refuse, before anything runs
         run_study(cfg, [])
     assert not (tmp_path / "rows.csv").exists()
 
 
 def test_report_only_without_rows_says_so(tmp_path):
-    cfg = compose(["study=alibi_extrapolation", "report_only=true", f"out={tmp_path}", f"runs={tmp_path}"],
-                  config_name="study_app")
+    cfg = compose(
+        ["study=alibi_extrapolation", "report_only=true", f"out={tmp_path}", f"runs={tmp_path}"],
+        config_name="study_app",
+    )
     with pytest.raises(SystemExit, match="no rows"):
         run_study(cfg, [])

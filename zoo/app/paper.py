@@ -98,7 +98,7 @@ def count_parameters(model) -> dict[str, int]:
     return {"params": total, "params_embedding_and_head": io, "params_blocks": total - io}
 
 
-DESCRIBED_AXES = ("attention", "residual", "stack", "position", "norm", "feed_forward")
+DESCRIBED_AXES = ("attention", "residual", "stack", "position", "norm", "feed_forward", "init")
 
 
 def describe(overrides: list[str]) -> dict[str, Any]:

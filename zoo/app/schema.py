@@ -6,7 +6,7 @@ OmegaConf then type-checks values and, because structured configs are closed, re
 schema lacks at compose time (``attention.n_hashs=8``). The schemas are generated, never hand-written:
 
 - ``schema/<axis>/<name>`` for each part axis (``attention``, ``residual``, ``stack``, ``position``,
-  ``norm``, ``feed_forward``):
+  ``norm``, ``feed_forward``, ``init``):
   ``name`` + the fields of ``<REGISTRY>.get(name).Options``, every one optional with default null.
   Null means *unset*: the preset's own value when the preset uses that part, else the part's
   default. Anything else is a value the user (or an experiment file) set, and it reaches the model
@@ -34,6 +34,7 @@ from zoo.attention.base import ATTENTION
 from zoo.config import ModelConfig, field_types, require
 from zoo.data import TASK
 from zoo.feed_forward.base import FEED_FORWARD
+from zoo.init.base import INIT
 from zoo.norm.base import NORM
 from zoo.position.base import POSITION
 from zoo.presets import MODEL
@@ -53,6 +54,7 @@ PART_GROUPS: dict[str, Registry[Any]] = {
     "position": POSITION,
     "norm": NORM,
     "feed_forward": FEED_FORWARD,
+    "init": INIT,
 }
 
 
@@ -208,6 +210,7 @@ class RootSchema:
     position: Any = None  # null: the preset's position signal; likewise
     norm: Any = None  # null: the preset's norm; likewise
     feed_forward: Any = None  # null: the preset's feed-forward part; likewise
+    init: Any = None  # null: the preset's initialisation scheme; likewise
     data: Any = REQUIRED
     optim: Any = REQUIRED
     trainer: Any = REQUIRED

@@ -95,6 +95,10 @@ class FeedForward(nn.Module):
         """How ``forward_flops`` counts, for describe's report."""
         raise NotImplementedError
 
+    def output_projection(self) -> nn.Linear:
+        """The map that writes into the residual stream (init schemes scale it by depth, zoo/init/gpt2.py)."""
+        raise NotImplementedError
+
     def halo(self) -> tuple[int, int]:
         """(positions before, positions after) of the input that an output position reads beyond its
         own: (0, 0) for a position-wise part."""

@@ -74,6 +74,9 @@ class GatedFeedForward(FeedForward):
     def activation_bytes_per_token(self) -> float:
         return 4 * BF16_BYTES * self.hidden  # the gate's pre-activation, act(gate), up(x), down's input
 
+    def output_projection(self) -> nn.Linear:
+        return self.down_proj
+
     def flops_rule(self) -> str:
         return f"{self.registry_name}: gate, up, down = 6 t d h (h = {self.hidden})"
 

@@ -55,5 +55,8 @@ class MLP(FeedForward):
     def activation_bytes_per_token(self) -> float:
         return 2 * BF16_BYTES * self.d_ff  # the activation's input and W2's input
 
+    def output_projection(self) -> nn.Linear:
+        return self.w2
+
     def flops_rule(self) -> str:
         return "mlp: W1, W2 = 4 t d d_ff"

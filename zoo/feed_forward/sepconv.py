@@ -117,6 +117,9 @@ class SeparableConvTransition(FeedForward):
         # conv1's pointwise input (d wide), the activation's input, conv2's depthwise and pointwise inputs
         return BF16_BYTES * (self.d_model + 3 * self.d_ff)
 
+    def output_projection(self) -> nn.Linear:
+        return self.conv2.pointwise
+
     def flops_rule(self) -> str:
         return f"sepconv: two separable convolutions (k = {self.options.kernel_size}), 2 t (k d + 2 d d_ff + k d_ff)"
 

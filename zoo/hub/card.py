@@ -50,7 +50,11 @@ def parts(config: dict[str, Any]) -> str:
         options = ", ".join(f"{k} {v}" for k, v in part.items())
         return f"`{name}`" + (f" ({options})" if options else "")
 
-    axes = [axis for axis in ("attention", "residual", "stack", "position", "norm", "feed_forward") if axis in config]
+    axes = [
+        axis
+        for axis in ("attention", "residual", "stack", "position", "norm", "feed_forward", "init")
+        if axis in config
+    ]
     if config["kind"] == "seq2seq":
         axes.insert(1, "cross_attention")
     return ", ".join(one(axis) for axis in axes)

@@ -32,6 +32,7 @@ from zoo.attention.base import ATTENTION
 from zoo.config import PART_AXES
 from zoo.feed_forward.base import FEED_FORWARD
 from zoo.hub.card import model_card
+from zoo.init.base import INIT
 from zoo.models.base import HEAD
 from zoo.norm.base import NORM
 from zoo.position.base import POSITION
@@ -55,6 +56,7 @@ REGISTRIES = {
     "position": POSITION,
     "norm": NORM,
     "feed_forward": FEED_FORWARD,
+    "init": INIT,
 }
 
 

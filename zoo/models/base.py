@@ -114,6 +114,11 @@ class TokenEmbedding(nn.Module):
         self.scale = math.sqrt(d_model) if init_std == 0 else 1.0
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * (init_std or d_model**-0.5))
 
+    def reset(self, std: float) -> None:
+        """A plain table N(0, std) read unscaled (what ``init_std`` > 0 builds): the init schemes' tables."""
+        self.scale = 1.0
+        nn.init.normal_(self.weight, std=std)
+
     def forward(self, tokens: Tensor) -> Tensor:
         check_tokens(tokens, self.name, self.vocab_size)
         vectors = F.embedding(tokens.long(), self.weight)

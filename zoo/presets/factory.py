@@ -13,6 +13,7 @@ from typing import Any
 
 from zoo.config import ModelConfig, resolve_model_config
 from zoo.data.base import Task
+from zoo.init import initialise
 from zoo.models.base import HEAD, ZooModel
 from zoo.registry import Registry
 
@@ -73,8 +74,9 @@ def preset_config(name: str, **overrides: Any) -> ModelConfig:
 
 
 def build_model(config: ModelConfig) -> ZooModel:
-    """The model a resolved config describes (the head its ``kind`` names)."""
-    return HEAD.get(config.kind)(config)
+    """The model a resolved config describes (the head its ``kind`` names), initialised by its
+    ``init`` scheme (zoo/init)."""
+    return initialise(HEAD.get(config.kind)(config), config.init)
 
 
 def create_model(name: str, **overrides: Any) -> ZooModel:

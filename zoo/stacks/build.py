@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from zoo.attention.base import ATTENTION, Attention
 from zoo.blocks import Block
 from zoo.config import ModelConfig, layer_parts, part_label, split_part
@@ -104,7 +106,8 @@ def build_stack(
             activation=config.activation,
         )
 
-    make_feed_forward()  # refuse bad options now, before any block
+    with torch.device("meta"):  # refuse bad options now, before any block, drawing nothing from the RNG
+        make_feed_forward()
 
     stack_name, stack_options = split_part(config.stack)
     stack_cls = STACK.get(stack_name)

@@ -501,8 +501,11 @@ class Attention(nn.Module):
 
     # -- head reshapes -----------------------------------------------------------------------
     def split_heads(self, x: Tensor) -> Tensor:
-        """[b, t, h*k] -> [b, h, t, k] (h = n_kv_heads for grouped keys and values)"""
-        return rearrange(x, "b t (h k) -> b h t k", k=self.head_dim)
+        """[b, t, h*k] -> [b, h, t, k]: h = n_kv_heads for grouped keys and values (width n_kv_heads * head_dim),
+        else n_heads. Split by the head count, not the head width: a mechanism whose per-head width is its own
+        (Based's feature_dim, RetNet's and GLA's expand_k / expand_v) keeps n_heads heads."""
+        grouped = self.n_kv_heads != self.n_heads and x.shape[-1] == self.n_kv_heads * self.head_dim
+        return rearrange(x, "b t (h k) -> b h t k", h=self.n_kv_heads if grouped else self.n_heads)
 
     @staticmethod
     def merge_heads(x: Tensor) -> Tensor:

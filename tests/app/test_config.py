@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+import torch
 
 pytest.importorskip("hydra")
 
@@ -337,3 +338,23 @@ def test_model_tiny_starts_from_the_presets_tiny_variant():
         3,
         {"name": "vanilla", "max_cache": 4},
     )
+
+
+def test_every_lm_presets_tiny_variant_takes_the_tiny_trainers_sequence():
+    """``sweep=all_lm experiment=tiny``: al_rfou_lm's tiny variant held a 64-row position table while
+    trainer=tiny feeds 128 tokens. A tiny variant's max_len is a size, raised to the trainer's sequence;
+    a max_len the user sets is still kept (and refused when too short)."""
+    seq_len = compose(["experiment=tiny"]).trainer.seq_len
+    for preset in zoo.list_models():
+        if zoo.preset_config(preset).kind != "lm":
+            continue
+        config = zoo.app.resolve.model_config(
+            zoo.app.resolve.as_dict(compose(["experiment=tiny", f"model={preset}"])), min_len=seq_len
+        )
+        assert config.max_len >= seq_len, preset
+    _, task, model = build(compose(["experiment=tiny", "model=al_rfou_lm", "trainer.batch_size=1"]))
+    tokens = torch.zeros(1, task.seq_len, dtype=torch.long)
+    assert model(tokens, targets=tokens).loss.isfinite()
+    with pytest.raises(ValueError, match="max_len=64"):
+        _, _, model = build(compose(["experiment=tiny", "model=al_rfou_lm", "model.max_len=64"]))
+        model(tokens)

@@ -333,8 +333,10 @@ def resolve_model_config(
     for layer in layers:
         merged = merge_config(merged, {k: v for k, v in layer.items() if k != "name"})
     merged["name"] = name
-    if min_len and merged["max_len"] < min_len and not any(
-        "max_len" in layer and not isinstance(layer, PresetSize) for layer in layers
+    if (
+        min_len
+        and merged["max_len"] < min_len
+        and not any("max_len" in layer and not isinstance(layer, PresetSize) for layer in layers)
     ):
         merged["max_len"] = min_len
     return ModelConfig(**merged)

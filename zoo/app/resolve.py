@@ -43,8 +43,9 @@ def model_layers(cfg: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """(preset, layers) from the ``model`` node and the part groups, in the order they apply.
 
     ``model.tiny=true`` starts from the preset's registered tiny variant (its vocabulary excepted:
-    the task sets it; its ``max_len`` is raised to the task's sequence); the user's ``model.*`` keys and then the part groups (``attention``,
-    ``residual``, ``stack``, ``position``) go on top, so a key the user set always wins. A part
+    the task sets it; its ``max_len`` is raised to the task's sequence); the user's ``model.*`` keys
+    and then the part groups (``attention``, ``residual``, ``stack``, ``position``) go on top, so a key
+    the user set always wins. A part
     group naming the preset's own part tweaks it; naming another swaps it (``merge_config``)."""
     model = set_keys(cfg["model"])
     preset = model.pop("preset")

@@ -24,9 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.app.paper import check_paper_data
 from zoo.app.resolve import as_dict, model_layers
 from zoo.app.schema import LoggerOptions, to_options
+from zoo.attention.base import ATTENTION
 from zoo.data import TASK, Task, create_task
 from zoo.data.base import metric_higher_is_better
-from zoo.presets.factory import build_model, create_model, model_config_for_task
+from zoo.models.base import HEAD
+from zoo.presets.factory import build_model, create_model, model_config_for_task, preset_config
 from zoo.registry import import_plugins
 from zoo.train.checkpoint import import_recorded, load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
@@ -49,6 +51,17 @@ def optimisation_direction(data_name: str) -> str:
 
 
 OmegaConf.register_new_resolver("zoo_direction", optimisation_direction, replace=True)
+
+
+def attention_for(preset: str) -> str:
+    """Every registered mechanism preset ``preset``'s head can run, comma-separated for a sweep's
+    params: chosen by the head's ``attention_directions`` and the mechanisms' own flags (an LM takes
+    those with a causal form), so a mechanism registered later joins. ``${zoo_attention_for:${model.preset}}``."""
+    head = HEAD.get(preset_config(preset).kind)
+    return ",".join(name for name in ATTENTION.list() if head.takes_attention(ATTENTION.get(name)))
+
+
+OmegaConf.register_new_resolver("zoo_attention_for", attention_for, replace=True)
 
 
 def make_task(cfg: dict[str, Any]) -> Task:

@@ -34,6 +34,7 @@ from zoo.train.checkpoint import import_recorded, load_checkpoint, seed_everythi
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
 from zoo.train.options import OptimOptions, TrainerOptions, run_device
+from zoo.train.output_checks import check_output
 from zoo.train.rundir import make_dir, run_id, write_text
 from zoo.train.trainer import Trainer
 
@@ -161,9 +162,14 @@ def run(
     """Train and evaluate one configuration; returns the final validation metric. ``on_claimed(run_dir)``
     is called once the run owns its directory, before it trains (a sweep's job marks it as its own)."""
     check_run(as_dict(cfg))
-    resolved, task, model = build(cfg)
     hydra_dir, name, group = hydra_context()
     run_dir = Path(run_dir) if run_dir is not None else hydra_dir
+    check_output(run_dir)  # before any work: a read-only file system, a parent that is a file
+    resolved, task, model = build(cfg)
+    if trainer_options(resolved).checkpoints:  # a file-size limit below the checkpoint, before training
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
+        weights = sum(storages.values())  # a tied tensor is saved once
+        check_output(run_dir, checkpoint=run_dir / "checkpoints" / "last.pt", checkpoint_bytes=weights)
     name = resolved.get("name") or name
     loggers = make_loggers(resolved, run_dir, name, group)  # they write nothing before the trainer claims run_dir
     trainer = Trainer(

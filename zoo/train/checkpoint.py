@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from zoo.registry import import_plugins
+from zoo.train.output_checks import file_size_limit
 from zoo.train.rundir import open_exclusive, safe_path
 
 CHECKPOINT_FORMAT = "transformer-zoo/checkpoint/v2"
@@ -287,12 +288,13 @@ def sweep_temp_files(directory: str | Path) -> list[Path]:
     return stale
 
 
-def _no_space(exc: BaseException) -> bool:
+def _os_errno(exc: BaseException) -> int | None:
+    """The errno of the first ``OSError`` in ``exc``'s chain, or None."""
     while exc is not None:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc.errno
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str | Path | None = None) -> Path:
@@ -314,10 +316,17 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str |
         os.replace(tmp, path)  # a kill here: the new checkpoint, the old sidecar and the pending one
         os.replace(pending, checksum_path(path))
     except Exception as exc:
+        written = tmp.stat().st_size if tmp.is_file() else 0
         for leftover in (tmp, pending):
             if os.path.lexists(leftover):
                 os.unlink(leftover)
-        if _no_space(exc):
+        limit = file_size_limit()
+        if limit is not None and (written >= limit or _os_errno(exc) == errno.EFBIG):
+            raise CheckpointError(  # torch's zip writer says only "unexpected pos"
+                f"cannot write checkpoint {path}: the file-size limit (ulimit -f, RLIMIT_FSIZE) of {limit:,} bytes "
+                f"cut it off ({type(exc).__name__}: {str(exc)[:200]}); raise the limit (ulimit -f unlimited)"
+            ) from None
+        if _os_errno(exc) == errno.ENOSPC:
             free = shutil.disk_usage(path.parent).free
             raise CheckpointError(
                 f"no space left on device: {path} (could not write the checkpoint; {free / 2**20:.1f} MiB free there)"

@@ -81,7 +81,7 @@ def test_random_blocks_are_seeded_distinct_and_every_key_counts_once():
 
 
 def biased_reference(q, k, v, allowed, bias):
-    """softmax(q k^T / sqrt(k) + bias) v over the allowed pairs: q, k, v [b, h, t, k], allowed [h, t, s], bias [h, t, s]."""
+    """softmax(q k^T / sqrt(k) + bias) v over the allowed pairs: q, k, v [b, h, t, k], allowed and bias [h, t, s]."""
     scores = torch.einsum("bhtk,bhsk->bhts", q, k) * q.shape[-1] ** -0.5 + bias
     weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
     return weights @ v

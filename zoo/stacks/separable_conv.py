@@ -23,8 +23,8 @@ Padding: positions marked as padding (pad_mask False) are zeroed before each dep
 so what padded positions hold never reaches a real one (their own outputs are not meaningful).
 
 Deviations: the paper gives no kernel size; the default (3) and one size for both layers are ours.
-The Universal Transformer keeps no state across calls, so the convolution needs no cache of the
-last k - 1 inputs.
+The Universal Transformer refuses a state with this transition (``UniversalStack.stream_refusal``), so
+the convolution needs no cache of the last k - 1 inputs.
 
 Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real); conv layout [b, d, t].
 """

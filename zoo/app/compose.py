@@ -28,6 +28,7 @@ from zoo.app.schema import PART_GROUPS, register_schemas
 from zoo.app.sweep_dir import LaunchRefused, SweepIncomplete
 from zoo.presets import preset_config
 from zoo.registry import did_you_mean, import_plugins
+from zoo.train.output_checks import OutputNotWritable, os_error_cause, unwritable_reason
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra re-raises instead of printing and exiting when it is set
@@ -205,8 +206,6 @@ def output_refusal(exc: BaseException, argv: list[str] = ()) -> str | None:
     (an ``OSError`` raised from Hydra's own code, or naming the directory ``argv`` asked for: a
     read-only file system, a parent that is a file, a file-size limit), the path and the cause; the
     app's own refusal (``OutputNotWritable``) as it is; None for any other failure."""
-    from zoo.train.output_checks import OutputNotWritable, os_error_cause, unwritable_reason
-
     if isinstance(exc, OutputNotWritable):
         return str(exc)
     if not isinstance(exc, OSError):

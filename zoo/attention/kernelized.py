@@ -151,7 +151,8 @@ class KernelizedAttention(Attention):
     no_position_reason = (
         "it forms no score per query-key pair: every query reads the same sums S = sum_j phi(k_j) v_j^T and "
         "z = sum_j phi(k_j), while a bias b(i - j) weights each key differently for each query, so exp(b(i - j)) "
-        "would have to factor as f(i) g(j) to enter the sums (T5's buckets and a symmetric |i - j| never do)"
+        "would have to factor as f(i) g(j) to enter the sums: T5's buckets and a symmetric |i - j| never do (causal "
+        "ALiBi's exp(-m (i - j)) does, as a per-head decay of the sums, which is not offered here)"
     )
 
     supports_memory = True  # causal: the running sums, constant size

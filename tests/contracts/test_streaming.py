@@ -72,6 +72,14 @@ def test_a_causal_lm_streams_exactly_or_refuses_the_state(name):
     assert state.offset == total
 
 
+def test_every_causal_mechanism_continues_a_stream():
+    """The README's claim, "every causal mechanism continues a sequence from its state": before, sinkhorn and
+    synthesizer refused a state (both can continue exactly: a causal sort of earlier blocks, a score row over
+    earlier positions). Every mechanism with a causal form streams in a causal LM under its contract options."""
+    refusing = {name: lm(name).stream_refusal() for name in NAMES if ATTENTION.get(name).supports_causal}
+    assert not {name: reason for name, reason in refusing.items() if reason}, refusing
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if ATTENTION.get(n).supports_memory])
 def test_a_bounded_mechanism_streams_in_constant_memory(name):
     """Where the layer says its state is bounded (state_bound), the model's state stops growing: the same

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import zoo
+from tests.contracts.test_streaming import stream
 from zoo.config import ModelConfig
 from zoo.data.algorithmic import algorithmic_batch, score, vocab_size
 from zoo.position.base import sinusoid_table
@@ -214,12 +215,8 @@ def test_a_fixed_depth_universal_transformer_streams_with_a_cache_per_step():
     with torch.no_grad():
         whole = lm(tokens).logits
         for pieces in ([1] * 17, [5, 1, 11]):
-            state, outs, start = lm.init_state(2), [], 0
-            for n in pieces:
-                out = lm(tokens[:, start : start + n], state=state)
-                state, start = out.state, start + n
-                outs.append(out.logits)
-            torch.testing.assert_close(torch.cat(outs, 1), whole, atol=1e-5, rtol=1e-5)
+            logits, state = stream(lm, tokens, pieces)
+            torch.testing.assert_close(logits, whole, atol=1e-5, rtol=1e-5)
     assert len(state.layers.steps) == 3 and state.layers.offset == 17
 
 

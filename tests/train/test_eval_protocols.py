@@ -160,6 +160,6 @@ def test_stream_equals_memory_where_the_memory_holds_every_earlier_token(tmp_pat
 
 def test_stream_protocol_refuses_a_model_that_cannot_continue_a_sequence(tmp_path):
     task = text_task(tmp_path)
-    model = zoo.create_model("universal_transformer", vocab_size=256, d_model=16, n_layers=2, n_heads=2, d_ff=32)
-    with pytest.raises(ValueError, match="cannot continue a sequence.*universal"):
+    model = zoo.create_model("universal_transformer_act", vocab_size=256, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    with pytest.raises(ValueError, match="cannot continue a sequence.*universal.*act=true"):
         evaluate_protocol(model, task, "test", ProtocolSettings(protocol="stream", batch_size=2))

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-path", default="", help="the data file, if it moved since training (data.path)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="", help="also write the result as JSON here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (--protocol runs)")
     add_protocol_arguments(parser)
     args = parser.parse_args(argv)
     _, task, model, ckpt = load_run(
@@ -47,7 +48,15 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     settings = protocol_settings(args, ckpt.get("config") or {})
     if settings is not None:
-        result = evaluate_protocol(model, task, args.split, settings, max_batches=args.batches, device=device)
+        result = evaluate_protocol(
+            model,
+            task,
+            args.split,
+            settings,
+            max_batches=args.batches,
+            device=device,
+            show_progress=not args.no_progress,
+        )
     else:
         result = evaluate_model(model, task, args.split, args.batches, device=device)
     result.update(

@@ -1,6 +1,7 @@
 """(Re)write conf/<axis>/<name>.yaml for every registered attention, residual, stack and position,
 conf/data/<task>.yaml for every registered task (and its named setups), and conf/model/<preset>.yaml
-for every registered preset lacking one, from the registries (see zoo/app/sync.py).
+for every registered preset lacking one, from the registries (see zoo/app/sync.py); and the README's
+mechanism x position-scheme table from the parts' answers (zoo/app/position_table.py).
 
     python experiments/sync_configs.py            # write
     python experiments/sync_configs.py --check    # exit 1 listing mismatches, write nothing
@@ -12,9 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from zoo.app.position_table import rewrite, table, written
 from zoo.app.sync import check, sync
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+README = CONF.parent / "README.md"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check:
         problems = check(args.conf)
+        if args.conf == CONF and written(README.read_text()) != table():
+            problems.append(f"stale: the mechanism x position table in {README}")
         for line in problems:
             print(line)
         print(
@@ -33,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1 if problems else 0
     changes, problems = sync(args.conf)
+    if args.conf == CONF and rewrite(README):
+        changes.append(f"updated the mechanism x position table in {README}")
     for line in changes + problems:
         print(line)
     if not changes:

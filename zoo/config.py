@@ -424,6 +424,12 @@ def model_defaults() -> dict[str, Any]:
     }
 
 
+class PresetSize(dict):
+    """A layer of the preset's own sizes (its registered tiny variant, ``model.tiny=true``), not a user's
+    ask: its ``max_len`` is a default like the preset's, raised to the longest sequence the model will be
+    fed, so a tiny variant trains on whatever sequence the trainer sets."""
+
+
 def resolve_model_config(
     name: str, preset: Mapping[str, Any], layers: Sequence[Mapping[str, Any]] = (), *, min_len: int = 0
 ) -> ModelConfig:
@@ -433,12 +439,17 @@ def resolve_model_config(
     in order, each merged by :func:`merge_config` (nested dicts merge; naming a different part swaps
     it; a later layer wins). ``name`` is the preset's name whatever a layer says. ``min_len``: the
     longest sequence the model will be fed; ``max_len`` (the position table) is raised to it unless
-    a layer sets ``max_len`` (then the model refuses longer sequences, as asked)."""
+    a layer sets ``max_len`` (then the model refuses longer sequences, as asked; a :class:`PresetSize`
+    layer's ``max_len`` is raised like the preset's)."""
     merged = merge_config(model_defaults(), preset)
     for layer in layers:
         merged = merge_config(merged, {k: v for k, v in layer.items() if k != "name"})
     merged["name"] = name
-    if min_len and merged["max_len"] < min_len and not any("max_len" in layer for layer in layers):
+    if (
+        min_len
+        and merged["max_len"] < min_len
+        and not any("max_len" in layer and not isinstance(layer, PresetSize) for layer in layers)
+    ):
         merged["max_len"] = min_len
     return ModelConfig(**merged)
 
@@ -447,6 +458,7 @@ __all__ = [
     "ACTIVATIONS",
     "DEFAULT_ACTIVATION",
     "ModelConfig",
+    "PresetSize",
     "ArgumentTypeError",
     "layer_parts",
     "part_label",

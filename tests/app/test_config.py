@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+import torch
 
 pytest.importorskip("hydra")
 
@@ -340,3 +341,53 @@ def test_model_tiny_starts_from_the_presets_tiny_variant():
         3,
         {"name": "vanilla", "max_cache": 4},
     )
+
+
+def test_every_lm_presets_tiny_variant_takes_the_tiny_trainers_sequence():
+    """``sweep=all_lm experiment=tiny``: al_rfou_lm's tiny variant held a 64-row position table while
+    trainer=tiny feeds 128 tokens. A tiny variant's max_len is a size, raised to the trainer's sequence;
+    a max_len the user sets is still kept (and refused when too short)."""
+    seq_len = compose(["experiment=tiny"]).trainer.seq_len
+    for preset in zoo.list_models():
+        if zoo.preset_config(preset).kind != "lm":
+            continue
+        config = zoo.app.resolve.model_config(
+            zoo.app.resolve.as_dict(compose(["experiment=tiny", f"model={preset}"])), min_len=seq_len
+        )
+        assert config.max_len >= seq_len, preset
+    _, task, model = build(compose(["experiment=tiny", "model=al_rfou_lm", "trainer.batch_size=1"]))
+    tokens = torch.zeros(1, task.seq_len, dtype=torch.long)
+    assert model(tokens, targets=tokens).loss.isfinite()
+    with pytest.raises(ValueError, match="max_len=64"):
+        _, _, model = build(compose(["experiment=tiny", "model=al_rfou_lm", "model.max_len=64"]))
+        model(tokens)
+
+
+def test_attention_seed_sweep_chooses_mechanisms_by_their_flags():
+    """``sweep=attention_seed experiment=tiny`` listed bigbird, linformer and nystromformer (no causal
+    form) in an LM, and 9 of its jobs failed: the sweep asks the preset's head and the mechanisms' flags,
+    so a mechanism registered later joins (or stays out) by its flags alone."""
+    from zoo.attention.base import ATTENTION
+    from zoo.attention.vanilla import VanillaAttention
+
+    cfg = compose(["sweep=attention_seed", "experiment=tiny"], return_hydra_config=True)
+    listed = cfg.hydra.sweeper.params.attention.split(",")
+    causal = [name for name in zoo.list_attention() if ATTENTION.get(name).supports_causal]
+    assert listed == causal and "vanilla" in listed and "linformer" not in listed
+    encoder = compose(["sweep=attention_seed", "experiment=tiny", "model=bigbird_classifier"], return_hydra_config=True)
+    assert "linformer" in encoder.hydra.sweeper.params.attention.split(",")
+
+    class LaterCausal(VanillaAttention):
+        pass
+
+    class LaterEncoderOnly(VanillaAttention):
+        supports_causal, no_causal_reason = False, "a test part"
+
+    ATTENTION.register("zz_later_causal")(LaterCausal)
+    ATTENTION.register("zz_later_encoder")(LaterEncoderOnly)
+    try:
+        listed = zoo.app.run.attention_for("vanilla_lm").split(",")
+        assert "zz_later_causal" in listed and "zz_later_encoder" not in listed
+    finally:
+        ATTENTION.unregister("zz_later_causal")
+        ATTENTION.unregister("zz_later_encoder")

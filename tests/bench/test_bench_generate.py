@@ -26,7 +26,7 @@ def test_a_bounded_state_keeps_its_bytes_and_a_dense_one_grows_and_a_refusal_is_
     variants = [
         Variant("local_1d", "zoo", "vanilla_lm", {"attention": {"name": "local_1d", "block": 8, "memory": 8}}),
         Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}),
-        Variant("universal", "zoo", "universal_transformer"),
+        Variant("universal", "zoo", "universal_transformer_act"),  # ACT: refuses a state
     ]
     rounds, summary = tiny_run(variants, [32, 96], new_tokens=2, rounds=1)
     rows = {(r["variant"], r["context"]): r for r in summary}
@@ -34,7 +34,9 @@ def test_a_bounded_state_keeps_its_bytes_and_a_dense_one_grows_and_a_refusal_is_
     assert rows["local_1d", 32]["state_bound"] == 8 + 8 - 1
     assert rows["vanilla", 96]["cache_mib"] == 3 * rows["vanilla", 32]["cache_mib"]  # one K and V per token
     assert rows["vanilla", 32]["state_bound"] is None
-    assert rows["universal", 32]["status"].startswith("refused: stack 'universal' keeps no state")
+    assert rows["universal", 32]["status"].startswith(
+        "refused: stack 'universal' keeps no state between calls with act"
+    )
     assert rows["universal", 96]["status"].startswith("skipped")
     assert all(r["tokens_per_s"] > 0 for r in summary if r["status"] == "ok")
     assert {r["variant"] for r in rounds} == {"local_1d", "vanilla"}

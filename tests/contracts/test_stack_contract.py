@@ -8,8 +8,8 @@ option set of its ``contract_variants()``:
   (a stack re-applying one block numbers its steps as layers, so depth-dependent patterns vary);
 - cross-attention stats come back beside self-attention ones (``layer<i>/cross/<name>``), not over them
   (``supports_cross``);
-- with ``keeps_state``: the state has one entry per layer and a sequence fed in two calls equals one
-  call; without it: a state is refused;
+- when it streams (``keeps_state`` and no ``stream_refusal``): the state has one entry per layer (step)
+  and a sequence fed in two calls equals one call; otherwise a state is refused;
 - with ``needs_additive``: a block that is not additive is refused at build time;
 - ``forward`` takes no ``offset`` (positions belong to the model's position module).
 
@@ -115,10 +115,18 @@ def test_cross_attention_stats_sit_beside_self_attention_stats(name, variant):
     torch.testing.assert_close(out.aux["probe"], total)
 
 
+def streams(name: str, variant: dict) -> bool:
+    """Whether the stack, built with these options, threads state (its own answer: ``stream_refusal``)."""
+    return STACK.get(name).keeps_state and probe_stack(name, variant).stream_refusal() is None
+
+
+STREAMING = [streams(*c) for c in CASES]
+
+
 @pytest.mark.parametrize(
     "name,variant",
-    [c for c in CASES if STACK.get(c[0]).keeps_state],
-    ids=[i for c, i in zip(CASES, IDS) if STACK.get(c[0]).keeps_state],
+    [c for c, s in zip(CASES, STREAMING) if s],
+    ids=[i for i, s in zip(IDS, STREAMING) if s],
 )
 def test_state_threads_one_entry_per_layer(name, variant):
     """A stateful attention (the first registered one with supports_memory and a plain KV cache
@@ -135,7 +143,8 @@ def test_state_threads_one_entry_per_layer(name, variant):
     with torch.no_grad():  # generation and evaluation: every stack that keeps state threads it here
         whole = stack(x, state=stack.init_state(2))
         first = stack(x[:, :4], state=stack.init_state(2))
-        assert isinstance(first.state, list) and len(first.state) == LAYERS
+        per_layer = first.state if isinstance(first.state, list) else first.state.steps  # universal: per step
+        assert len(per_layer) == LAYERS
         second = stack(x[:, 4:], state=first.state)
     torch.testing.assert_close(torch.cat([first.x, second.x], dim=1), whole.x, rtol=1e-5, atol=1e-5)
     try:  # with gradients: the same, or a refusal that says why (a stack that recomputes in backward)
@@ -148,12 +157,12 @@ def test_state_threads_one_entry_per_layer(name, variant):
 
 @pytest.mark.parametrize(
     "name,variant",
-    [c for c in CASES if not STACK.get(c[0]).keeps_state],
-    ids=[i for c, i in zip(CASES, IDS) if not STACK.get(c[0]).keeps_state],
+    [c for c, s in zip(CASES, STREAMING) if not s],
+    ids=[i for i, s in zip(IDS, STREAMING) if not s],
 )
 def test_stateless_stack_refuses_a_state(name, variant):
     stack = probe_stack(name, variant)
-    assert stack.init_state(2) is None
+    assert stack.init_state(2) is None and stack.stream_refusal()
     with pytest.raises(ValueError, match="state"):
         stack(torch.randn(2, T, D), state=[object()] * LAYERS)
 

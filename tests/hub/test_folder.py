@@ -143,8 +143,22 @@ def test_a_folder_of_another_library_is_refused(tmp_path, config, message):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(NotAZooModel, match=message):
         zoo.from_pretrained(folder)
-    with pytest.raises(NotAZooModel, match="not a transformer-zoo model"):  # and not overwritten by a save
+    written = (folder / "config.json").read_text()
+    overwrite = rf"save_pretrained will not overwrite {re.escape(str(folder / 'config.json'))}: .*not a transformer-zoo"
+    with pytest.raises(NotAZooModel, match=overwrite):  # and not overwritten by a save, which says so
         model.save_pretrained(folder)
+    assert (folder / "config.json").read_text() == written
+
+
+def test_save_pretrained_into_a_run_directory_names_the_config_it_will_not_overwrite(tmp_path):
+    """A run directory holds the run's own config.json: the refusal is about overwriting it (which
+    file), not about loading."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"model": {"preset": "vanilla_lm"}, "trainer": {}}))
+    with pytest.raises(NotAZooModel, match=r"will not overwrite .*run/config\.json") as refused:
+        tiny("vanilla_lm").save_pretrained(run_dir)
+    assert "load it" not in str(refused.value).split("(")[0]
 
 
 def test_a_newer_config_version_is_refused_with_the_upgrade(tmp_path):

@@ -130,6 +130,7 @@ MATRIX = [
         segments=3,
     ),
     Case("linear_padded", "vanilla_lm", {"attention": {"name": "linear"}}, pad=True),
+    Case("linear_rope", "vanilla_lm", {"attention": {"name": "linear"}, "position": "rope"}),  # rotated features
     Case(
         "longformer_padded",
         "vanilla_lm",

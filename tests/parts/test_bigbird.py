@@ -78,3 +78,43 @@ def test_random_blocks_are_seeded_distinct_and_every_key_counts_once():
     allowed[:, blocks == n - 1] = True
     expected = attn.to_out(attn.merge_heads(reference_attention(q, k, v, allowed[None])))
     torch.testing.assert_close(attn(x).out, expected, rtol=1e-10, atol=1e-10)
+
+
+def biased_reference(q, k, v, allowed, bias):
+    """softmax(q k^T / sqrt(k) + bias) v over the allowed pairs: q, k, v [b, h, t, k], allowed and bias [h, t, s]."""
+    scores = torch.einsum("bhtk,bhsk->bhts", q, k) * q.shape[-1] ** -0.5 + bias
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    return weights @ v
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5_bias"])
+def test_positions_inside_bigbird_equal_dense_attention_under_its_pattern(scheme):
+    """rope (q and k rotated at their positions) and a pair bias b_h(i - j) on every score BigBird computes
+    (window, global, random blocks, and the global rows) == dense attention under its pattern with them."""
+    torch.manual_seed(2)
+    size, n = 3, 9
+    position = zoo.position.base.POSITION.get(scheme)(D, 64, n_heads=H)
+    if scheme == "t5_bias":
+        torch.nn.init.normal_(position.table)
+    position = position.double()
+    attn = zoo.create_attention("bigbird", d_model=D, n_heads=H, block=size, random_blocks=2, position=position)
+    attn = attn.double().eval()
+    t = size * n - 1
+    x = torch.randn(2, t, D, dtype=torch.float64)
+    q, k, v = (attn.split_heads(p(x)) for p in (attn.to_q, attn.to_k, attn.to_v))
+    positions = torch.arange(t)
+    if position.rotary:
+        q, k = position.rotate(q, positions), position.rotate(k, positions)
+    distance = positions[:, None] - positions[None, :]
+    bias = position.bias(distance, causal=False) if position.pair_bias else torch.zeros(H, t, t, dtype=torch.float64)
+    index, kept = attn.key_blocks(n)
+    blocks = torch.arange(t) // size
+    allowed = torch.zeros(H, t, t, dtype=torch.bool)
+    for head in range(H):
+        for row in range(n):
+            allowed[head, blocks == row] = torch.isin(blocks, index[head, row][kept[row]])[None, :]
+    allowed[:, (blocks == 0) | (blocks == n - 1)] = True
+    mask = torch.ones(2, t, dtype=torch.bool)
+    mask[1, -4:] = False
+    expected = attn.to_out(attn.merge_heads(biased_reference(q, k, v, allowed & mask[:, None, None, :], bias)))
+    torch.testing.assert_close(attn(x, pad_mask=mask).out[mask], expected[mask], rtol=1e-10, atol=1e-10)

@@ -125,3 +125,45 @@ def test_performer_redraws_in_training_on_schedule_and_a_stream_keeps_its_featur
     torch.testing.assert_close(torch.cat([out_a.out, out_b.out], 1), whole, rtol=1e-5, atol=1e-6)
     assert isinstance(out_b.state, KernelState) and out_b.state.length == 0 and out_b.state.seen == 10
     assert math.isfinite(float(whole.sum()))
+
+
+def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, rotated: int, base: float = 10000.0) -> torch.Tensor:
+    """RoFormer eq. 34 written as complex multiplication: the pairs (x_2i, x_2i+1), i < rotated / 2, turned
+    by m theta_i, theta_i = base^(-2i / rotated); the other dimensions unchanged. x [..., n, f]."""
+    theta = base ** (-torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+    turn = torch.polar(torch.ones_like(theta), positions.double()[:, None] * theta[None])  # [n, rotated / 2]
+    pairs = torch.view_as_complex(x[..., :rotated].reshape(*x.shape[:-1], rotated // 2, 2).contiguous())
+    return torch.cat([torch.view_as_real(pairs * turn).flatten(-2), x[..., rotated:]], dim=-1)
+
+
+@pytest.mark.parametrize("name", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_rope_inside_kernelized_attention_is_roformers_eq_19(name, causal):
+    """RoFormer (Su et al. 2021, arXiv:2104.09864) Section 3.4.3, eq. 19, written out over every pair:
+    out_i = sum_j (R_i phi(q_i))^T (R_j phi(k_j)) v_j / sum_j phi(q_i)^T phi(k_j), j over the keys i sees,
+    the rotation in the numerator only. Past two causal chunks; padded keys in the bidirectional case."""
+    torch.manual_seed(3)
+    rope = zoo.position.base.POSITION.get("rope")(D, 512, n_heads=H)
+    options = {"n_features": 16} if name == "performer" else {}
+    attn = zoo.create_attention(name, d_model=D, n_heads=H, causal=causal, position=rope, **options).double().eval()
+    t = 150
+    x = torch.randn(2, t, D, dtype=torch.float64)
+    mask = None if causal else torch.ones(2, t, dtype=torch.bool)
+    if mask is not None:
+        mask[0, 111:] = False
+    q, k, v = heads(attn, x)
+    phi_q, phi_k, _ = attn.feature_maps(q, k, mask, None)
+    if mask is not None:
+        phi_k, v = phi_k * mask[:, None, :, None], v * mask[:, None, :, None]
+    positions = torch.arange(t)
+    rq, rk = (rotate_pairs(f, positions, rope.rotated) for f in (phi_q, phi_k))
+    seen = torch.ones(t, t, dtype=torch.bool).tril() if causal else torch.ones(t, t, dtype=torch.bool)
+    num = torch.einsum("bhif,bhjf->bhij", rq, rk) * seen
+    den = (torch.einsum("bhif,bhjf->bhij", phi_q, phi_k) * seen).sum(-1, keepdim=True)
+    expected = finish(attn, (num @ v) / (den + attn.options.eps if attn.options.eps else den))
+    out = attn(x, pad_mask=mask).out
+    keep = slice(None) if mask is None else mask
+    torch.testing.assert_close(out[keep], expected[keep], rtol=1e-9, atol=1e-10)
+    plain = zoo.create_attention(name, d_model=D, n_heads=H, causal=causal, **options).double().eval()
+    plain.load_state_dict(attn.state_dict())
+    assert not torch.allclose(plain(x, pad_mask=mask).out, out, atol=1e-4), "the rotation is applied"

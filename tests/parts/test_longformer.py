@@ -89,3 +89,48 @@ def test_dilated_window_and_global_tokens_follow_the_papers_rule(causal):
         allowed &= back >= 0
     expected = attn.to_out(attn.merge_heads(reference_attention(q, k, v, allowed)))
     torch.testing.assert_close(attn(x).out, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5_bias"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_positions_inside_longformer_equal_dense_attention_under_its_rule(scheme, causal):
+    """rope (q and k rotated at their positions, the global rows' Q_g and K_g too) and a pair bias
+    b_h(i - j) on every pair Longformer scores: the dilated window (each residue class at its own
+    positions), the global keys, the global rows (through their own projections when bidirectional);
+    == dense attention under the paper's rule with the same rotation and bias, padding included."""
+    torch.manual_seed(4)
+    w, d, g, t = 3, 3, 2, 41
+    position = zoo.position.base.POSITION.get(scheme)(D, 64, n_heads=H)
+    if scheme == "t5_bias":
+        torch.nn.init.normal_(position.table)
+    position = position.double()
+    options = dict(window=2 * w, dilation=d, global_tokens=g)
+    attn = zoo.create_attention("longformer", d_model=D, n_heads=H, causal=causal, position=position, **options)
+    attn = attn.double().eval()
+    x = torch.randn(2, t, D, dtype=torch.float64)
+    positions = torch.arange(t)
+
+    def rotated(projections):
+        q, k, v = (attn.split_heads(p(x)) for p in projections)
+        return (position.rotate(q, positions), position.rotate(k, positions), v) if position.rotary else (q, k, v)
+
+    i, j = positions[:, None], positions[None, :]
+    back = i - j
+    window = (back % d == 0) & ((back >= 0) & (back <= w * d) if causal else back.abs() <= w * d)
+    allowed = window | (j < g) | (i < g)
+    if causal:
+        allowed &= back >= 0
+    mask = torch.ones(2, t, dtype=torch.bool)
+    mask[1, -5:] = False
+    allowed = allowed & mask[:, None, None, :]
+    bias = position.bias(back, causal=causal) if position.pair_bias else torch.zeros(H, t, t, dtype=torch.float64)
+
+    def dense(q, k, v):
+        scores = torch.einsum("bhtk,bhsk->bhts", q, k) * q.shape[-1] ** -0.5 + bias
+        return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0) @ v
+
+    heads = dense(*rotated((attn.to_q, attn.to_k, attn.to_v)))
+    if attn.global_rows is not None:
+        heads[:, :, :g] = dense(*rotated(tuple(attn.global_rows[n] for n in "qkv")))[:, :, :g]
+    expected = attn.to_out(attn.merge_heads(heads))
+    torch.testing.assert_close(attn(x, pad_mask=mask).out[mask], expected[mask], rtol=1e-10, atol=1e-10)

@@ -86,3 +86,23 @@ def test_random_weights_ignore_the_input_and_fixed_random_is_not_trained():
         attn(torch.randn(1, 25, D, dtype=torch.float64))
     with pytest.raises(ValueError, match="fixed_random"):
         zoo.create_attention("synthesizer", d_model=D, n_heads=H, fixed_random=True)
+
+
+def test_positions_inside_the_synthesizer():
+    """A pair bias joins every score (here the random synthesizer's learned R: softmax(R + b(i - j)) V);
+    rope rotates the mix='dot' term's q and k, and is refused without it, saying there is no q.k to rotate."""
+    torch.manual_seed(5)
+    position = zoo.position.base.POSITION.get("alibi")(32, 64, n_heads=4).double()
+    attn = zoo.create_attention(
+        "synthesizer", d_model=32, n_heads=4, causal=True, synthesis="random", max_len=24, position=position
+    ).double()
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    i = torch.arange(20)
+    scores = attn.random[:, :20, :20] + position.bias(i[:, None] - i[None, :], causal=True)
+    weights = torch.softmax(scores.masked_fill(i[None, :] > i[:, None], float("-inf")), dim=-1)
+    expected = attn.to_out(attn.merge_heads(weights @ attn.split_heads(attn.to_v(x))))
+    torch.testing.assert_close(attn(x).out, expected, rtol=1e-10, atol=1e-10)
+    rope = zoo.position.base.POSITION.get("rope")(32, 64, n_heads=4)
+    with pytest.raises(ValueError, match="forms no query-key dot product.*mix='dot' adds Q K"):
+        zoo.create_attention("synthesizer", d_model=32, n_heads=4, max_len=24, position=rope)
+    zoo.create_attention("synthesizer", d_model=32, n_heads=4, max_len=24, mix="dot", position=rope)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import zoo
+from tests.contracts.test_streaming import stream
 from zoo.config import ModelConfig
 from zoo.data.algorithmic import algorithmic_batch, score, vocab_size
 from zoo.position.base import sinusoid_table
@@ -196,11 +197,27 @@ def test_bad_input_is_refused_with_the_reason():
         with pytest.raises(ValueError, match="epsilon"):
             make_stack(act=True, epsilon=eps)
     stack = make_stack(causal=True)
-    with pytest.raises(ValueError, match="keeps no state"):
+    with pytest.raises(ValueError, match="must be the UniversalState of 4 steps"):
         stack(torch.randn(1, 3, D), state=[stack.block.init_state(1)] * 4)
-    lm = zoo.create_model("universal_transformer", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
-    with pytest.raises(ValueError, match="cannot continue a sequence.*ACT"):
-        lm.init_state(1)
+    act = zoo.create_model("universal_transformer_act", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=2)
+    with pytest.raises(ValueError, match="cannot continue a sequence.*act=true: each earlier position halts"):
+        act.init_state(1)
+
+
+def test_a_fixed_depth_universal_transformer_streams_with_a_cache_per_step():
+    """Before: universal_transformer (no ACT) refused a state, citing ACT. Its T steps share one block, and
+    step n attends over the earlier tokens' step-n inputs: a cache per step continues a stream exactly (the
+    position signal numbered from where the stream stands): token by token and in pieces == one call."""
+    torch.manual_seed(0)
+    lm = zoo.create_model("universal_transformer", vocab_size=20, d_model=D, n_heads=H, d_ff=32, n_layers=3).eval()
+    assert not lm.config.stack.get("act", False) and lm.stream_refusal() is None
+    tokens = torch.randint(0, 20, (2, 17))
+    with torch.no_grad():
+        whole = lm(tokens).logits
+        for pieces in ([1] * 17, [5, 1, 11]):
+            logits, state = stream(lm, tokens, pieces)
+            torch.testing.assert_close(logits, whole, atol=1e-5, rtol=1e-5)
+    assert len(state.layers.steps) == 3 and state.layers.offset == 17
 
 
 def test_algorithmic_data():

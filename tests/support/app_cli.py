@@ -38,14 +38,15 @@ def train_main(argv: list[str], monkeypatch) -> int:
 
 
 def train_process(
-    argv: list[str], env: dict[str, str] | None = None, timeout: float = 300
+    argv: list[str], env: dict[str, str] | None = None, timeout: float = 300, preexec=None
 ) -> subprocess.CompletedProcess:
-    """``python experiments/train.py ARGV`` in a process of its own (one thread; tests/ importable)."""
+    """``python experiments/train.py ARGV`` in a process of its own (one thread; tests/ importable);
+    ``preexec`` runs in the child before it starts (e.g. a resource limit)."""
     paths = [str(ROOT), str(Path(__file__).parent)]
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="1", **(env or {}))
     full_env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), *argv]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec)
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

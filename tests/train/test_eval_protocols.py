@@ -102,6 +102,20 @@ def test_settings_come_from_the_paper_and_flags_override():
         ProtocolSettings.from_dict({"protocol": "sliding", "strid": 2})
 
 
+def test_every_protocol_shows_its_progress_even_outside_a_terminal(tmp_path, capsys):
+    """evaluate.py --protocol stream on Tiny Shakespeare's test split printed nothing for five minutes:
+    its bar showed on a terminal only. Now stderr gets it wherever it goes (here captured, not a
+    terminal): the protocol, the batches done of the total; show_progress=False stays quiet."""
+    task = text_task(tmp_path)
+    model = zoo.create_model("vanilla_lm", vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_ff=32).eval()
+    for protocol, shown in (("stream", "49/49"), ("segment", "batch"), ("sliding", "batch")):
+        evaluate_protocol(model, task, "test", ProtocolSettings(protocol=protocol, batch_size=2))
+        err = capsys.readouterr().err
+        assert f"{protocol}:" in err and shown in err, (protocol, err)
+    evaluate_protocol(model, task, "test", ProtocolSettings(protocol="stream", batch_size=2), show_progress=False)
+    assert capsys.readouterr().err == ""
+
+
 def test_stream_protocol_feeds_each_token_through_the_cache_and_equals_one_call_per_lane(tmp_path):
     """stream, token by token through a local_1d window, scores the lanes exactly as one call over each
     whole lane does (segment protocol with the lane as one segment: 99 test tokens in 2 lanes of 49)."""
@@ -146,6 +160,6 @@ def test_stream_equals_memory_where_the_memory_holds_every_earlier_token(tmp_pat
 
 def test_stream_protocol_refuses_a_model_that_cannot_continue_a_sequence(tmp_path):
     task = text_task(tmp_path)
-    model = zoo.create_model("universal_transformer", vocab_size=256, d_model=16, n_layers=2, n_heads=2, d_ff=32)
-    with pytest.raises(ValueError, match="cannot continue a sequence.*universal"):
+    model = zoo.create_model("universal_transformer_act", vocab_size=256, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    with pytest.raises(ValueError, match="cannot continue a sequence.*universal.*act=true"):
         evaluate_protocol(model, task, "test", ProtocolSettings(protocol="stream", batch_size=2))

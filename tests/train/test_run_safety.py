@@ -133,3 +133,58 @@ def test_two_runs_started_at_once_into_one_directory_one_is_refused(tmp_path):
     assert "in use by another run (process" in results[1] or "already holds a run" in results[1]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "train/loss" in line] == list(range(1, 9))
+
+
+def flip_a_tensor_byte(path) -> str:
+    """Flip one bit inside the first tensor's bytes of the zip container at ``path``; its entry name."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        entry = next(i for i in archive.infolist() if "/data/" in i.filename and i.file_size > 8)
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = (
+        int.from_bytes(data[entry.header_offset + 26 : entry.header_offset + 28], "little"),
+        int.from_bytes(data[entry.header_offset + 28 : entry.header_offset + 30], "little"),
+    )
+    data[entry.header_offset + 30 + name_len + extra_len + 3] ^= 0x40
+    path.write_bytes(bytes(data))
+    return entry.filename
+
+
+def test_a_damaged_checkpoint_without_its_checksum_is_refused_by_its_zip_crcs(tmp_path):
+    """Before: with no .sha256 beside it, a bit flip in a copied checkpoint's tensors loaded (with a
+    warning) and was evaluated and resumed from. Now the zip container's per-entry CRC-32s are checked:
+    the damaged copy is refused naming the file and the entry, by the loader, evaluate.py and resume."""
+    train(tmp_path / "run")
+    copied = tmp_path / "elsewhere" / "best.pt"
+    copied.parent.mkdir()
+    copied.write_bytes((tmp_path / "run" / "checkpoints" / "best.pt").read_bytes())
+    entry = flip_a_tensor_byte(copied)
+    refused = rf"refusing checkpoint {copied}: entry '{entry}' of its zip container does not match the CRC-32"
+    with pytest.raises(CheckpointError, match=refused):
+        load_checkpoint(copied)
+    evaluate = load_script(ROOT / "experiments" / "evaluate.py")
+    with pytest.raises(CheckpointError, match=refused):
+        evaluate.main([str(copied), "--batches", "1"])
+    with pytest.raises(CheckpointError, match=refused):
+        train(tmp_path / "resumed", f"trainer.resume={copied}")
+
+
+def test_a_checkpoint_resumed_without_its_checksum_is_never_called_sound(tmp_path, monkeypatch, capsys):
+    """Before: a run resumed from a copy without its .sha256 reported it as the "newest sound checkpoint"."""
+    from zoo.train import trainer
+    from zoo.train.steps import TrainingDiverged
+
+    train(tmp_path / "run")
+    copied = tmp_path / "elsewhere" / "last.pt"
+    copied.parent.mkdir()
+    copied.write_bytes((tmp_path / "run" / "checkpoints" / "last.pt").read_bytes())
+
+    def diverge(*args, **kwargs):
+        raise TrainingDiverged("the loss is nan")
+
+    monkeypatch.setattr(trainer, "forward_backward", diverge)
+    with pytest.warns(UncheckedCheckpointWarning), pytest.raises(TrainingDiverged) as stopped:
+        train(tmp_path / "resumed", "trainer.max_steps=6", f"trainer.resume={copied}")
+    assert "sound" not in str(stopped.value) and f"newest checkpoint: {copied}" in str(stopped.value)
+    assert "SHA-256 was never checked" in str(stopped.value)

@@ -319,11 +319,20 @@ def test_ddp_with_torchrun(tmp_path, text_file):
     _compare_ddp_with_single(tmp_path, text_file)
 
 
-def test_wandb_offline_logging(tmp_path):
+def test_wandb_offline_logging_writes_nothing_outside_the_run(tmp_path):
+    """The default logger (wandb, offline) logs the run inside its directory, and writes nothing else:
+    before, wandb-core left its debug logs under ~/.cache/wandb (here HOME is a fresh folder)."""
     pytest.importorskip("wandb")
-    train(tmp_path, "logger=wandb", "trainer.max_steps=2")
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and result(tmp_path)["status"] == "finished"
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    env = {k: v for k, v in _subprocess_env().items() if not k.startswith(("WANDB_", "XDG_"))}
+    env.update(HOME=str(home), WANDB_SILENT="true")
+    cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), *TINY, "logger=wandb", "trainer.max_steps=2"]
+    proc = subprocess.run([*cmd, f"hydra.run.dir={run_dir}"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and result(run_dir)["status"] == "finished"
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from zoo.app.schema import PART_GROUPS, register_schemas
 from zoo.app.sweep_dir import LaunchRefused, SweepIncomplete
 from zoo.presets import preset_config
 from zoo.registry import did_you_mean, import_plugins
+from zoo.train.output_checks import OutputNotWritable, os_error_cause, unwritable_reason
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra re-raises instead of printing and exiting when it is set
@@ -188,7 +189,7 @@ def launch(hydra_main: Callable[[], Any], argv: list[str]) -> Any:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     except Exception as exc:
-        message = explain(exc)
+        message = explain(exc) or output_refusal(exc, argv)
         if message:
             print(f"error: {message}", file=sys.stderr)
             sys.exit(2)
@@ -198,6 +199,42 @@ def launch(hydra_main: Callable[[], Any], argv: list[str]) -> Any:
     finally:
         if not user_wants_trace:
             os.environ.pop(FULL_ERROR, None)
+
+
+def output_refusal(exc: BaseException, argv: list[str] = ()) -> str | None:
+    """For Hydra failing to make or write the run's (or sweep's) directory, before any of the job ran
+    (an ``OSError`` raised from Hydra's own code, or naming the directory ``argv`` asked for: a
+    read-only file system, a parent that is a file, a file-size limit), the path and the cause; the
+    app's own refusal (``OutputNotWritable``) as it is; None for any other failure."""
+    if isinstance(exc, OutputNotWritable):
+        return str(exc)
+    if not isinstance(exc, OSError):
+        return None
+    modules = [frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    outside_stdlib = [m for m in modules if m.split(".")[0] not in {"os", "pathlib", "shutil", "io", "builtins"}]
+    raised_by_hydra = bool(outside_stdlib) and outside_stdlib[-1].startswith("hydra.")
+    if not raised_by_hydra and not is_output_dir(exc.filename, list(argv)):  # the job raised it: its own message stands
+        return None
+    path = exc.filename or "the run directory"
+    cause = (unwritable_reason(path) if exc.filename else None) or os_error_cause(exc)
+    return (
+        f"cannot write the run's output to {path}: {cause}; choose another run directory "
+        "(hydra.run.dir=..., or hydra.sweep.dir=... for a multirun)"
+    )
+
+
+def is_output_dir(path: Any, argv: list[str]) -> bool:
+    """Whether ``path`` is (or is a parent of) the run or sweep directory the command line asked for."""
+    if not path:
+        return False
+    path = Path(os.path.abspath(path))
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value:
+            asked = Path(os.path.abspath(value))
+            if path == asked or path in asked.parents:
+                return True
+    return False
 
 
 def report(exc: BaseException) -> None:

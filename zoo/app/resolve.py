@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.app.schema import PART_GROUPS, to_options
-from zoo.config import ModelConfig
+from zoo.config import ModelConfig, PresetSize
 from zoo.presets import get_preset, resolve_preset
 
 
@@ -45,14 +45,16 @@ def model_layers(cfg: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """(preset, layers) from the ``model`` node and the part groups, in the order they apply.
 
     ``model.tiny=true`` starts from the preset's registered tiny variant (its vocabulary excepted:
-    the task sets it); the user's ``model.*`` keys and then the part groups (``attention``,
-    ``residual``, ``stack``, ``position``) go on top, so a key the user set always wins. A part
+    the task sets it; its ``max_len`` is raised to the task's sequence); the user's ``model.*`` keys
+    and then the part groups (``attention``, ``residual``, ``stack``, ``position``) go on top, so a key
+    the user set always wins. A part
     group naming the preset's own part tweaks it; naming another swaps it (``merge_config``)."""
     model = set_keys(cfg["model"])
     preset = model.pop("preset")
     layers = []
     if model.pop("tiny", False):
-        layers.append({k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"})
+        # its sizes, not the user's: its max_len is raised to the trainer's sequence like the preset's
+        layers.append(PresetSize({k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"}))
     layers.append(model)
     layers += [layer for axis in PART_GROUPS if (layer := part_layer(axis, cfg.get(axis))) is not None]
     return preset, layers

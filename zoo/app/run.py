@@ -24,14 +24,17 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.app.paper import check_paper_data
 from zoo.app.resolve import as_dict, model_layers
 from zoo.app.schema import LoggerOptions, to_options
+from zoo.attention.base import ATTENTION
 from zoo.data import TASK, Task, create_task
 from zoo.data.base import metric_higher_is_better
-from zoo.presets.factory import build_model, create_model, model_config_for_task
+from zoo.models.base import HEAD
+from zoo.presets.factory import build_model, create_model, model_config_for_task, preset_config
 from zoo.registry import import_plugins
 from zoo.train.checkpoints.format import import_recorded, load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
 from zoo.train.loggers import MetricsFile, WandbLogger
 from zoo.train.options import OptimOptions, TrainerOptions, run_device
+from zoo.train.output_checks import check_output
 from zoo.train.rundir import make_dir, run_id, write_text
 from zoo.train.trainer import Trainer
 
@@ -49,6 +52,17 @@ def optimisation_direction(data_name: str) -> str:
 
 
 OmegaConf.register_new_resolver("zoo_direction", optimisation_direction, replace=True)
+
+
+def attention_for(preset: str) -> str:
+    """Every registered mechanism preset ``preset``'s head can run, comma-separated for a sweep's
+    params: chosen by the head's ``attention_directions`` and the mechanisms' own flags (an LM takes
+    those with a causal form), so a mechanism registered later joins. ``${zoo_attention_for:${model.preset}}``."""
+    head = HEAD.get(preset_config(preset).kind)
+    return ",".join(name for name in ATTENTION.list() if head.takes_attention(ATTENTION.get(name)))
+
+
+OmegaConf.register_new_resolver("zoo_attention_for", attention_for, replace=True)
 
 
 def make_task(cfg: dict[str, Any]) -> Task:
@@ -148,9 +162,14 @@ def run(
     """Train and evaluate one configuration; returns the final validation metric. ``on_claimed(run_dir)``
     is called once the run owns its directory, before it trains (a sweep's job marks it as its own)."""
     check_run(as_dict(cfg))
-    resolved, task, model = build(cfg)
     hydra_dir, name, group = hydra_context()
     run_dir = Path(run_dir) if run_dir is not None else hydra_dir
+    check_output(run_dir)  # before any work: a read-only file system, a parent that is a file
+    resolved, task, model = build(cfg)
+    if trainer_options(resolved).checkpoints:  # a file-size limit below the checkpoint, before training
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
+        weights = sum(storages.values())  # a tied tensor is saved once
+        check_output(run_dir, checkpoint=run_dir / "checkpoints" / "last.pt", checkpoint_bytes=weights)
     name = resolved.get("name") or name
     loggers = make_loggers(resolved, run_dir, name, group)  # they write nothing before the trainer claims run_dir
     trainer = Trainer(

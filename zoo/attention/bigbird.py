@@ -38,6 +38,7 @@ from torch import Tensor
 
 from zoo.attention.base import ATTENTION, Attention, AttnOutput, KeysPerQuery, guard_empty_rows
 from zoo.attention.blocked import pad_time, padded_length
+from zoo.attention.pair_bias import guard_rows
 from zoo.config import require
 
 
@@ -45,11 +46,9 @@ from zoo.config import require
 class BigBirdAttention(Attention):
     projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
     no_projection_reason = "its scores go through fused SDPA kernels and are never written out to cap"
-    position_kinds = ()
-    no_position_reason = (
-        "its block window, global and random blocks have no rotation or distance-bias path here; use "
-        "position=sinusoidal or learned"
-    )
+    # rope: q and k rotated at their positions before the blocks are gathered; a pair bias from the gathered
+    # blocks' positions, added to the scores each query block computes (window, global, random alike)
+    position_kinds = ("rotary", "pair_bias")
     supports_causal = False
     no_causal_reason = (
         "its global and random blocks see the whole sequence; the paper's block-sparse ITC attention is an encoder's"
@@ -141,8 +140,18 @@ class BigBirdAttention(Attention):
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
+        positions = torch.arange(x.shape[1], device=x.device)
+        q, k = self.rotate(q, positions), self.rotate(k, positions)  # rope (else q, k themselves)
         k, v = self.expand_kv(k, v)
         return AttnOutput(self.to_out(self.merge_heads(self.attend(q, k, v, pad_mask))))
+
+    def scores_mask(self, mask: Tensor, distance: Tensor, dtype: torch.dtype, head: Tensor | None = None) -> Tensor:
+        """SDPA's mask for the pairs ``mask`` allows: itself without a pair bias; with one, b_h(distance)
+        (query minus key position, long, broadcastable with ``mask``; ``head``: each entry's head, see
+        ``Position.distance_bias``) with -inf where not allowed (a row with no key: 0s; the caller zeroes it)."""
+        if not self.has_pair_bias:
+            return guard_empty_rows(mask)
+        return guard_rows(self.pair_bias(distance, dtype, head=head).masked_fill(~mask, float("-inf")))[0]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None) -> Tensor:
         """q, k, v [b, h, t, k] -> [b, h, t, k]."""
@@ -168,14 +177,21 @@ class BigBirdAttention(Attention):
             mask = rearrange(key_valid, "b h m K s -> b (h m) 1 (K s)")
             qb = rearrange(q[:, :, g * size : (n - g) * size], "b h (m s) k -> b (h m) s k", s=size)
             has_key = mask.any(-1, keepdim=True)
-            res = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=guard_empty_rows(mask), dropout_p=dropout)
+            attn_mask = guard_empty_rows(mask)
+            if self.has_pair_bias:  # query (g + m) s + i minus key index[h, m, K] s + j, each entry with its head
+                query = torch.arange(g * size, (n - g) * size, device=q.device).view(1, -1, size, 1)  # [1, m, s, 1]
+                key = rearrange(index[..., None] * size + torch.arange(size, device=q.device), "h m K s -> h m 1 (K s)")
+                distance = rearrange(query - key, "h m s e -> 1 (h m) s e")
+                head = rearrange(torch.arange(h, device=q.device).expand(index.shape[1], h), "m h -> 1 (h m) 1 1")
+                attn_mask = self.scores_mask(mask, distance, q.dtype, head)
+            res = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=attn_mask, dropout_p=dropout)
             res = rearrange(res * has_key, "b (h m) s k -> b h (m s) k", h=h)
             out[:, :, g * size : (n - g) * size] = res
         rows = torch.cat([torch.arange(0, g * size), torch.arange(max(g, n - g) * size, length)]).to(q.device)
         if rows.numel():  # global query blocks: every real key
             mask = valid[:, None, None, :]
-            res = F.scaled_dot_product_attention(
-                q[:, :, rows], k, v, attn_mask=guard_empty_rows(mask), dropout_p=dropout
-            )
+            distance = rows[:, None] - torch.arange(length, device=q.device)[None, :]  # [R, length]
+            attn_mask = self.scores_mask(mask, distance, q.dtype)
+            res = F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=attn_mask, dropout_p=dropout)
             out[:, :, rows] = res * mask.any(-1, keepdim=True)
         return out[:, :, :t]

@@ -18,6 +18,15 @@ Streaming (:class:`KernelState`): the running S and z are the whole state. A cau
 stream from them with a constant-size state (f x e + f per head): it remembers no token, so its
 ``length`` is 0 and its bound is 0 tokens, however long the stream.
 
+Rotary positions (``position=rope``), RoFormer's form for kernelised attention (Su et al. 2021,
+arXiv:2104.09864, Section 3.4.3, eq. 19): the feature-mapped queries and keys are rotated at their
+absolute positions in the numerator only,
+
+    out_i = sum_j (R_i phi(q_i))^T (R_j phi(k_j)) v_j / sum_j phi(q_i)^T phi(k_j),
+
+so the numerator depends on i - j (R_i^T R_j = R_{j-i}) and the denominator stays positive. S sums the
+rotated keys' features, z the plain ones; a stream carries both, each token rotated at its position.
+
 Shape legend as in ``base.py``; here ``f`` = feature dimension, ``e`` = value head dim, ``n`` = chunks.
 Padding: a padded key gets phi(k) = 0 (and v = 0), so it adds nothing to S or z.
 """
@@ -63,12 +72,16 @@ def mask_keys(phi_k: Tensor, v: Tensor, pad_mask: Tensor | None) -> tuple[Tensor
     return phi_k * keep, v * keep
 
 
-def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor:
+Rotated = tuple[Tensor, Tensor]  # the numerator's features (R_i phi(q_i), R_j phi(k_j)), shaped as phi_q, phi_k
+
+
+def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, rotated: Rotated | None = None) -> Tensor:
     """Bidirectional: every query sees every key. phi_q [b, h, t, f], phi_k [b, h, s, f] (padding zeroed),
-    v [b, h, s, e] -> [b, h, t, e]."""
-    kv = torch.einsum("bhsf,bhse->bhfe", phi_k, v)
+    v [b, h, s, e] -> [b, h, t, e]; ``rotated``: the numerator's features when rope rotates them."""
+    num_q, num_k = rotated or (phi_q, phi_k)
+    kv = torch.einsum("bhsf,bhse->bhfe", num_k, v)
     z = phi_k.sum(2)
-    num = torch.einsum("bhtf,bhfe->bhte", phi_q, kv)
+    num = torch.einsum("bhtf,bhfe->bhte", num_q, kv)
     den = torch.einsum("bhtf,bhf->bht", phi_q, z)
     return num / denominator(den, eps)[..., None]
 
@@ -80,28 +93,37 @@ def denominator(den: Tensor, eps: float) -> Tensor:
 
 
 def causal_kernel_attention(
-    phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, state: KernelState | None = None, chunk_size: int = CHUNK
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    eps: float,
+    state: KernelState | None = None,
+    rotated: Rotated | None = None,
+    chunk_size: int = CHUNK,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Causal: query i sees keys j <= i (and everything summed into ``state``). phi_q, phi_k [b, h, t, f],
     v [b, h, t, e] -> (out [b, h, t, e], kv [b, h, f, e], z [b, h, f]): the output and the sums after
-    the last position, for the next call. ``chunk_size``: C."""
+    the last position, for the next call; ``rotated``: the numerator's features when rope rotates them;
+    ``chunk_size``: C."""
     b, h, t, f = phi_q.shape
     e = v.shape[-1]
     chunk = min(chunk_size, t)  # one token at a time (decoding) costs one product, not a C x C block
     length = -(-t // chunk) * chunk
     pad = (0, 0, 0, length - t)  # zero features past the end: they add nothing
     qc, kc, vc = (rearrange(F.pad(x, pad), "b h (n c) f -> b h n c f", c=chunk) for x in (phi_q, phi_k, v))
+    nqc, nkc = (rearrange(F.pad(x, pad), "b h (n c) f -> b h n c f", c=chunk) for x in rotated) if rotated else (qc, kc)
     # per-chunk sums and their exclusive prefix: what every chunk inherits from the chunks before it
-    chunk_kv = torch.einsum("bhncf,bhnce->bhnfe", kc, vc)
+    chunk_kv = torch.einsum("bhncf,bhnce->bhnfe", nkc, vc)
     chunk_z = kc.sum(3)
     kv0 = phi_q.new_zeros(b, h, f, e) if state is None or state.kv is None else state.kv
     z0 = phi_q.new_zeros(b, h, f) if state is None or state.z is None else state.z
     kv_before = kv0[:, :, None] + torch.cumsum(chunk_kv, dim=2) - chunk_kv  # [b, h, n, f, e]
     z_before = z0[:, :, None] + torch.cumsum(chunk_z, dim=2) - chunk_z  # [b, h, n, f]
     # inside a chunk: the C x C similarities, lower-triangular (a query sees itself and earlier keys)
-    sim = torch.einsum("bhncf,bhndf->bhncd", qc, kc)
-    sim = sim * torch.ones(chunk, chunk, dtype=torch.bool, device=sim.device).tril()
-    num = torch.einsum("bhncd,bhnde->bhnce", sim, vc) + torch.einsum("bhncf,bhnfe->bhnce", qc, kv_before)
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).tril()
+    sim = torch.einsum("bhncf,bhndf->bhncd", qc, kc) * lower
+    num_sim = torch.einsum("bhncf,bhndf->bhncd", nqc, nkc) * lower if rotated else sim
+    num = torch.einsum("bhncd,bhnde->bhnce", num_sim, vc) + torch.einsum("bhncf,bhnfe->bhnce", nqc, kv_before)
     den = sim.sum(-1) + torch.einsum("bhncf,bhnf->bhnc", qc, z_before)
     out = rearrange(num / denominator(den, eps)[..., None], "b h n c e -> b h (n c) e")[:, :, :t]
     return out, kv0 + chunk_kv.sum(2), z0 + chunk_z.sum(2)
@@ -133,10 +155,12 @@ class KernelizedAttention(Attention):
         "it computes no scores (a feature map product, summed), and its running sums are kept per query head"
     )
 
-    position_kinds = ()
+    position_kinds = ("rotary",)  # RoFormer Section 3.4.3: the feature-mapped q and k rotated in the numerator
     no_position_reason = (
-        "it never forms a score per query-key pair (feature maps summed over keys), so no distance bias can be "
-        "added; rotary inside the feature map is not implemented here"
+        "it forms no score per query-key pair: every query reads the same sums S = sum_j phi(k_j) v_j^T and "
+        "z = sum_j phi(k_j), while a bias b(i - j) weights each key differently for each query, so exp(b(i - j)) "
+        "would have to factor as f(i) g(j) to enter the sums: T5's buckets and a symmetric |i - j| never do (causal "
+        "ALiBi's exp(-m (i - j)) does, as a per-head decay of the sums, which is not offered here)"
     )
 
     supports_memory = True  # causal: the running sums, constant size
@@ -154,6 +178,26 @@ class KernelizedAttention(Attention):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """(phi(q), phi(k) [b, h, t, f], what a stream must pin to keep this map, or None)."""
         raise NotImplementedError
+
+    def position_refusal(self, position) -> str | None:
+        features = self.feature_dim()
+        if position.rotary and features < getattr(position, "rotated", 0):
+            return (
+                f"rope turns {position.rotated} dimensions but the feature map gives {features} per head: the "
+                "rotation acts on the feature-mapped queries and keys (RoFormer Section 3.4.3), so it needs as many"
+            )
+        return super().position_refusal(position)
+
+    def feature_dim(self) -> int:
+        """f, the features per head the map gives (what rope rotates)."""
+        return self.head_dim
+
+    def rotated_features(self, phi_q: Tensor, phi_k: Tensor, positions: Tensor) -> Rotated | None:
+        """(R_i phi(q_i), R_j phi(k_j)) at absolute ``positions`` [t] when the layer's position part
+        rotates (RoFormer's eq. 19: the numerator's features), else None."""
+        if self.position is None or not self.position.rotary:
+            return None
+        return self.rotate(phi_q, positions), self.rotate(phi_k, positions)
 
     def init_state(self, batch_size: int) -> KernelState:
         super().init_state(batch_size)  # a bidirectional layer refuses, saying why
@@ -181,11 +225,13 @@ class KernelizedAttention(Attention):
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         phi_q, phi_k, _ = self.feature_maps(q, k, pad_mask, None)
         phi_k, v = mask_keys(phi_k, v, pad_mask)
+        rotated = self.rotated_features(phi_q, phi_k, chunk.positions(x.device))
         f, e = phi_k.shape[-1], v.shape[-1]
-        sums = torch.cat([torch.einsum("bhtf,bhte->bhfe", phi_k, v).flatten(2), phi_k.sum(2)], dim=-1)
+        num_k = rotated[1] if rotated else phi_k
+        sums = torch.cat([torch.einsum("bhtf,bhte->bhfe", num_k, v).flatten(2), phi_k.sum(2)], dim=-1)
         before = chunk.sum_before(sums)  # [b, h, f e + f]
         carried = KernelState(before[..., : f * e].unflatten(-1, (f, e)), before[..., f * e :])
-        out, _, _ = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, carried)
+        out, _, _ = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, carried, rotated)
         return AttnOutput(self.to_out(self.merge_heads(out)))
 
     def forward(
@@ -195,15 +241,17 @@ class KernelizedAttention(Attention):
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         phi_q, phi_k, pinned = self.feature_maps(q, k, pad_mask, state)
         phi_k, v = mask_keys(phi_k, v, pad_mask)
+        seen = state.seen if state is not None else 0
+        rotated = self.rotated_features(phi_q, phi_k, torch.arange(seen, seen + x.shape[1], device=x.device))
         new_state = None
         if not self.causal:
-            out = kernel_attention(phi_q, phi_k, v, self.options.eps)
+            out = kernel_attention(phi_q, phi_k, v, self.options.eps, rotated)
         else:
             if state is not None and state.kv is not None and state.kv.shape[0] != x.shape[0]:
                 raise ValueError(
                     f"{self.registry_name}: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}"
                 )
-            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state)
+            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state, rotated)
             if state is not None:
                 new_state = KernelState(kv.detach(), z.detach(), pinned, state.seen + x.shape[1])
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

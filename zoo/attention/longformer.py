@@ -52,13 +52,10 @@ class LongformerAttention(PatternAttention):
         "its global tokens project queries, keys and values with matrices of their own (Beltagy et al. 2020, "
         "Section 3.1), which the shared projection options do not reach"
     )
-    # its own paths (residue classes of the dilated window, global rows through their own projections) apply
-    # no position part: refused rather than silently dropped (PatternAttention's rotation and bias do not reach them)
-    position_kinds = ()
-    no_position_reason = (
-        "its dilated residue classes and global rows (own projections) have no rotation or distance-bias path "
-        "here; use position=sinusoidal or learned"
-    )
+    # rope: q and k (and the global rows' Q_g, K_g) rotated at their positions before the residue classes
+    # are formed; a pair bias b_h(i - j) on the window (class distance x dilation), on the global keys every
+    # block sees (each class at its own positions) and on the global rows
+    position_kinds = ("rotary", "pair_bias")
     lra_row = "Longformer"
 
     @dataclass
@@ -133,11 +130,14 @@ class LongformerAttention(PatternAttention):
             return super().forward(x, context=context, pad_mask=pad_mask, state=state)
         self.check_inputs(x, context, pad_mask, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
-        out = self.attend(q, k, v, pad_mask)
+        positions = torch.arange(x.shape[1], device=x.device)
+        out = self.attend(self.rotate(q, positions), self.rotate(k, positions), v, pad_mask)
         g = min(self.options.global_tokens, x.shape[1])  # the global rows again, through Q_g, K_g, V_g
-        qg = self.split_heads(self.global_rows["q"](x[:, :g]))
-        kg, vg = self.split_heads(self.global_rows["k"](x)), self.split_heads(self.global_rows["v"](x))
-        out_g = attend_masked(qg, kg, vg, self.key_mask(pad_mask, kg), dropout=self.attn_dropout)
+        qg = self.rotate(self.split_heads(self.global_rows["q"](x[:, :g])), positions[:g])
+        kg = self.rotate(self.split_heads(self.global_rows["k"](x)), positions)
+        vg = self.split_heads(self.global_rows["v"](x))
+        bias = self.distance_bias(positions[:g, None] - positions[None, :], q.dtype)
+        out_g = attend_masked(qg, kg, vg, self.key_mask(pad_mask, kg), dropout=self.attn_dropout, bias=bias)
         return AttnOutput(self.to_out(self.merge_heads(torch.cat([out_g, out[:, :, g:]], dim=2))))
 
     @staticmethod
@@ -173,6 +173,14 @@ class LongformerAttention(PatternAttention):
             k_s, v_s = (repeat(x[:, :, :g], "b h g k -> (b d) h g k", d=d) for x in (k, v))
             allowed_s = repeat(valid[:, :g], "b g -> (b d) n g", d=d, n=length // w)
             shared = (k_s, v_s, allowed_s)
+            if self.has_pair_bias:  # class c's query at class position p sits at p d + c: its own distances
+                query = torch.arange(length, device=q.device)[None, :] * d + torch.arange(d, device=q.device)[:, None]
+                bias_s = self.distance_bias(
+                    query[..., None] - torch.arange(g, device=q.device), q.dtype
+                )  # [h, d, L, g]
+                bias_s = repeat(bias_s, "h d (n s) g -> (b d) h n s g", b=b, s=w)
+                shared = (*shared, bias_s)
+        band_bias = (lambda distance: self.distance_bias(distance * d, q.dtype)) if self.has_pair_bias else None
         out = banded_attention(
             by_class(q),
             by_class(k),
@@ -184,15 +192,16 @@ class LongformerAttention(PatternAttention):
             allowed=allowed,
             dropout=self.attn_dropout,
             shared=shared,
+            bias=band_bias,
         )
         out = rearrange(out[:, :, :n], "(b d) h n k -> b h (n d) k", d=d)[:, :, :t]
         if not g:
             return out
         # the global rows: every key (causal: every earlier one; they are the first g positions)
         mask = self.key_mask(pad_mask, k)
+        keys = g if causal else t
+        bias = self.distance_bias(position[:g, None] - position[None, :keys], q.dtype)  # [h, g, keys] or None
         if causal:
             mask = mask[..., :g] & causal_allowed(g, g, q.device)
-            out_g = attend_masked(q[:, :, :g], k[:, :, :g], v[:, :, :g], mask, dropout=self.attn_dropout)
-        else:
-            out_g = attend_masked(q[:, :, :g], k, v, mask, dropout=self.attn_dropout)
+        out_g = attend_masked(q[:, :, :g], k[:, :, :keys], v[:, :, :keys], mask, dropout=self.attn_dropout, bias=bias)
         return torch.cat([out_g, out[:, :, g:]], dim=2)

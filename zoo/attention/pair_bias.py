@@ -171,18 +171,20 @@ def banded_biased(
     ``static`` [s, w]); only the blocks whose window holds a missing key (before the sequence, past its
     end, padding) need a mask of their own: the leading and trailing ones get it, the blocks between
     share the template. qb [b, h, n, s, k]; kw, vw [b, h, n, w, k]; valid_w [b|1, n, w]. ``shared`` =
-    (k_s, v_s [b, h, e, k], allowed_s [b|1, n, e], bias_s [h, n, s, e]): extra keys behind every
-    window (attention sinks) with their own bias; then every block's mask is built. -> [b, h, n, s, k]."""
+    (k_s, v_s [b, h, e, k], allowed_s [b|1, n, e], bias_s [h, n, s, e], or [b, h, n, s, e] where rows of
+    the batch sit at different positions: Longformer's residue classes): extra keys behind every window
+    (attention sinks) with their own bias; then every block's mask is built. -> [b, h, n, s, k]."""
     template = template.masked_fill(~static, float("-inf"))[:, None]  # [h, 1, s, w]
     n = qb.shape[2]
     if shared is not None:
         k_s, v_s, allowed_s, bias_s = shared
         kw, vw = (torch.cat([w, x[:, :, None].expand(-1, -1, n, -1, -1)], dim=3) for w, x in ((kw, k_s), (vw, v_s)))
-        bias = torch.cat([template.expand(-1, n, -1, -1), bias_s], dim=-1)  # [h, n, s, w + e]
+        band = template.expand(*bias_s.shape[:-4], -1, n, -1, -1)  # [(b,) h, n, s, w]
+        bias = torch.cat([band, bias_s], dim=-1)  # [(b,) h, n, s, w + e]
         mask = torch.cat(
             [
-                valid_w[:, :, None, :].expand(-1, -1, bias.shape[2], -1),
-                allowed_s[:, :, None, :].expand(-1, -1, bias.shape[2], -1),
+                valid_w[:, :, None, :].expand(-1, -1, bias.shape[-2], -1),
+                allowed_s[:, :, None, :].expand(-1, -1, bias.shape[-2], -1),
             ],
             dim=-1,
         )

@@ -87,6 +87,9 @@ class PerformerAttention(KernelizedAttention):
         # training forward calls so far: a buffer, so a resumed run keeps the redraw schedule
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
+    def feature_dim(self) -> int:
+        return self.options.n_features
+
     def redraw(self) -> None:
         """Fresh random features, drawn from torch's generator."""
         o = self.options

@@ -26,11 +26,21 @@ block and attends locally only).
 Shapes: x [b, t, d] -> q, k, v [b, h, t, k] -> blocks [b, h, n, block, k]; R, S [b, h, n, n];
 out [b, t, d].
 
+Positions inside attention: rope rotates every query and key at its absolute position before the sort,
+so a query's score with a sorted key sum_j S_ij R_{p_j} k_{p_j} is the same mixture of rotated products
+q^T R_{p_j - p} k_{p_j}, each relative. A pair bias is refused: a sorted key mixes keys at several
+positions, so it has no one distance i - j to bias.
+
+Streaming (causal, :class:`SinkhornCache`): block i is sorted by the blocks before it and mixes only
+them, its own block is masked causally, so a stream continues exactly from the keys and values seen so
+far, which of them are real, and the running block sums the sorting network reads; each call computes
+the query blocks its tokens fall in. The state grows with the stream, up to ``max_len`` tokens.
+
 Deviations: whether the paper's sorted attention keeps the local block is an option here (default on);
 Gumbel noise is used in training only. Padding: padded keys and values are zeroed before sorting, a block
 of padding only neither sorts nor is sorted (its row and column are masked out of the balancing), and
 padded keys are masked in attention.
-A length longer than ``max_len`` is refused (W_P has no columns for its blocks). No state.
+A length longer than ``max_len`` is refused (W_P has no columns for its blocks).
 """
 
 from __future__ import annotations
@@ -38,10 +48,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from einops import rearrange, reduce
+from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.base import ATTENTION, Attention, AttnOutput, FlopCount, KeysPerQuery, dense_keys, require_length
+from zoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttnOutput,
+    FlopCount,
+    KeysPerQuery,
+    StateContract,
+    dense_keys,
+    require_length,
+)
 from zoo.attention.blocked import attend_masked, pad_time, padded_length
 from zoo.config import require
 
@@ -59,16 +78,34 @@ def sinkhorn(logits: Tensor, allowed: Tensor, iterations: int, columns: bool = T
     return torch.exp(log) * allowed
 
 
+@dataclass
+class SinkhornCache:
+    """A causal stream's past: keys (rotated) and values [b, h, s, k], which are real (valid [b, s]), the
+    block sums of the layer's inputs [b, blocks begun, d] (padding left out), and the next position."""
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    valid: Tensor | None = None
+    sums: Tensor | None = None
+    next: int = 0
+
+    @property
+    def length(self) -> int:
+        return self.next
+
+
 @ATTENTION.register("sinkhorn")
 class SinkhornAttention(Attention):
-    projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
+    projection_features = ("grouped_kv", "qk_norm")  # keys widened once projected (the stream keeps them so)
     no_projection_reason = (
         "it sorts blocks by a learned network and scores them through SDPA, writing no score out to cap"
     )
-    position_kinds = ()
+    position_kinds = ("rotary",)  # q and k rotated before the sort (see the module notes)
     no_position_reason = (
-        "its sorted blocks attend to blocks moved by a learned sort, whose distances are not computed here"
+        "a sorted key is a mixture sum_j S_ij k_j of keys at several positions (a soft permutation of blocks), "
+        "so its score has no single distance i - j for a bias b(i - j)"
     )
+    supports_memory = True  # causal: the keys, values and block sums seen so far (up to max_len tokens)
     length_option = "max_len"
     lra_row = "Sinkhorn Trans."
 
@@ -99,6 +136,14 @@ class SinkhornAttention(Attention):
     @classmethod
     def contract_options(cls) -> dict:
         return {"block": 4, "max_len": 96, "sinkhorn_iterations": 3}
+
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=None)  # every earlier block can be sorted into a later one
+
+    def init_state(self, batch_size: int) -> SinkhornCache:
+        super().init_state(batch_size)  # a bidirectional layer refuses, saying why
+        return SinkhornCache()
 
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
@@ -131,11 +176,10 @@ class SinkhornAttention(Attention):
             }
         )
 
-    def sort_matrix(self, x: Tensor, valid: Tensor, n: int) -> Tensor:
-        """S [b, h, n, n]: row i = how block i's sorted block mixes the key blocks. x [b, T, d] (T = n block,
-        padding zeroed), valid [b, T]."""
+    def sort_matrix(self, sums: Tensor, valid: Tensor, n: int) -> Tensor:
+        """S [b, h, n, n]: row i = how block i's sorted block mixes the key blocks. sums [b, n, d]: each
+        block's sum of real inputs; valid [b, T] (T = n block)."""
         o = self.options
-        sums = reduce(x * valid[..., None], "b (n s) d -> b n d", "sum", s=o.block)
         if self.causal:  # block i is sorted by the blocks before it only
             sums = torch.cumsum(sums, dim=1) - sums
         logits = torch.relu(self.sort_net(sums))  # [b, n, h N]
@@ -146,7 +190,7 @@ class SinkhornAttention(Attention):
         real_block = rearrange(valid, "b (n s) -> b n s", s=o.block).any(-1)  # [b, n]
         allowed = real_block[:, None, :, None] & real_block[:, None, None, :]  # [b, 1, n, n]: padding blocks out
         if self.causal:
-            allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=x.device).tril(-1)
+            allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=sums.device).tril(-1)
         return sinkhorn(logits / o.temperature, allowed, o.sinkhorn_iterations, columns=not self.causal)
 
     def forward(
@@ -155,48 +199,74 @@ class SinkhornAttention(Attention):
         self.check_inputs(x, context, pad_mask, state)
         o = self.options
         b, t, _ = x.shape
+        start = state.next if state is not None else 0
+        end = start + t
         require(
-            t <= o.max_len, f"sinkhorn: sequence length {t} is longer than max_len={o.max_len} ({self.n_blocks} blocks)"
+            end <= o.max_len,
+            f"sinkhorn: sequence length {end} is longer than max_len={o.max_len} ({self.n_blocks} blocks)",
         )
-        size, length = o.block, padded_length(t, o.block)
+        size, length = o.block, padded_length(end, o.block)
         n = length // size
-        valid = torch.zeros(b, length, dtype=torch.bool, device=x.device)
-        valid[:, :t] = True if pad_mask is None else pad_mask
-        keep = valid[:, None, :, None].to(x.dtype)
-        q, k, v = (pad_time(self.split_heads(p(x)), length) for p in (self.to_q, self.to_k, self.to_v))
+        real = torch.ones(b, t, dtype=torch.bool, device=x.device) if pad_mask is None else pad_mask
+        positions = torch.arange(start, end, device=x.device)
+        q, k, v = (self.split_heads(p(x)) for p in (self.to_q, self.to_k, self.to_v))
+        q, k = self.rotate(q, positions), self.rotate(k, positions)  # rope (else themselves), before the sort
         k, v = self.expand_kv(k, v)
+        keep = real[:, None, :, None].to(x.dtype)
         k, v = k * keep, v * keep
-        s = self.sort_matrix(torch.nn.functional.pad(x, (0, 0, 0, length - t)), valid, n)
+        sums = x.new_zeros(b, n, x.shape[-1])  # block sums of the real inputs, the earlier ones from the state
+        if state is not None and state.sums is not None:
+            sums[:, : state.sums.shape[1]] = state.sums
+            k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
+            real = torch.cat([state.valid, real], dim=1)
+        sums = sums.index_add(1, positions // size, x * keep[:, 0])
+        valid = torch.nn.functional.pad(real, (0, length - end), value=False)
+        s = self.sort_matrix(sums, valid, n)
+        k, v = pad_time(k, length), pad_time(v, length)
+        new_state = None
+        if state is not None:
+            new_state = SinkhornCache(k[:, :, :end].detach(), v[:, :, :end].detach(), real.detach(), sums.detach(), end)
         kb, vb = (rearrange(z, "b h (n s) k -> b h n s k", s=size) for z in (k, v))
         blocks_valid = rearrange(valid, "b (n s) -> b n s", s=size)
-        if o.sortcut:
-            cut = min(o.sortcut, n)  # the first c sorted blocks, seen by every query
-            ks, vs = (
-                rearrange(torch.einsum("bhij,bhjsk->bhisk", s[:, :, :cut], z), "b h c s k -> b h (c s) k")
-                for z in (kb, vb)
-            )
-            slot_valid = rearrange(
-                torch.einsum("bhij,bjs->bhis", s[:, :, :cut], blocks_valid.to(x.dtype)) > 0, "b h c s -> b h 1 (c s)"
-            )
-            out = attend_masked(q, ks, vs, slot_valid, dropout=self.dropout if self.training else 0.0)
+        if o.sortcut:  # bidirectional only: never a state
+            out = self.sortcut_attention(pad_time(q, length), s, kb, vb, blocks_valid)
             return AttnOutput(self.to_out(self.merge_heads(out[:, :, :t])))
-        ks, vs = (torch.einsum("bhij,bhjsk->bhisk", s, z) for z in (kb, vb))  # sorted blocks [b, h, n, s, k]
-        slot_valid = torch.einsum("bhij,bjs->bhis", s, blocks_valid.to(x.dtype)) > 0  # [b, h, n, s]
+        first = start // size  # the query blocks this call's tokens fall in: first ... n - 1
+        qb = pad_time(torch.nn.functional.pad(q, (0, 0, start - first * size, 0)), (n - first) * size)
+        out = self.sorted_attention(qb, s[:, :, first:], kb, vb, blocks_valid, first)
+        out = out[:, :, start - first * size : start - first * size + t]
+        return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
+
+    def sortcut_attention(self, q: Tensor, s: Tensor, kb: Tensor, vb: Tensor, blocks_valid: Tensor) -> Tensor:
+        """Every query [b, h, T, k] to the first c sorted blocks only (SortCut) -> [b, h, T, k]."""
+        cut = min(self.options.sortcut, s.shape[-1])
+        ks, vs = (
+            rearrange(torch.einsum("bhij,bhjsk->bhisk", s[:, :, :cut], z), "b h c s k -> b h (c s) k") for z in (kb, vb)
+        )
+        weights = torch.einsum("bhij,bjs->bhis", s[:, :, :cut], blocks_valid.to(kb.dtype))
+        slot_valid = rearrange(weights > 0, "b h c s -> b h 1 (c s)")
+        return attend_masked(q, ks, vs, slot_valid, dropout=self.dropout if self.training else 0.0)
+
+    def sorted_attention(
+        self, qb: Tensor, s: Tensor, kb: Tensor, vb: Tensor, blocks_valid: Tensor, first: int
+    ) -> Tensor:
+        """Query blocks first ... n - 1 (qb [b, h, (n - first) block, k]; s [b, h, n - first, n] their rows
+        of the sort) to their sorted block and, with ``local``, their own block -> [b, h, (n - first) block, k]."""
+        size = self.options.block
+        ks, vs = (torch.einsum("bhij,bhjsk->bhisk", s, z) for z in (kb, vb))  # sorted blocks [b, h, m, s, k]
+        slot_valid = torch.einsum("bhij,bjs->bhis", s, blocks_valid.to(kb.dtype)) > 0  # [b, h, m, s]
         keys, values, mask = ks, vs, slot_valid[:, :, :, None, :].expand(-1, -1, -1, size, -1)
-        if o.local:
-            keys, values = torch.cat([kb, ks], dim=3), torch.cat([vb, vs], dim=3)
-            own = blocks_valid[:, None, :, None, :].expand(-1, 1, -1, size, -1)  # [b, 1, n, s, s]
+        if self.options.local:
+            keys, values = torch.cat([kb[:, :, first:], ks], dim=3), torch.cat([vb[:, :, first:], vs], dim=3)
+            own = blocks_valid[:, None, first:, None, :].expand(-1, 1, -1, size, -1)  # [b, 1, m, s, s]
             if self.causal:
-                own = own & torch.ones(size, size, dtype=torch.bool, device=x.device).tril()
+                own = own & torch.ones(size, size, dtype=torch.bool, device=kb.device).tril()
             mask = torch.cat([own.expand(-1, self.n_heads, -1, -1, -1), mask], dim=-1)
-        qb = rearrange(q, "b h (n s) k -> b (h n) s k", s=size)
-        keys, values = (rearrange(z, "b h n w k -> b (h n) w k") for z in (keys, values))
         out = attend_masked(
-            qb,
-            keys,
-            values,
+            rearrange(qb, "b h (n s) k -> b (h n) s k", s=size),
+            rearrange(keys, "b h n w k -> b (h n) w k"),
+            rearrange(values, "b h n w k -> b (h n) w k"),
             rearrange(mask, "b h n s w -> b (h n) s w"),
             dropout=self.dropout if self.training else 0.0,
         )
-        out = rearrange(out, "b (h n) s k -> b h (n s) k", h=self.n_heads)[:, :, :t]
-        return AttnOutput(self.to_out(self.merge_heads(out)))
+        return rearrange(out, "b (h n) s k -> b h (n s) k", h=self.n_heads)

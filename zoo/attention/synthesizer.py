@@ -22,11 +22,19 @@ t x t map; only the factorized forms store fewer parameters). A sequence longer 
 Causal (the paper's LM and MT decoders): scores above the diagonal are masked before the softmax.
 Padding: padded keys are masked.
 
-Shapes: x [b, t, d] -> v [b, h, t, k]; scores [b or 1, h, t, t] -> out [b, t, d].
+Positions inside attention: a pair bias b_h(i - j) is added to every score (synthesized, learned or
+mixed); rope rotates the queries and keys of the ``mix="dot"`` term, the only query-key product here
+(without it there is nothing to rotate: refused, saying so).
+
+Streaming (causal): row i of the scores needs only token i (dense forms) or nothing (random forms) and
+the columns j <= i, so a stream continues exactly from a cache of every earlier value (and key, with
+``mix="dot"``) and where it stands (:class:`SynthesizerCache`); the row width l caps the stream at l tokens.
+
+Shapes: x [b, t, d] -> v [b, h, t, k]; scores [b or 1, h, t, s] (s = keys: cached + t) -> out [b, t, d].
 
 Deviations: W_1 (d -> d) is shared by the heads and W_2 maps to h x l (one score row per head); the
 paper's equations are per head. The exact tiling order of eq. 5 is not spelled out; ours is the one
-above. No state: ``supports_memory`` is False (a stream would need every earlier value anyway).
+above.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from zoo.attention.base import (
     Attention,
     AttnOutput,
     KeysPerQuery,
-    causal_allowed,
+    StateContract,
     dense_keys,
     guard_empty_rows,
     require_length,
@@ -54,13 +62,32 @@ SYNTHESES = ("dense", "random", "factorized_dense", "factorized_random")
 MIXES = ("none", "dot")
 
 
+@dataclass
+class SynthesizerCache:
+    """A causal stream's past: values v [b, h, s, k], keys k (``mix="dot"``, rotated) or None, which of
+    them are real (valid [b, s] or None: all), and ``next``, the position of the next token."""
+
+    v: Tensor | None = None
+    k: Tensor | None = None
+    valid: Tensor | None = None
+    next: int = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.v is None else self.v.shape[2]
+
+
+def joined(old: Tensor | None, new: Tensor) -> Tensor:
+    return new if old is None else torch.cat([old, new], dim=2)
+
+
 @ATTENTION.register("synthesizer")
 class SynthesizerAttention(Attention):
     no_projection_reason = (
         "its scores are synthesized per position from a network (Tay et al. 2020), with no keys to group or normalise"
     )
-    position_kinds = ()
-    no_position_reason = "its scores are synthesized per position (no query-key dot product to rotate or bias)"
+    position_kinds = ("rotary", "pair_bias")  # rope: the mix="dot" term's q and k; a bias: every score
+    supports_memory = True  # causal: every earlier value (and key), at most max_len of them
     length_option = "max_len"
     lra_row = "Synthesizer"
 
@@ -100,6 +127,23 @@ class SynthesizerAttention(Attention):
     def contract_options(cls) -> dict:
         return {"max_len": 96, "mix": "dot"}
 
+    @classmethod
+    def contract_state(cls) -> StateContract:
+        return StateContract(bound=None)  # every earlier value: the receptive field is the whole (<= l) stream
+
+    def position_refusal(self, position) -> str | None:
+        if position.rotary and self.options.mix != "dot":
+            return (
+                f"synthesis={self.options.synthesis!r} with mix='none' forms no query-key dot product: each row of "
+                "scores is synthesized from its token alone (dense) or learned outright (random), so there is no q "
+                "and k to rotate; mix='dot' adds Q K^T, which rope then rotates"
+            )
+        return super().position_refusal(position)
+
+    def init_state(self, batch_size: int) -> SynthesizerCache:
+        super().init_state(batch_size)  # a bidirectional layer refuses, saying why
+        return SynthesizerCache()
+
     def __init__(self, d_model: int, n_heads: int, **kwargs):
         super().__init__(d_model, n_heads, **kwargs)
         o, h, d, width = self.options, n_heads, d_model, self.options.max_len
@@ -128,43 +172,65 @@ class SynthesizerAttention(Attention):
     def keys_per_query(self, t: int) -> KeysPerQuery:
         return dense_keys(t, self.causal)
 
-    def synthesized(self, x: Tensor) -> Tensor:
-        """The synthesized scores B[:t, :t]: [b, h, t, t] (dense forms) or [1, h, t, t] (random forms)."""
-        o, t, h = self.options, x.shape[1], self.n_heads
+    def synthesized(self, x: Tensor, start: int = 0) -> Tensor:
+        """The synthesized scores B[start:end, :end] of the tokens x [b, t, d] at positions start ... end - 1:
+        [b, h, t, end] (dense forms) or [1, h, t, end] (random forms)."""
+        o, end, h = self.options, start + x.shape[1], self.n_heads
         if o.synthesis == "dense":
             rows = self.rows(F.relu(self.hidden(x)))
-            return rearrange(rows, "b t (h l) -> b h t l", h=h)[..., :t]
+            return rearrange(rows, "b t (h l) -> b h t l", h=h)[..., :end]
         if o.synthesis == "factorized_dense":
             hidden = F.relu(self.hidden(x))
             a = rearrange(self.rows_a(hidden), "b t (h a) -> b h t a", h=h)
             b = rearrange(self.rows_b(hidden), "b t (h c) -> b h t c", h=h)
             tiled = repeat(a, "b h t a -> b h t (c a)", c=b.shape[-1])  # H_A: A tiled b times
             spread = repeat(b, "b h t c -> b h t (c a)", a=a.shape[-1])  # H_B: each entry of B a times
-            return (tiled * spread)[..., :t]
+            return (tiled * spread)[..., :end]
         if o.synthesis == "random":
-            return self.random[None, :, :t, :t]
-        return torch.einsum("hik,hjk->hij", self.random_1[:, :t], self.random_2[:, :t])[None]
+            return self.random[None, :, start:end, :end]
+        return torch.einsum("hik,hjk->hij", self.random_1[:, start:end], self.random_2[:, :end])[None]
 
     def forward(
         self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
+        start = state.next if state is not None else 0
         t, width = x.shape[1], self.options.max_len
-        require(t <= width, f"synthesizer: sequence length {t} is longer than max_len={width}, the width of its rows")
+        end = start + t
+        require(
+            end <= width, f"synthesizer: sequence length {end} is longer than max_len={width}, the width of its rows"
+        )
+        positions = torch.arange(start, end, device=x.device)
         v = self.split_heads(self.to_v(x))
-        scores = self.synthesized(x)
+        scores = self.synthesized(x, start)
+        k = None
         if self.options.mix == "dot":
-            q, k = self.split_heads(self.to_q(x)), self.split_heads(self.to_k(x))
+            q, k = (self.rotate(self.split_heads(p(x)), positions) for p in (self.to_q, self.to_k))  # rope, if any
+            keys = joined(state.k if state is not None else None, k)
             weights = torch.softmax(self.mix_logits, dim=-1)[None, :, :, None, None]  # [1, h, 2, 1, 1]
-            dot = q @ k.transpose(-1, -2) * self.head_dim**-0.5
+            dot = q @ keys.transpose(-1, -2) * self.head_dim**-0.5
             scores = weights[:, :, 0] * scores + weights[:, :, 1] * dot
-        allowed = torch.ones(1, 1, t, t, dtype=torch.bool, device=x.device)
-        if self.causal:
-            allowed = allowed & causal_allowed(t, t, x.device)
-        if pad_mask is not None:
-            allowed = allowed & pad_mask[:, None, None, :]
+        distance = positions[:, None] - torch.arange(end, device=x.device)[None, :]  # [t, s]
+        bias = self.pair_bias(distance, scores.dtype)
+        if bias is not None:
+            scores = scores + bias
+        allowed = (distance >= 0)[None, None] if self.causal else torch.ones(1, 1, t, end, dtype=torch.bool)
+        allowed = allowed.to(x.device)
+        valid = pad_mask
+        if state is not None and (state.valid is not None or pad_mask is not None):
+            old = (
+                torch.ones(x.shape[0], start, dtype=torch.bool, device=x.device) if state.valid is None else state.valid
+            )
+            valid = torch.cat([old, torch.ones_like(x[..., 0], dtype=torch.bool) if pad_mask is None else pad_mask], 1)
+        if valid is not None:
+            allowed = allowed & valid[:, None, None, :]
         has_key = allowed.any(-1, keepdim=True)  # a row with no real key outputs 0, never NaN
         probs = torch.softmax(scores.masked_fill(~guard_empty_rows(allowed), float("-inf")), dim=-1) * has_key
         if self.training and self.dropout:
             probs = F.dropout(probs, self.dropout)
-        return AttnOutput(self.to_out(self.merge_heads(probs @ v)))
+        values = joined(state.v if state is not None else None, v)
+        new_state = None
+        if state is not None:
+            cached_keys = None if k is None else keys.detach()
+            new_state = SynthesizerCache(values.detach(), cached_keys, None if valid is None else valid.detach(), end)
+        return AttnOutput(self.to_out(self.merge_heads(probs @ values)), state=new_state)

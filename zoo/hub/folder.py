@@ -108,7 +108,14 @@ def write_folder(model: nn.Module, directory: str | Path, training: dict[str, An
         raise TypeError(f"save_pretrained needs a zoo model (built by zoo.create_model); got {type(model).__name__}")
     directory = Path(directory)
     if (directory / CONFIG_FILE).is_file():
-        read_config(directory / CONFIG_FILE, str(directory))  # ours (any version): replaced; another's: refused
+        try:  # ours, of a version we read: replaced; anything else: refused, never overwritten
+            read_config(directory / CONFIG_FILE, str(directory))
+        except NotAZooModel as exc:
+            raise NotAZooModel(
+                f"save_pretrained will not overwrite {directory / CONFIG_FILE}: {directory} already holds a "
+                f"config.json that is not a transformer-zoo model folder's this version can replace ({exc}). "
+                "Save into a new or empty folder (a run directory's own config.json is kept too)"
+            ) from None
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})  # one copy of each tied tensor
     info = folder_config(model, training)

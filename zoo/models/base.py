@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -127,6 +127,17 @@ class TokenEmbedding(nn.Module):
 
 class ZooModel(nn.Module):
     """Shared plumbing: the resolved config, state checks, final norm."""
+
+    # how its self-attention runs: "causal" (a decoder) and/or "bidirectional" (an encoder); empty = either
+    # (the mechanism's own flags choose). A sweep over mechanisms asks it (``takes_attention``).
+    attention_directions: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def takes_attention(cls, attention: type) -> bool:
+        """Whether every self-attention this head builds can be the mechanism class ``attention``."""
+        if "causal" in cls.attention_directions and not attention.supports_causal:
+            return False
+        return "bidirectional" not in cls.attention_directions or not attention.causal_only
 
     def __init__(self, config: ModelConfig):
         super().__init__()

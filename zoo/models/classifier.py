@@ -57,6 +57,7 @@ def pool(h: Tensor, pad_mask: Tensor | None, mode: str, length: int = 0) -> Tens
 
 @HEAD.register("classifier")
 class SequenceClassifier(ZooModel):
+    attention_directions = ("bidirectional",)
     output_heads = ("linear", "mlp", "none")  # head="mlp": the PyTorch LRA code's classifier MLP
 
     def __init__(self, config: ModelConfig):

@@ -26,6 +26,8 @@ from zoo.stacks.build import build_stack, create_position
 
 @HEAD.register("lm")
 class CausalLM(ZooModel):
+    attention_directions = ("causal",)
+
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         adaptive = adaptive_input_and_softmax(config) if config.adaptive else None  # zoo/models/adaptive_softmax.py

@@ -25,6 +25,8 @@ from zoo.stacks.build import build_stack, create_position
 
 @HEAD.register("seq2seq")
 class EncoderDecoder(ZooModel):
+    attention_directions = ("bidirectional", "causal")  # the encoder, then the decoder
+
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         d = config.d_model

@@ -45,10 +45,12 @@ Deviations:
   across the steps, so a position keeps one signal through the recurrence (the paper's intent).
 - tensor2tensor keeps updating halted positions' states and mixes outputs as
   s' = w * new + (1 - w) * s'; we follow the paper's text (copy forward) and Graves's mean field.
-- No state across calls: re-applying one block T times (and stopping each position at its own
-  step under ACT) leaves no per-layer KV cache or segment memory that a later call could extend
-  consistently, so the stack keeps none (``keeps_state = False``), refuses one, and models
-  recompute the prefix when decoding.
+- State across calls (fixed depth, ``act=false``, the ``ffn`` transition): step n's attention sees the
+  earlier tokens' step-n inputs, so the shared block keeps one cache per step (:class:`UniversalState`,
+  with where the stream stands, which numbers the position signal) and a stream continues exactly. With
+  ACT, each earlier position halts at its own step, and its step-n keys are those of its state frozen at
+  halting, which these per-step caches do not hold; the separable-convolution transition reads the
+  kernel's earlier positions at every step, which no attention cache holds: both refuse a state, saying so.
 
 Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real); context [b, c, d]; per-position maps [b, t].
 """
@@ -82,15 +84,33 @@ class ACTTrace:
     remainder: Tensor | None = None  # [b, t] R per position
 
 
+@dataclass
+class UniversalState:
+    """A fixed-depth stream's state: the shared block's state at every step (its caches of the earlier
+    tokens' step-n inputs), and ``offset``, the position of the next token (the position signal's)."""
+
+    steps: list[Any]
+    offset: int = 0
+
+
 @STACK.register("universal")
 class UniversalStack(Stack):
     """``n_layers`` is T, the number of steps (and the step limit under ACT unless ``max_steps``)."""
 
-    keeps_state = False  # models read this to recompute instead of feeding cached state
-    no_state_reason = (
-        "it re-applies one block a number of times that ACT sets per position, so no per-layer cache of "
-        "earlier tokens exists for later ones to read"
-    )
+    def stream_refusal(self) -> str | None:
+        """Fixed depth streams (one cache per step); ACT and the convolution transition refuse (module notes)."""
+        if self.options.act:
+            return (
+                "stack 'universal' keeps no state between calls with act=true: each earlier position halts at its "
+                "own step and later steps read its state frozen there, which its per-step caches do not hold "
+                "(act=false streams)"
+            )
+        if self.options.transition != "ffn":
+            return (
+                "stack 'universal' keeps no state between calls with transition=sepconv: the convolution reads "
+                "the kernel's earlier positions at every step, which no attention cache holds"
+            )
+        return None
 
     def context_refusal(self) -> str:
         return (
@@ -157,17 +177,24 @@ class UniversalStack(Stack):
     def adds_position_signal(cls, options: dict[str, Any]) -> bool:
         return bool(options.get("position_signal", cls.Options.position_signal))
 
-    def init_state(self, batch_size: int) -> None:
-        return None  # no cache: see the module docstring
+    def init_state(self, batch_size: int) -> UniversalState | None:
+        if self.stream_refusal() is not None:
+            return None  # the model refuses a stream, saying why
+        steps = [self.block.init_state(batch_size) for _ in range(self.steps)]
+        return None if all(s is None for s in steps) else UniversalState(steps)
 
-    def check_state(self, state: list[Any] | None) -> list[Any]:
-        if state is not None and any(s is not None for s in (state if isinstance(state, (list, tuple)) else [state])):
+    def check_state(self, state: UniversalState | None) -> UniversalState | None:
+        if state is None:
+            return None
+        reason = self.stream_refusal()
+        if reason is not None:
+            raise ValueError(f"{reason}; call with state=None (models recompute the prefix when decoding)")
+        if not isinstance(state, UniversalState) or len(state.steps) != self.steps:
             raise ValueError(
-                "stack 'universal' keeps no state: it re-applies one block T times (under ACT each position stops "
-                "at its own step), so a per-layer KV cache or segment memory cannot be threaded through the "
-                "repeated steps; call with state=None (models recompute the prefix when decoding)"
+                f"stack 'universal': state must be the UniversalState of {self.steps} steps it returned; "
+                f"got {type(state).__name__}"
             )
-        return [None] * self.n_layers
+        return state
 
     def draw_offsets(self, b: int, device: torch.device) -> Tensor | None:
         """Per-sequence start positions u [b, 1] for this forward (training with random_offset_max > 0),
@@ -201,25 +228,31 @@ class UniversalStack(Stack):
         context: Tensor | None = None,
         context_pad_mask: Tensor | None = None,
     ) -> StackOutput:
-        self.check_state(state)
+        state = self.check_state(state)
         if self.options.act:
             return self._forward_act(x, pad_mask, context, context_pad_mask)
         aux: dict[str, Tensor] = {}
         stats: dict[str, Tensor] = {}
         offsets = self.draw_offsets(x.shape[0], x.device)  # one draw, kept by every step
+        if state is not None and state.offset:  # a stream: the signal continues where it stands
+            offsets = (0 if offsets is None else offsets) + torch.full((x.shape[0], 1), state.offset, device=x.device)
+        new_steps = []
         for step in range(1, self.steps + 1):
             with self.block.at_depth(step - 1):
                 out = self.block(
                     x + self.signal(x.shape[1], step, x.device, x.dtype, offsets),
                     pad_mask=pad_mask,
+                    state=state.steps[step - 1] if state is not None else None,
                     context=context,
                     context_pad_mask=context_pad_mask,
                 )
             x = out.x
+            new_steps.append(out.state)
             merge_into(aux, out.aux)
             stats.update(prefixed(f"layer{step - 1}", out.stats))
         stats["universal/steps"] = torch.tensor(float(self.steps))
-        return StackOutput(x, None, aux, stats)
+        new_state = None if state is None else UniversalState(new_steps, state.offset + x.shape[1])
+        return StackOutput(x, new_state, aux, stats)
 
     def _forward_act(
         self, x: Tensor, pad_mask: Tensor | None, context: Tensor | None, context_pad_mask: Tensor | None

@@ -31,7 +31,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -134,6 +135,23 @@ def batch_nll(model: nn.Module, batch: dict[str, Tensor], state: Any) -> tuple[f
 
 
 @torch.no_grad()
+def progress(batches: Iterable, *, total: int | None, desc: str, show: bool = True) -> Iterable:
+    """``batches`` with a progress bar on stderr: redrawn every half second on a terminal; elsewhere (a log
+    file, a pipe) a line every 30 seconds, so a long evaluation (a split streamed token by token takes
+    minutes) shows it is moving wherever its output goes. ``show=False``: none."""
+    terminal = sys.stderr.isatty()
+    return tqdm(
+        batches,
+        total=total,
+        desc=desc,
+        unit="batch",
+        disable=not show,
+        file=sys.stderr,
+        mininterval=0.5 if terminal else 30.0,
+        dynamic_ncols=terminal,
+    )
+
+
 def evaluate_protocol(
     model: nn.Module,
     task: Task,
@@ -142,8 +160,10 @@ def evaluate_protocol(
     *,
     max_batches: int = 0,
     device: torch.device | None = None,
+    show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Score ``split`` of a contiguous LM task with one of :data:`PROTOCOLS`."""
+    """Score ``split`` of a contiguous LM task with one of :data:`PROTOCOLS`, showing its progress on
+    stderr (:func:`progress`) unless ``show_progress`` is False."""
     require(
         task.kind == "lm" and task.contiguous,
         f"evaluation protocols score contiguous LM text; data {task.registry_name!r} is not",
@@ -158,6 +178,7 @@ def evaluate_protocol(
         stride = settings.stride or max(1, seq_len // 2)
         require(stride <= seq_len, f"stride ({stride}) must be <= seq_len ({seq_len})")
         batches: Any = sliding_batches(split_stream(task, split), seq_len, stride, batch_size)
+        batches = progress(batches, total=max_batches or None, desc=settings.protocol, show=show_progress)
         carry = False
     else:
         stride = 0
@@ -168,9 +189,7 @@ def evaluate_protocol(
         batches = view.eval_batches(split, None)
         carry = settings.protocol in ("memory", "stream")
         total = view.num_batches(split)
-        batches = tqdm(
-            batches, total=min(total, max_batches or total), desc=settings.protocol, unit="batch", disable=None
-        )
+        batches = progress(batches, total=min(total, max_batches or total), desc=settings.protocol, show=show_progress)
     memory = (
         evaluation_memory(model, settings.mem_len, settings.clamp_len, settings.same_length)
         if carry

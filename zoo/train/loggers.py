@@ -61,9 +61,31 @@ class MetricsFile:
         write_text(self.dir, self.dir / "metrics.csv", buffer.getvalue())
 
 
+# wandb's own directories (run files, its cache with wandb-core's debug logs, settings, staged data and
+# artifacts) default to ~/.cache, ~/.config and ~/.local/share: pointed inside the run directory instead
+WANDB_DIRS = {
+    "WANDB_DIR": "",
+    "WANDB_CACHE_DIR": "wandb/cache",
+    "WANDB_CONFIG_DIR": "wandb/config",
+    "WANDB_DATA_DIR": "wandb/data",
+    "WANDB_ARTIFACT_DIR": "wandb/artifacts",
+}
+_pointed: dict[str, str] = {}  # the values this process set (a later run re-points them; the user's stay)
+
+
+def point_wandb_into(run_dir: Path) -> None:
+    """Point wandb's directories into ``run_dir`` so a run writes nothing outside it; one the user set
+    in the environment is kept (what is set is what runs)."""
+    for key, sub in WANDB_DIRS.items():
+        if key in os.environ and _pointed.get(key) != os.environ[key]:
+            continue
+        os.environ[key] = _pointed[key] = str((Path(run_dir) / sub).absolute())
+
+
 class WandbLogger:
     """wandb, ``mode=offline`` by default (no network, no account): the run is named from the
-    command-line overrides, carries the full config, and a sweep's runs share a group.
+    command-line overrides, carries the full config, and a sweep's runs share a group. Everything
+    wandb writes (its cache and debug logs too) stays inside the run directory (``point_wandb_into``).
     ``options``: the app's ``logger.*`` node (:class:`zoo.app.schema.LoggerOptions`); ``tags``: the
     run's (default: ``options.tags``)."""
 
@@ -93,6 +115,7 @@ class WandbLogger:
     def run(self) -> Any:
         if self._run is None:
             os.environ.setdefault("WANDB_SILENT", "true")
+            point_wandb_into(Path(self.init_args["dir"]))
             import wandb
 
             settings = wandb.Settings(silent=True, console="off")
@@ -107,3 +130,6 @@ class WandbLogger:
             if isinstance(value, (int, float, str, bool)) or value is None:
                 self.run.summary[key] = value
         self.run.finish()
+        import wandb
+
+        wandb.teardown()  # its service read this run's directories: the next run starts its own

@@ -134,7 +134,8 @@ class Trainer(CheckpointedRun):
         self.best_step, self.evals_since_best = 0, 0  # early stopping
         self.resumed_at: int | None = None
         self.evaluation: dict[str, Any] | None = None  # the latest: {"step", "metric", "value"} (checkpoints keep it)
-        self.last_checkpoint: Path | None = None  # the newest checkpoint known sound (finite, checksummed)
+        self.last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from
+        self.last_checkpoint_sound = False  # its SHA-256 checked (written here, or resumed with its sidecar)
         self.tokens_per_s: list[float] = []  # per optimiser step: data, forward, backward, optimiser
         self.fwd_bwd_tokens_per_s: list[float] = []  # forward + backward only: zoo.bench's tokens_per_s
         self.act_mib: float | None = None

@@ -14,7 +14,9 @@ It is read with ``torch.load(weights_only=True)``, which builds tensors and plai
 nothing else, so a crafted file cannot run code; anything else is refused naming the file. Every
 checkpoint has a SHA-256 sidecar (``last.pt.sha256``, ``sha256sum`` format), checked before the
 file is read: a corrupt file is refused naming it and the newest sound checkpoint beside it. A
-checkpoint copied without its sidecar loads, with a warning that nothing checked it.
+checkpoint copied without its sidecar is checked against the CRC-32 its zip container (``torch.save``'s
+format) records for every entry: a mismatch is refused naming the file and the entry; a file that
+passes loads, with a warning that its SHA-256 was never checked (it is never called sound).
 
 Writes are atomic and a failed write removes its temp files. A checkpoint and its sidecar are two
 files, so they cannot be renamed into place at once: the new sidecar is written in full (as a temp
@@ -34,6 +36,7 @@ import random
 import shutil
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ import torch
 from torch import Tensor
 
 from zoo.registry import import_plugins
+from zoo.train.output_checks import file_size_limit
 from zoo.train.rundir import open_exclusive, safe_path
 
 CHECKPOINT_FORMAT = "transformer-zoo/checkpoint/v2"
@@ -221,6 +225,20 @@ def verify_checksum(path: str | Path) -> str | None:
     return f"its SHA-256 is {actual} but {sidecar.name} records {expected or 'nothing'}"
 
 
+def zip_entry_problem(path: str | Path) -> str | None:
+    """What is wrong with the zip container ``torch.save`` wrote at ``path``, by the CRC-32 it records
+    for every entry (a bit flip in any tensor's bytes shows), or None. A file that is not a zip (a legacy
+    torch file, a truncated one) is left to the reader, which refuses what it cannot read."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every entry, comparing its bytes with the recorded CRC-32
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        return f"its zip container cannot be read ({type(exc).__name__}: {exc})"
+    return None if bad is None else f"entry {bad!r} of its zip container does not match the CRC-32 recorded for it"
+
+
 def complete_saves(directory: str | Path) -> list[Path]:
     """Finish the saves killed between their two renames: a pending sidecar whose digest is the
     checkpoint's becomes its sidecar (one that matches nothing is left for the temp-file sweep).
@@ -270,12 +288,13 @@ def sweep_temp_files(directory: str | Path) -> list[Path]:
     return stale
 
 
-def _no_space(exc: BaseException) -> bool:
+def _os_errno(exc: BaseException) -> int | None:
+    """The errno of the first ``OSError`` in ``exc``'s chain, or None."""
     while exc is not None:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc.errno
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str | Path | None = None) -> Path:
@@ -297,10 +316,17 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any], *, run_dir: str |
         os.replace(tmp, path)  # a kill here: the new checkpoint, the old sidecar and the pending one
         os.replace(pending, checksum_path(path))
     except Exception as exc:
+        written = tmp.stat().st_size if tmp.is_file() else 0
         for leftover in (tmp, pending):
             if os.path.lexists(leftover):
                 os.unlink(leftover)
-        if _no_space(exc):
+        limit = file_size_limit()
+        if limit is not None and (written >= limit or _os_errno(exc) == errno.EFBIG):
+            raise CheckpointError(  # torch's zip writer says only "unexpected pos"
+                f"cannot write checkpoint {path}: the file-size limit (ulimit -f, RLIMIT_FSIZE) of {limit:,} bytes "
+                f"cut it off ({type(exc).__name__}: {str(exc)[:200]}); raise the limit (ulimit -f unlimited)"
+            ) from None
+        if _os_errno(exc) == errno.ENOSPC:
             free = shutil.disk_usage(path.parent).free
             raise CheckpointError(
                 f"no space left on device: {path} (could not write the checkpoint; {free / 2**20:.1f} MiB free there)"
@@ -328,7 +354,8 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
     """Read one of our checkpoints as data, refusing anything else with the reason.
 
     The checksum sidecar is checked first (``verify=False`` skips it, for a file you checked
-    yourself): a mismatch is refused, a missing sidecar (a copy made without it) only warned
+    yourself): a mismatch is refused; without a sidecar (a copy made without it) the zip container's
+    per-entry CRC-32s are checked instead (a mismatch refused naming the entry) and the load warned
     about; then ``torch.load(weights_only=True)`` builds tensors and plain types only, so a
     file that would run code when unpickled is refused without running anything."""
     path = Path(path)
@@ -336,10 +363,16 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint not found: {path} (trainer.resume / checkpoint=)")
     sidecar = checksum_path(path)
     if verify and not sidecar.is_file() and not pending_checksums(path):
+        problem = zip_entry_problem(path)
+        if problem:
+            raise CheckpointError(
+                f"refusing checkpoint {path}: {problem} (corrupt: a damaged copy); it has no checksum file "
+                f"{sidecar.name} beside it"
+            )
         warnings.warn(
-            f"checkpoint {path} has no checksum file {sidecar.name} beside it: loaded as data, but nothing "
-            f"checked that it is intact (copy the .sha256 file with it, or write one: "
-            f"cd {path.parent} && sha256sum {path.name} > {sidecar.name})",
+            f"checkpoint {path} has no checksum file {sidecar.name} beside it: loaded as data, its zip entries "
+            f"matching their CRC-32s, but its SHA-256 was never checked (copy the .sha256 file with it, or "
+            f"write one: cd {path.parent} && sha256sum {path.name} > {sidecar.name})",
             UncheckedCheckpointWarning,
             stacklevel=2,
         )

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.train.checkpoints.format import save_checkpoint
+from zoo.train.checkpoints.format import save_checkpoint, verify_checksum
 from zoo.train.checkpoints.resume import Progress, checked, restore, run_payload
 from zoo.train.steps import TrainingDiverged
 
@@ -58,8 +58,13 @@ class CheckpointedRun:
         )
 
     def sound_checkpoint_note(self) -> str:
-        if self.last_checkpoint is not None:
+        if self.last_checkpoint is not None and self.last_checkpoint_sound:
             return f"newest sound checkpoint: {self.last_checkpoint}"
+        if self.last_checkpoint is not None:  # resumed from a copy without its checksum file
+            return (
+                f"newest checkpoint: {self.last_checkpoint} (resumed from without its checksum file: its SHA-256 "
+                "was never checked)"
+            )
         return "no sound checkpoint was written yet"
 
     def save(self, name: str = "last.pt", payload: dict[str, Any] | None = None) -> Path | None:
@@ -71,7 +76,7 @@ class CheckpointedRun:
                 f"the weights hold NaN/inf at step {self.step}; {name} not written. {self.sound_checkpoint_note()}"
             )
         path = save_checkpoint(self.ckpt_dir / name, payload or self.payload(), run_dir=self.run_dir)
-        self.last_checkpoint = path
+        self.last_checkpoint, self.last_checkpoint_sound = path, True
         return path
 
     def resume(self, path: str | Path) -> None:
@@ -91,6 +96,7 @@ class CheckpointedRun:
         self.evaluation = progress.evaluation
         self.resumed_at = self.step
         self.last_checkpoint = Path(path)
+        self.last_checkpoint_sound = verify_checksum(path) is None  # a copy without its sidecar is never "sound"
         self.cut_logs(self.step)
 
     def cut_logs(self, step: int) -> None:

@@ -91,10 +91,11 @@ def test_grouped_kv_streams_exactly_with_a_state_smaller_by_the_group(name):
 
 
 def key_value_bytes(state):
-    """Bytes of the float tensors of a state (the cached keys and values, not their positions)."""
+    """Bytes of the cached keys and values of a state: its float tensors laid out per head [b, h, s, k] (not
+    their positions, nor what is kept per block of the model width, as Sinkhorn's block sums [b, n, d])."""
     found = []
     map_tensors(state, lambda v: found.append(v) or v)
-    return sum(v.nbytes for v in found if v.is_floating_point())
+    return sum(v.nbytes for v in found if v.is_floating_point() and v.dim() == 4)
 
 
 def test_multi_query_attention_keeps_one_key_head_in_the_kv_cache():

@@ -96,7 +96,7 @@ class SinkhornCache:
 
 @ATTENTION.register("sinkhorn")
 class SinkhornAttention(Attention):
-    projection_features = ("grouped_kv", "qk_norm")  # keys widened once projected (the stream keeps them so)
+    projection_features = ("grouped_kv", "qk_norm")  # the stream keeps grouped keys; widened where scored
     no_projection_reason = (
         "it sorts blocks by a learned network and scores them through SDPA, writing no score out to cap"
     )
@@ -211,7 +211,6 @@ class SinkhornAttention(Attention):
         positions = torch.arange(start, end, device=x.device)
         q, k, v = (self.split_heads(p(x)) for p in (self.to_q, self.to_k, self.to_v))
         q, k = self.rotate(q, positions), self.rotate(k, positions)  # rope (else themselves), before the sort
-        k, v = self.expand_kv(k, v)
         keep = real[:, None, :, None].to(x.dtype)
         k, v = k * keep, v * keep
         sums = x.new_zeros(b, n, x.shape[-1])  # block sums of the real inputs, the earlier ones from the state
@@ -226,6 +225,7 @@ class SinkhornAttention(Attention):
         new_state = None
         if state is not None:
             new_state = SinkhornCache(k[:, :, :end].detach(), v[:, :, :end].detach(), real.detach(), sums.detach(), end)
+        k, v = self.expand_kv(k, v)  # the stream keeps grouped keys and values; every query head scores them
         kb, vb = (rearrange(z, "b h (n s) k -> b h n s k", s=size) for z in (k, v))
         blocks_valid = rearrange(valid, "b (n s) -> b n s", s=size)
         if o.sortcut:  # bidirectional only: never a state

@@ -68,6 +68,7 @@ def test_structure_keys_values_and_queries():
 
 def test_gaps_follow_the_power_law():
     """Small power_a puts queries near the context; power_a = 1 spreads them uniformly."""
+
     def mean_gap(power_a):
         out = mqar_batch(400, 128, seed=0, vocab_size=256, num_kv_pairs=1, power_a=power_a)
         where = (out["targets"] != IGNORE_INDEX).nonzero()[:, 1]

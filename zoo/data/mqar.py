@@ -94,9 +94,7 @@ def mqar_batch(
     context = 2 * num_kv_pairs
     space = (seq_len - context) // 2  # query slots of two tokens after the context
     p = power_law_gaps(space, power_a)
-    gaps = np.stack(
-        [rng.choice(np.arange(space), size=num_queries, replace=False, p=p) for _ in range(num_examples)]
-    )
+    gaps = np.stack([rng.choice(np.arange(space), size=num_queries, replace=False, p=p) for _ in range(num_examples)])
     tokens = np.zeros((num_examples, seq_len), dtype=np.int64)
     tokens[:, 0:context:2], tokens[:, 1:context:2] = keys, values
     where = context + 2 * gaps  # [b, q]: the query keys' positions

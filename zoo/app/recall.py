@@ -202,7 +202,8 @@ def write_report(sweep_dirs: list[str | Path], out: str | Path, *, plots: bool =
     lines = ["| length | mechanism | d_model | accuracy | state bytes / layer |", "|---|---|---|---|---|"]
     for c in sorted(front, key=lambda c: (c["seq_len"], c["state_bytes_per_layer"])):
         lines.append(
-            f"| {c['seq_len']} | {c['mechanism']} | {c['d_model']} | {c['accuracy']:.3f} | {c['state_bytes_per_layer']:.0f} |"
+            f"| {c['seq_len']} | {c['mechanism']} | {c['d_model']} | {c['accuracy']:.3f} "
+            f"| {c['state_bytes_per_layer']:.0f} |"
         )
     refused = sorted({(r["mechanism"], r["no_state"]) for r in rows if r["no_state"]})
     lines += ["", *(f"- {m}: off the frontier ({why})" for m, why in refused)]

@@ -39,7 +39,8 @@ import torch
 from torch import Tensor
 
 from zoo.config import IGNORE_INDEX, require
-from zoo.data.base import TASK, Task, check_split, seed_int
+from zoo.data.base import TASK, check_split, seed_int
+from zoo.data.synthetic import SyntheticTask
 
 
 def power_law_gaps(space: int, power_a: float) -> np.ndarray:
@@ -109,13 +110,11 @@ def mqar_batch(
 
 
 @TASK.register("mqar")
-class MQARTask(Task):
+class MQARTask(SyntheticTask):
     """Multi-query associative recall as Zoology generates it (arXiv:2312.04927): key-value pairs from
     disjoint halves of the vocabulary, each key asked once at a power-law gap; accuracy over the queries.
     data.test_seq_len / data.test_num_kv_pairs score val/test at another length (Zoology's ar_extrapolate);
     data.num_queries=1 is the single-query variant. Built in, no download."""
-
-    metric = "accuracy"
 
     @dataclass
     class Options:
@@ -147,10 +146,6 @@ class MQARTask(Task):
         if split != "train":
             seq_len, pairs = o.test_seq_len or seq_len, o.test_num_kv_pairs or pairs
         return seq_len, pairs, min(o.num_queries, pairs) if o.num_queries else pairs
-
-    def num_batches(self, split: str, world_size: int = 1) -> int | None:
-        check_split(split, world_size=world_size)
-        return None if split == "train" else max(1, self.options.eval_size // (self.batch_size * world_size))
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split, index=index, rank=rank, world_size=world_size)

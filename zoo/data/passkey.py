@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from zoo.config import IGNORE_INDEX, require
-from zoo.data.base import TASK, Task, check_split, seeded_generator
+from zoo.data.base import TASK, check_split, seeded_generator
+from zoo.data.synthetic import SyntheticTask
 
 KEY, QUERY, FILLER = 10, 11, 12  # marker ids; filler words start at FILLER
 
@@ -79,12 +80,10 @@ def passkey_batch(
 
 
 @TASK.register("passkey")
-class PasskeyTask(Task):
+class PasskeyTask(SyntheticTask):
     """Passkey retrieval (Mohtashami & Jaggi 2023, arXiv:2305.16300): a key of data.n_digits digits hidden
     in repeated filler, asked for at the end; accuracy per digit. data.test_seq_len scores val/test at
     another length (trained at trainer.seq_len); data.depth fixes where the key sits. Built in."""
-
-    metric = "accuracy"
 
     @dataclass
     class Options:
@@ -112,10 +111,6 @@ class PasskeyTask(Task):
 
     def split_len(self, split: str) -> int:
         return self.seq_len if split == "train" else (self.options.test_seq_len or self.seq_len)
-
-    def num_batches(self, split: str, world_size: int = 1) -> int | None:
-        check_split(split, world_size=world_size)
-        return None if split == "train" else max(1, self.options.eval_size // (self.batch_size * world_size))
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split, index=index, rank=rank, world_size=world_size)

@@ -82,7 +82,7 @@ from zoo.config import IGNORE_INDEX, require  # noqa: E402
 from zoo.data.base import TASK, Task, check_split, seeded_generator  # noqa: E402
 
 
-class _SyntheticTask(Task):
+class SyntheticTask(Task):
     """Fresh random sequences per batch, drawn from a generator seeded by (seed, split, index, rank);
     the validation/test splits are a fixed, finite set of batches (``eval_size`` sequences)."""
 
@@ -102,7 +102,7 @@ class _SyntheticTask(Task):
 
 
 @TASK.register("duplication")
-class DuplicationTask(_SyntheticTask):
+class DuplicationTask(SyntheticTask):
     """The Reformer duplication task (0 w 0 w; loss and accuracy on the second copy), exactly
     trainer.seq_len tokens per row (the last target, past the sequence, is not scored). Built in."""
 
@@ -133,7 +133,7 @@ class DuplicationTask(_SyntheticTask):
 
 
 @TASK.register("associative_recall")
-class AssociativeRecallTask(_SyntheticTask):
+class AssociativeRecallTask(SyntheticTask):
     """Multi-query associative recall: key-value pairs up front, queries after; accuracy on recalled
     values (see :func:`associative_recall_batch`). Built in, no download."""
 
@@ -173,7 +173,7 @@ class AssociativeRecallTask(_SyntheticTask):
 
 
 @TASK.register("reverse")
-class ReverseTask(_SyntheticTask):
+class ReverseTask(SyntheticTask):
     """A sequence-to-sequence check: the target is the source reversed (encoder-decoder presets).
 
     Vocabulary: 0 pad, 1 BOS, 2 EOS, symbols 3..n_symbols+2 (the ModelConfig defaults for pad/bos/eos).

@@ -1,0 +1,234 @@
+"""Recall against decoding state: Zoology's Figure 2 and Based's recall / state-size frontier from MQAR sweeps.
+
+Zoology (Arora et al. 2023, arXiv:2312.04927) Figure 2 plots MQAR accuracy against d_model, a panel
+per sequence length, a line per mechanism, each point the best of four learning rates. Based (Arora
+et al. 2024, arXiv:2402.18668) Figure 2 plots MQAR accuracy against the bytes of state a mechanism
+keeps to decode. Both are read here from the jobs of ``data=mqar`` sweeps (``conf/sweep/mqar_figure2.yaml``,
+run once per length), so the training is the app's and the seeds are the sweep machinery's.
+
+The state is measured, not estimated: each job's stored model config is rebuilt, a sequence of the
+job's length is fed through ``init_state`` in eval mode, and the tensors of the returned state are
+counted (:func:`zoo.bench.generate.state_bytes`), divided by the number of layers (bytes per layer
+for one sequence). A model that cannot continue a sequence has no decoding state to count: its row
+keeps the reason and stays off the frontier.
+
+Outputs (:func:`write_report`): ``recall_rows.csv`` (one row per job), ``figure2.csv`` (per
+mechanism, length and d_model: best learning rate per seed, then mean and 95% interval over seeds),
+``frontier.csv`` (the same cells with their state, the Pareto front marked), ``figure2.png`` and
+``frontier.png``, and ``recall.md`` naming the front.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.app.aggregate import mean_interval
+from zoo.app.summary import gather
+from zoo.bench.generate import state_bytes
+
+
+def decoding_state(model_config: dict[str, Any], seq_len: int) -> tuple[float | None, str]:
+    """(bytes of decoding state per layer after ``seq_len`` tokens of one sequence, "") or (None, why not)."""
+    import zoo
+
+    model = zoo.create_model(**model_config).eval()
+    try:
+        state = model.init_state(1)
+    except ValueError as refusal:
+        return None, str(refusal)
+    tokens = torch.randint(0, model.config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(tokens, state=state)
+    return state_bytes(out.state) / model.config.n_layers, ""
+
+
+def mechanism_label(model_config: dict[str, Any], varied: dict[str, str]) -> str:
+    """The mechanism and the state options the sweep set (``local_1d window=16``): a point of the frontier."""
+    attention = model_config.get("attention") or {}
+    names = attention if isinstance(attention, list) else [attention]
+    label = "+".join(str(a.get("name", "?")) for a in names)
+    options = [f"{k.removeprefix('attention.')}={v}" for k, v in sorted(varied.items()) if k.startswith("attention.")]
+    return " ".join([label, *options])
+
+
+def recall_rows(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
+    """One row per finished job of the sweeps: mechanism, length, pairs, d_model, lr, seed, accuracy, state."""
+    rows = []
+    for sweep in sweep_dirs:
+        for job in gather(sweep):
+            if not str(job.get("status", "")).startswith("finished") or job.get("best_metric") is None:
+                continue
+            stored = json.loads((Path(job["dir"]) / "config.json").read_text())
+            config, model_config = stored["config"], stored["model_config"]
+            if config["data"]["name"] != "mqar":
+                raise ValueError(f"{job['dir']}: data={config['data']['name']}, not mqar")
+            seq_len = config["trainer"]["seq_len"]
+            state, why = decoding_state(model_config, seq_len)
+            rows.append(
+                dict(
+                    mechanism=mechanism_label(model_config, job.get("overrides", {})),
+                    seq_len=seq_len,
+                    num_kv_pairs=config["data"]["num_kv_pairs"],
+                    d_model=model_config["d_model"],
+                    lr=config["optim"]["lr"],
+                    seed=config["seed"],
+                    accuracy=float(job["best_metric"]),
+                    state_bytes_per_layer=state,
+                    no_state=why,
+                    dir=job["dir"],
+                )
+            )
+    return rows
+
+
+def figure2_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (mechanism, length, d_model): each seed's best learning rate, then the mean and 95% interval
+    over seeds (Zoology reports the best of four rates per point)."""
+    best: dict[tuple, dict[Any, dict[str, Any]]] = defaultdict(dict)
+    for row in rows:
+        cell = (row["mechanism"], row["seq_len"], row["num_kv_pairs"], row["d_model"])
+        kept = best[cell].get(row["seed"])
+        if kept is None or row["accuracy"] > kept["accuracy"]:
+            best[cell][row["seed"]] = row
+    cells = []
+    for (mechanism, seq_len, pairs, d_model), by_seed in sorted(best.items()):
+        interval = mean_interval([r["accuracy"] for r in by_seed.values()])
+        states = {r["state_bytes_per_layer"] for r in by_seed.values()}
+        cells.append(
+            dict(
+                mechanism=mechanism,
+                seq_len=seq_len,
+                num_kv_pairs=pairs,
+                d_model=d_model,
+                seeds=interval.n,
+                accuracy=interval.mean,
+                low=interval.low,
+                high=interval.high,
+                best_lrs=" ".join(str(by_seed[s]["lr"]) for s in sorted(by_seed)),
+                state_bytes_per_layer=states.pop() if len(states) == 1 else None,
+            )
+        )
+    return cells
+
+
+def pareto_front(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cells no other cell of the same length beats with no more state and at least the accuracy."""
+    front = []
+    for cell in cells:
+        if cell["state_bytes_per_layer"] is None:
+            continue
+        dominated = any(
+            other is not cell
+            and other["seq_len"] == cell["seq_len"]
+            and other["state_bytes_per_layer"] is not None
+            and other["state_bytes_per_layer"] <= cell["state_bytes_per_layer"]
+            and other["accuracy"] >= cell["accuracy"]
+            and (other["state_bytes_per_layer"], -other["accuracy"])
+            != (cell["state_bytes_per_layer"], -cell["accuracy"])
+            for other in cells
+        )
+        if not dominated:
+            front.append(cell)
+    return front
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["empty"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _plots(cells: list[dict[str, Any]], front: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({c["seq_len"] for c in cells})
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4 * len(lengths), 3.5), squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        mine = [c for c in cells if c["seq_len"] == length]
+        for mechanism in sorted({c["mechanism"] for c in mine}):
+            line = sorted((c for c in mine if c["mechanism"] == mechanism), key=lambda c: c["d_model"])
+            ax.plot([c["d_model"] for c in line], [c["accuracy"] for c in line], marker="o", label=mechanism)
+        pairs = mine[0]["num_kv_pairs"]
+        ax.set(
+            title=f"length {length}, {pairs} pairs",
+            xlabel="d_model",
+            ylabel="MQAR accuracy",
+            xscale="log",
+            ylim=(0, 1.02),
+        )
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "figure2.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for length in lengths:
+        points = [c for c in cells if c["seq_len"] == length and c["state_bytes_per_layer"] is not None]
+        ax.scatter(
+            [c["state_bytes_per_layer"] for c in points], [c["accuracy"] for c in points], label=f"length {length}"
+        )
+        edge = sorted((c for c in front if c["seq_len"] == length), key=lambda c: c["state_bytes_per_layer"])
+        ax.plot([c["state_bytes_per_layer"] for c in edge], [c["accuracy"] for c in edge], linestyle="--")
+    ax.set(xscale="log", xlabel="decoding state per layer (bytes, measured)", ylabel="MQAR accuracy", ylim=(0, 1.02))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "frontier.png", dpi=120)
+    plt.close(fig)
+
+
+def write_report(sweep_dirs: list[str | Path], out: str | Path, *, plots: bool = True) -> dict[str, Path]:
+    """Read the sweeps, write the rows, cells, front (CSV + Markdown) and plots into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = recall_rows(sweep_dirs)
+    if not rows:
+        raise ValueError(f"no finished data=mqar job in {', '.join(map(str, sweep_dirs))}")
+    cells = figure2_cells(rows)
+    front = pareto_front(cells)
+    on_front = {id(c) for c in front}
+    frontier = [{**c, "pareto": id(c) in on_front} for c in cells]
+    _write_csv(out / "recall_rows.csv", rows)
+    _write_csv(out / "figure2.csv", cells)
+    _write_csv(out / "frontier.csv", frontier)
+    lines = ["| length | mechanism | d_model | accuracy | state bytes / layer |", "|---|---|---|---|---|"]
+    for c in sorted(front, key=lambda c: (c["seq_len"], c["state_bytes_per_layer"])):
+        lines.append(
+            f"| {c['seq_len']} | {c['mechanism']} | {c['d_model']} | {c['accuracy']:.3f} "
+            f"| {c['state_bytes_per_layer']:.0f} |"
+        )
+    refused = sorted({(r["mechanism"], r["no_state"]) for r in rows if r["no_state"]})
+    lines += ["", *(f"- {m}: off the frontier ({why})" for m, why in refused)]
+    (out / "recall.md").write_text(
+        "# MQAR: the Pareto front of recall against decoding state\n\n" + "\n".join(lines) + "\n"
+    )
+    paths = {name: out / name for name in ("recall_rows.csv", "figure2.csv", "frontier.csv", "recall.md")}
+    if plots:
+        _plots(cells, front, out)
+        paths.update(figure2=out / "figure2.png", frontier_png=out / "frontier.png")
+    return paths
+
+
+try:  # the callback base class; the module stays importable without Hydra for write_report
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover
+    Callback = object  # type: ignore[misc,assignment]
+
+
+class RecallReport(Callback):
+    """Hydra callback of ``sweep=mqar_figure2``: writes the Figure 2 cells and the frontier into the sweep directory."""
+
+    def __init__(self, plots: bool = True):
+        self.plots = plots
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        paths = write_report([config.hydra.sweep.dir], config.hydra.sweep.dir, plots=self.plots)
+        print(f"\n{paths['recall.md'].read_text()}", flush=True)

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("hydra")
 
-from app_cli import train_main  # noqa: E402
+from support.app_cli import train_main  # noqa: E402
 
 from zoo.app.recall import decoding_state, figure2_cells, pareto_front  # noqa: E402
 

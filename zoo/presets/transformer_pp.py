@@ -38,6 +38,15 @@ def transformer_pp_config(**values: Any) -> dict[str, Any]:
     return {**block, **values}
 
 
+def recurrent_block(**values: Any) -> dict[str, Any]:
+    """The Transformer++ block around a mixer that orders tokens itself (the gated linear and state-space
+    family: decays, short convolutions), as flash-linear-attention's models build it: no position signal,
+    and SwiGLU at 2/3 of 4 d_model rounded up to a multiple of 256 (``two_thirds``, ``multiple_of``)."""
+    block = transformer_pp_config(position={"name": "none"}, feed_forward={"name": "swiglu", "two_thirds": True,
+                                                                           "multiple_of": 256})
+    return {**block, **values}
+
+
 @register_preset(
     "transformer_pp",
     "Transformer++ decoder (Llama's block): pre-RMSNorm, SwiGLU, rotary, no biases; GQA and tied embeddings as options",

@@ -45,12 +45,13 @@ Deviations:
   across the steps, so a position keeps one signal through the recurrence (the paper's intent).
 - tensor2tensor keeps updating halted positions' states and mixes outputs as
   s' = w * new + (1 - w) * s'; we follow the paper's text (copy forward) and Graves's mean field.
-- State across calls (fixed depth, ``act=false``, the ``ffn`` transition): step n's attention sees the
+- State across calls (fixed depth, ``act=false``, a position-wise feed-forward): step n's attention sees the
   earlier tokens' step-n inputs, so the shared block keeps one cache per step (:class:`UniversalState`,
   with where the stream stands, which numbers the position signal) and a stream continues exactly. With
   ACT, each earlier position halts at its own step, and its step-n keys are those of its state frozen at
-  halting, which these per-step caches do not hold; the separable-convolution transition reads the
-  kernel's earlier positions at every step, which no attention cache holds: both refuse a state, saying so.
+  halting, which these per-step caches do not hold, so ACT refuses a state, saying so; the separable-
+  convolution feed-forward (``feed_forward=sepconv``) refuses for itself (it reads the kernel's earlier
+  positions at every step, which no attention cache holds).
 
 Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real); context [b, c, d]; per-position maps [b, t].
 """
@@ -98,19 +99,14 @@ class UniversalStack(Stack):
     """``n_layers`` is T, the number of steps (and the step limit under ACT unless ``max_steps``)."""
 
     def stream_refusal(self) -> str | None:
-        """Fixed depth streams (one cache per step); ACT and the convolution transition refuse (module notes)."""
+        """Fixed depth streams (one cache per step); ACT refuses (module notes)."""
         if self.options.act:
             return (
                 "stack 'universal' keeps no state between calls with act=true: each earlier position halts at its "
                 "own step and later steps read its state frozen there, which its per-step caches do not hold "
                 "(act=false streams)"
             )
-        if self.options.transition != "ffn":
-            return (
-                "stack 'universal' keeps no state between calls with transition=sepconv: the convolution reads "
-                "the kernel's earlier positions at every step, which no attention cache holds"
-            )
-        return None
+        return None  # a feed-forward part that cannot stream (sepconv) refuses for itself (Block asks it)
 
     def context_refusal(self) -> str:
         return (

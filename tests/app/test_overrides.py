@@ -197,6 +197,8 @@ def test_tiny_never_beats_the_command_line(composer):
     for preset in zoo.list_models():
         tiny = {k: v for k, v in get_preset(preset).tiny.items() if k != "vocab_size"}  # the task sets the vocabulary
         own = preset_config(preset)
+        if isinstance(own.attention, list):  # a per-layer hybrid: its overrides are tests/contracts/test_hybrids.py's
+            continue
         if (tiny, own.attention["name"]) in seen:  # same tiny variant of the same mechanism: already checked
             continue
         seen.append((tiny, own.attention["name"]))

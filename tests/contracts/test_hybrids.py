@@ -92,8 +92,11 @@ def test_positions_inside_attention_reach_every_layer_of_a_hybrid(position):
 
 
 def test_a_layer_that_refuses_a_position_is_named():
-    with pytest.raises(ValueError, match=r"layer 1 \(linear\).*cannot take position 'rope'"):
-        lm(["vanilla", "linear"], n_layers=2, position="rope")
+    # a causal mechanism whose flags say it applies no rotation (chosen by flags, not by name)
+    refuser = next(n for n in zoo.list_attention() if ATTENTION.get(n).supports_causal
+                   and "rotary" not in ATTENTION.get(n).position_kinds and ATTENTION.get(n).length_option is None)
+    with pytest.raises(ValueError, match=rf"layer 1 \({refuser}\).*cannot take position 'rope'"):
+        lm(["vanilla", refuser], n_layers=2, position="rope")
 
 
 def test_options_without_a_name_apply_to_every_layer_and_a_name_swaps_the_hybrid():

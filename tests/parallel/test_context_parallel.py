@@ -313,7 +313,7 @@ def test_grouped_kv_qk_norm_and_a_hybrid_over_a_split_sequence_equal_one_process
     cases = []
     for name in zoo.list_attention():
         cls = ATTENTION.get(name)
-        if "grouped_kv" not in cls.projection_features or "rotary" not in cls.position_kinds:
+        if not cls.supports_causal or "grouped_kv" not in cls.projection_features or "rotary" not in cls.position_kinds:
             continue
         options = {k: v for k, v in cls.contract_options().items() if k != cls.memory_option}  # no carried cache
         attention = {"name": name, **options, "n_kv_heads": 1, "qk_norm": "rmsnorm"}

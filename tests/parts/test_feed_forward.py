@@ -93,7 +93,7 @@ def test_the_activation_key_reaches_mlp_and_points_gated_names_to_the_axis():
     assert model.stack.blocks[0].feed_forward.options.activation == "gelu"
     own = zoo.create_model("vanilla_lm", **tiny, activation="gelu", feed_forward={"name": "mlp", "activation": "relu"})
     assert own.stack.blocks[0].feed_forward.options.activation == "relu"  # the part's own option wins
-    with pytest.raises(ValueError, match="set feed_forward=swiglu"):
+    with pytest.raises(ValueError, match="the feed_forward axis: feed_forward=swiglu"):
         zoo.create_model("vanilla_lm", **tiny, activation="swiglu")
     with pytest.raises(ValueError, match="fixes its own"):
         zoo.create_model("vanilla_lm", **tiny, activation="gelu", feed_forward="swiglu")

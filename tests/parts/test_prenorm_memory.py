@@ -77,13 +77,13 @@ def test_layernorm_gradient_includes_memory_positions():
     def reference(memory_through_norm: bool) -> torch.Tensor:
         memory = model.embed(seg1).detach()  # StopGrad(M): layer 0's input in segment 1
         e = model.embed(seg2)
-        h = F.layer_norm(torch.cat([memory, e], dim=1), (e.shape[-1],), norm.weight, norm.bias, norm.eps)
+        h = F.layer_norm(torch.cat([memory, e], dim=1), (e.shape[-1],), norm.weight, norm.bias, norm.options.eps)
         m = memory.shape[1]
         h_memory = h[:, :m] if memory_through_norm else h[:, :m].detach()
         attended = block.attention(h[:, m:], state=XLMemory(h_memory)).out
         x = e + attended
         ff_norm = block.feed_forward_residual.norm
-        x = x + block.feed_forward(F.layer_norm(x, (x.shape[-1],), ff_norm.weight, ff_norm.bias, ff_norm.eps))
+        x = x + block.feed_forward(F.layer_norm(x, (x.shape[-1],), ff_norm.weight, ff_norm.bias, ff_norm.options.eps))
         logits = model.head(model.norm(x))
         loss = F.cross_entropy(logits.flatten(0, 1), seg2.flatten())
         torch.testing.assert_close(loss, out.loss)

@@ -31,13 +31,12 @@ import torch
 from zoo.app.aggregate import mean_interval
 from zoo.app.summary import gather
 from zoo.bench.generate import state_bytes
+from zoo.presets.factory import create_model
 
 
 def decoding_state(model_config: dict[str, Any], seq_len: int) -> tuple[float | None, str]:
     """(bytes of decoding state per layer after ``seq_len`` tokens of one sequence, "") or (None, why not)."""
-    import zoo
-
-    model = zoo.create_model(**model_config).eval()
+    model = create_model(**model_config).eval()
     try:
         state = model.init_state(1)
     except ValueError as refusal:

@@ -197,19 +197,20 @@ class ZooPreTrainedModel(PreTrainedModel):
 
 
 def attention_projections(model: nn.Module) -> list[str]:
-    """Names of the attention projections (the ``nn.Linear`` layers ``to_*`` of every attention part:
-    to_q / to_k / to_v / to_out, to_qk, to_qkv, ...) inside ``model``: PEFT's ``target_modules`` for LoRA
-    on any mechanism, ``LoraConfig(target_modules=attention_projections(model))``."""
+    """Names of the attention projections (the ``nn.Linear`` layers of every attention part named ``to_*``,
+    to_q / to_k / to_v / to_out, to_qk, ..., or ``*_proj`` as the gated linear and state-space mixers name them
+    after their papers' code: q_proj, in_proj, out_proj, ...) inside ``model``: PEFT's ``target_modules`` for
+    LoRA on any mechanism, ``LoraConfig(target_modules=attention_projections(model))``."""
     names = []
     for prefix, module in model.named_modules():
         if isinstance(module, Attention):
             names += [
                 f"{prefix}.{name}"
                 for name, child in module.named_children()
-                if name.startswith("to_") and isinstance(child, nn.Linear)
+                if (name.startswith("to_") or name.endswith("_proj")) and isinstance(child, nn.Linear)
             ]
     if not names:
-        raise ValueError(f"{type(model).__name__} has no attention projections (nn.Linear to_* in an Attention)")
+        raise ValueError(f"{type(model).__name__} has no attention projections (to_*, *_proj Linear in an Attention)")
     return names
 
 

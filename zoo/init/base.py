@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from zoo.config import NoOptions, build_options, split_part
+from zoo.models.base import TokenEmbedding
+from zoo.position.base import Position
 from zoo.registry import Registry
 
 
@@ -45,9 +47,6 @@ def reset_tables(model: nn.Module, std: float) -> None:
     """The embedding tables as plain N(0, std) tables: every token table read unscaled
     (``TokenEmbedding.reset``) and every parameter of a learned position table (a position part with
     an ``init_std`` option: ``learned``'s table and its per-layer tables)."""
-    from zoo.models.base import TokenEmbedding  # the models import the stacks, which import this axis
-    from zoo.position.base import Position
-
     for module in model.modules():
         if isinstance(module, TokenEmbedding):
             module.reset(std)

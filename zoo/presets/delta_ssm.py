@@ -29,14 +29,13 @@ from zoo.presets.transformer_pp import recurrent_block
 
 BLOCK = dict(d_model=2048, d_ff=8192)
 TINY_CHUNKS = {"head_dim": 0, "chunk_size": 8}  # the tiny variant: heads of d_model / n_heads, chunks of 8
-TINY_FF = {"multiple_of": 8}  # the tiny variant's SwiGLU width: 2/3 of d_ff, not rounded up to 256
 GATED_DELTANET = {"name": "gated_deltanet", "head_dim": 192, "expand_v": 2.0, "use_gate": True, "conv_size": 4}
 
 
 @register_preset(
     "deltanet_lm",
     "DeltaNet LM: the delta rule trained chunkwise, 1.3B width and depth, Transformer++ block (Yang et al. 2024)",
-    tiny=dict(attention=TINY_CHUNKS, feed_forward=TINY_FF),
+    tiny=dict(attention=TINY_CHUNKS),
     paper="Yang et al. 2024, Parallelizing Linear Transformers with the Delta Rule over Sequence Length, "
     "arXiv:2406.06484",
 )
@@ -49,7 +48,7 @@ def _deltanet_lm() -> dict[str, Any]:
     "gated_deltanet_lm",
     "Gated DeltaNet LM: the delta rule with a scalar decay and output gate, 1.3B width and depth, Transformer++ block "
     "(Yang, Kautz, Hatamizadeh 2024)",
-    tiny=dict(attention=TINY_CHUNKS, feed_forward=TINY_FF),
+    tiny=dict(attention=TINY_CHUNKS),
     paper="Yang, Kautz, Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 with Delta Rule, arXiv:2412.06464",
 )
 def _gated_deltanet_lm() -> dict[str, Any]:
@@ -59,7 +58,7 @@ def _gated_deltanet_lm() -> dict[str, Any]:
 @register_preset(
     "mamba2_lm",
     "Mamba-2 LM: the SSD layer as each block's mixer, 1.3B width, 21 Transformer++ blocks with MLPs (Dao & Gu 2024)",
-    tiny=dict(attention={"d_state": 8, "chunk_size": 8}, feed_forward=TINY_FF),
+    tiny=dict(attention={"d_state": 8, "chunk_size": 8}),
     paper="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms Through Structured "
     "State Space Duality, arXiv:2405.21060",
 )
@@ -74,7 +73,6 @@ def _mamba2_lm() -> dict[str, Any]:
     "Transformer++ block (Yang, Kautz, Hatamizadeh 2024)",
     tiny=dict(
         attention=[{**GATED_DELTANET, **TINY_CHUNKS}, {"name": "local_1d", "block": 8, "memory": 8, "bias": False}],
-        feed_forward=TINY_FF,
     ),
     paper="Yang, Kautz, Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 with Delta Rule, arXiv:2412.06464",
 )

@@ -22,7 +22,6 @@ from typing import Any
 from zoo.presets.factory import register_preset
 from zoo.presets.transformer_pp import recurrent_block
 
-TINY_FF = {"multiple_of": 8}  # the tiny variant's SwiGLU width: 2/3 of d_ff, not rounded up to 256
 RETNET = "Sun et al. 2023, Retentive Network: A Successor to Transformer for Large Language Models, arXiv:2307.08621"
 GLA = "Yang et al. 2023, Gated Linear Attention Transformers with Hardware-Efficient Training, arXiv:2312.06635"
 BASED = (
@@ -35,7 +34,7 @@ BASED = (
     "retnet_lm",
     "RetNet LM: multi-scale retention (fixed decay per head, xPos rotation, group norm, swish gate) in the "
     "Transformer++ block, the 1.3B row's width and depth (Sun et al. 2023)",
-    tiny=dict(attention={"chunk_size": 8}, feed_forward=TINY_FF),
+    tiny=dict(attention={"chunk_size": 8}),
     paper=RETNET,
 )
 def _retnet_lm() -> dict[str, Any]:
@@ -47,7 +46,7 @@ def _retnet_lm() -> dict[str, Any]:
     "gla_lm",
     "GLA LM: gated linear attention (data-dependent decay per key dim, low-rank gate, output gate, norm) in the "
     "Transformer++ block, the 340M row's width and depth (Yang et al. 2023)",
-    tiny=dict(attention={"chunk_size": 8, "gate_low_rank_dim": 4}, feed_forward=TINY_FF),
+    tiny=dict(attention={"chunk_size": 8, "gate_low_rank_dim": 4}),
     paper=GLA,
 )
 def _gla_lm() -> dict[str, Any]:
@@ -59,7 +58,7 @@ def _gla_lm() -> dict[str, Any]:
     "based_lm",
     "Based LM: Taylor-feature linear attention beside a 64-key sliding window in each layer of a Transformer++ block "
     "(Arora et al. 2024)",
-    tiny=dict(attention={"chunk_size": 8, "feature_dim": 4, "window_size": 8}, feed_forward=TINY_FF),
+    tiny=dict(attention={"chunk_size": 8, "feature_dim": 4, "window_size": 8}),
     paper=BASED,
 )
 def _based_lm() -> dict[str, Any]:

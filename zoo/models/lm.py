@@ -130,6 +130,9 @@ class CausalLM(ZooModel):
         reason = self.stream_refusal()
         if reason is not None:
             return f"it recomputes the prefix each step instead of keeping a state ({reason})"
+        reason = self.decoding_stack().left_padding_refusal()
+        if reason is not None:
+            return reason
         for i, block in enumerate(self.decoding_blocks()):
             reason = block.attention.left_padding_refusal()
             if reason is not None:

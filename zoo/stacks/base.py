@@ -90,6 +90,12 @@ class Stack(nn.Module):
     def init_state(self, batch_size: int) -> list[Any] | None:
         return None
 
+    def left_padding_refusal(self) -> str | None:
+        """Why a left-padded batch decoded through this stack would not equal each prompt alone (a signal of the
+        stack's own numbered from where the stream stands rather than from each row's first real token), or
+        None (generate(pad_mask=...) asks it; zoo/models/generation.py)."""
+        return None
+
     def stream_refusal(self) -> str | None:
         """Why this stack cannot thread its layers' states from one call to the next (so a model built
         on it cannot continue a sequence), or None when it can."""

@@ -108,6 +108,12 @@ class UniversalStack(Stack):
             )
         return None  # a feed-forward part that cannot stream (sepconv) refuses for itself (Block asks it)
 
+    def left_padding_refusal(self) -> str:
+        return (
+            "stack 'universal' adds its own position and timestep signal, numbered from where the stream stands "
+            "and not from each row's first real token, so a left-padded row would be numbered unlike its prompt alone"
+        )
+
     def context_refusal(self) -> str:
         return (
             "stack 'universal' adds its own position signal, numbered from each call's first token, so a chunk of "

@@ -71,7 +71,7 @@ FLEX_STREAM_DEFECT = pytest.mark.xfail(strict=True, reason="flex over an in-plac
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=FLEX_STREAM_DEFECT) if n in ("vanilla", "sparse_strided")
+        pytest.param(n, marks=[FLEX_STREAM_DEFECT, pytest.mark.slow]) if n in ("vanilla", "sparse_strided")
         else n if n == "local_1d"  # the default run's case (each compiles FlexAttention anew: 30 s on this CPU)
         else pytest.param(n, marks=pytest.mark.slow)
         for n in FLEX

@@ -22,10 +22,15 @@ VARIANTS = {
     "sparse_fixed": [{"stride": 4, "c": 2, "combine": c} for c in ("union", "interleaved", "per_head")],
 }
 ALL = [(name, options, causal) for name in FLEX for options in VARIANTS.get(name, [{}]) for causal in (True, False)]
-# the default run: each pattern's first option set at one length (each new shape compiles FlexAttention
-# again, seconds each on the CPU); the whole matrix at three lengths is marked slow
+# the default run: the causal local window and causal dense attention at one length (each case compiles
+# FlexAttention anew, 12-24 s on this CPU); each pattern's first option set, and the whole matrix at three
+# lengths, are marked slow
 FIRST = [case for case in ALL if case[1] == VARIANTS.get(case[0], [{}])[0]]
-CASES = [(*case, (19,)) for case in FIRST] + [pytest.param(*case, (7, 19, 45), marks=pytest.mark.slow) for case in ALL]
+DEFAULT = {("local_1d", True), ("vanilla", True)}
+CASES = [
+    (*case, (19,)) if (case[0], case[2]) in DEFAULT else pytest.param(*case, (19,), marks=pytest.mark.slow)
+    for case in FIRST
+] + [pytest.param(*case, (7, 19, 45), marks=pytest.mark.slow) for case in ALL]
 
 
 def test_every_static_pattern_offers_the_flex_backend():

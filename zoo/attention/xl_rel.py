@@ -31,7 +31,7 @@ Memory (``XLMemory``): the layer's input hidden states of the last ``mem_len`` p
 detached, plus their padding mask. In a pre-norm block (TrXL-I, GTrXL) the memory holds the raw
 residual stream and the block's current LayerNorm is applied to it on every call, the paper's
 LayerNorm([StopGrad(M), E]) (Parisotto et al. 2019): the norm gets gradient through memory
-positions and never normalises with stale weights (``LayerInput`` in attention/base.py).
+positions and never normalises with stale weights (``LayerInput`` in attention/state.py).
 ``eval_mem_len`` (> 0) keeps a longer memory in eval mode: the paper trains with attention length
 784 and evaluates with 3,800 on enwik8. Every call returns the memory (bounded by mem_len), so
 ``model(tokens, state=out.state)`` continues a stream segment by segment or token by token. The memory

@@ -111,7 +111,10 @@ class Attention(AttentionHelpers, nn.Module):
     """Base class: validates the arguments every mechanism shares and its own ``Options``.
 
     Subclasses declare ``Options`` (a dataclass of their hyper-parameters with defaults) and read
-    them from ``self.options``; the registry name comes from ``@ATTENTION.register``.
+    them from ``self.options``; the registry name comes from ``@ATTENTION.register``. They implement
+    ``forward(x, *, context=None, pad_mask=None, state=None) -> AttnOutput``, set the flags below and
+    answer the questions that apply; the helpers they may call on themselves (``add_projections``,
+    ``split_heads``, ``rotate``, ``check_inputs``, ...) come from :class:`~zoo.attention.helpers.AttentionHelpers`.
     """
 
     # capability flags

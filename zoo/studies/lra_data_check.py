@@ -30,6 +30,7 @@ from pathlib import Path
 
 from zoo.config import require
 from zoo.data import TASK
+from zoo.data.listops import VOCAB
 from zoo.studies.base import STUDY, Study
 from zoo.studies.common import PROJECT_ROOT, Rows
 
@@ -38,8 +39,6 @@ TASKS = ("listops", "imdb", "aan", "cifar10_gray", "pathfinder")
 
 
 def listops_rows(data: str, seq_len: int, split: str) -> list[Example]:
-    from zoo.data.listops import VOCAB
-
     task = TASK.get("listops")(path=data, seq_len=seq_len, batch_size=1, seed=0)
     tokens, labels = task.files[split]
     return [([VOCAB[i] if i else "<pad>" for i in row.tolist()], int(y)) for row, y in zip(tokens, labels)]

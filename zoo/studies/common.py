@@ -13,7 +13,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from zoo.app.compose import compose
 from zoo.app.csv_rows import append_rows, read_rows
+from zoo.app.run import run
 from zoo.bench.machine import describe_machine
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +31,6 @@ def train(overrides: Sequence[str], run_dir: Path, *, threads: int = 1, echo: Ca
     from its ``last.pt``, and a finished run (``result.json``) is not trained again. It runs in this
     process (a new interpreter per run cost about 5 s of start-up, most of a toy study); the app's output
     goes to ``<run_dir>.log``. Returns the run directory."""
-    from zoo.app.compose import compose
-    from zoo.app.run import run
-
     run_dir = Path(run_dir).resolve()
     if (run_dir / "result.json").exists():
         return run_dir

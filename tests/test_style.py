@@ -126,3 +126,12 @@ def test_model_floors_import_no_job_above_them():
         if target.startswith(tuple(f"zoo.{job}" for job in JOBS))
     ]
     assert not upward, "a model floor importing a job above it:\n" + "\n".join(upward)
+
+
+def test_no_two_test_files_share_a_name():
+    """tests/ has no __init__.py files, so pytest imports each test file by its bare name: a second file of
+    the same name under another folder stops the whole run at collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}

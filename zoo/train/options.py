@@ -88,7 +88,7 @@ class TrainerOptions:
             "eagerly); set one of them back",
         )
         require(
-            self.context_parallel == 1 or self.checkpoint_plan().mode == "none",
+            self.checkpoint_plan().mode == "none" or self.context_parallel == 1,
             "trainer.activation_checkpointing with trainer.context_parallel > 1 is not supported yet: recomputing a "
             "layer in backward would run its exchanges between ranks again, which no test covers; set one of them back",
         )

@@ -208,3 +208,34 @@ def test_refusals_name_the_reason():
         == TrainerOptions(activation_checkpointing="selective", selective_checkpointing="attention").checkpoint_plan()
     )
     assert CheckpointPlan.parse("selective:3").spec == "selective:3"
+
+
+# -- the application: trainer.activation_checkpointing reaches the run -----------------------------------------
+
+
+def test_the_trainer_options_reach_the_plan():
+    pytest.importorskip("hydra")
+    from support.app_overrides import TINY
+
+    from zoo.app.compose import compose
+    from zoo.app.run import trainer_options
+
+    keys = ["trainer.activation_checkpointing=selective", "trainer.selective_checkpointing=3"]
+    assert trainer_options(compose(TINY + keys)).checkpoint_plan() == CheckpointPlan.selective(3)
+
+
+@pytest.mark.slow  # two tiny training runs, about 5 s each here
+def test_a_checkpointed_run_trains_as_the_plain_one(tmp_path):
+    pytest.importorskip("hydra")
+    from support.app_overrides import TINY
+
+    from zoo.app.compose import compose
+    from zoo.app.run import run as run_app
+    from zoo.train.checkpoints.format import load_checkpoint
+
+    common = TINY + ["trainer.max_steps=2", "trainer.eval_every=2", "trainer.threads=1", "model.dropout=0.1"]
+    run_app(compose(common), run_dir=tmp_path / "plain")
+    run_app(compose(common + ["trainer.activation_checkpointing=full"]), run_dir=tmp_path / "full")
+    plain, full = (load_checkpoint(tmp_path / name / "checkpoints" / "last.pt")["model"] for name in ("plain", "full"))
+    for key, value in plain.items():
+        assert torch.equal(full[key], value), key

@@ -239,3 +239,21 @@ def test_a_checkpointed_run_trains_as_the_plain_one(tmp_path):
     plain, full = (load_checkpoint(tmp_path / name / "checkpoints" / "last.pt")["model"] for name in ("plain", "full"))
     for key, value in plain.items():
         assert torch.equal(full[key], value), key
+
+
+def test_the_cost_model_counts_the_recomputation():
+    """Full checkpointing adds one forward of every block to a step's FLOPs (zoo/models/costs.py), the attention
+    sub-layer only its attention; the activation estimate, which does not model checkpointing, says unknown."""
+    from zoo.models.costs import activation_bytes_per_token, forward_flops, step_flops
+
+    model, t = build("vanilla_lm"), 16
+    plain = step_flops(model, t)["total"]
+    blocks_forward = forward_flops(model, t) - model.output_flops(t)[0]
+    set_activation_checkpointing(model, CheckpointPlan("full"))
+    assert step_flops(model, t)["total"] == pytest.approx(plain + blocks_forward)
+    assert activation_bytes_per_token(model, t, model.config.d_model) is None
+    set_activation_checkpointing(model, CheckpointPlan.attention_only())
+    attention = sum(block.attention.forward_flops(t).total for block in model.stack.blocks)
+    assert step_flops(model, t)["total"] == pytest.approx(plain + attention)
+    set_activation_checkpointing(model, CheckpointPlan())
+    assert step_flops(model, t)["total"] == plain and activation_bytes_per_token(model, t, 32) is not None

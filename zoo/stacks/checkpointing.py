@@ -162,7 +162,18 @@ def set_activation_checkpointing(
             method = SUBLAYERS[plan.sublayer]
             setattr(block, method, functools.partial(run_chosen, block, method, plan.every, checkpoint_fn))
             chosen.append(block)
+        for block in blocks.values():  # what recomputed() reads (cost models)
+            block.__dict__["checkpointing"] = plan if plan.mode != "none" else None
     return chosen
+
+
+def recomputed(block: Block, layer_index: int, *, any_layer: bool = False) -> str | None:
+    """What backward recomputes of ``block`` running as layer ``layer_index`` (``block`` or ``attention``), or
+    None; ``any_layer``: at any layer (whether the block is checkpointed at all)."""
+    plan = block.__dict__.get("checkpointing")
+    if plan is None or not (any_layer or layer_index % plan.every == 0):
+        return None
+    return plan.sublayer
 
 
 def run_chosen(

@@ -1,4 +1,4 @@
-"""Activation checkpointing of every stack (zoo/stacks/checkpointing.py over zoo/recompute.py).
+"""Activation checkpointing of every stack (zoo/stacks/checkpointing.py over zoo/attention/recompute.py).
 
 Checked, per stack (sequential decoder-only, encoder-decoder, classifier, XL / GTrXL / adaptive-span memory
 carried from segment to segment, universal with and without ACT) and mode (full, every 2nd block, the attention
@@ -19,8 +19,8 @@ from torch.utils.checkpoint import checkpoint
 
 import zoo
 from zoo.attention.base import Attention
+from zoo.attention.recompute import recompute
 from zoo.presets.factory import get_preset
-from zoo.recompute import recompute
 from zoo.stacks import checkpointing
 from zoo.stacks.checkpointing import CheckpointPlan, set_activation_checkpointing
 from zoo.train.activation_meter import ActivationMeter

@@ -40,8 +40,8 @@ from torch import Tensor
 
 from zoo.attention.base import ATTENTION, FlopCount
 from zoo.attention.kernelized import KernelizedAttention, KernelState, kernel_flops
+from zoo.attention.recompute import recomputing
 from zoo.config import require
-from zoo.recompute import recomputing
 
 
 def orthogonal_features(m: int, k: int, orthogonal: bool = True, device=None) -> Tensor:
@@ -126,7 +126,7 @@ class PerformerAttention(KernelizedAttention):
         """FAVOR+ features of q and k under this call's random features: a stream's pinned ones (its first
         call pins the layer's current draw), else the layer's, redrawn on schedule in training."""
         if self.training:
-            if not recomputing():  # backward running this forward again (zoo.recompute) is no new call
+            if not recomputing():  # backward running this forward again (zoo.attention.recompute) is no new call
                 self.calls += 1
             # recomputed: the same draw again (the generator is replayed), so the same features
             if self.options.redraw_interval and int(self.calls) % self.options.redraw_interval == 0:

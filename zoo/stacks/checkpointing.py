@@ -19,7 +19,7 @@ the hub's ``gradient_checkpointing_enable``):
   norm and mechanism: ``Block._attend``), the feed-forward keeping its activations.
 
 How: the chosen method (``forward`` or ``_attend``) of each block becomes an instance attribute running the
-class's method through :func:`zoo.recompute.recompute` (non-reentrant ``torch.utils.checkpoint``, the
+class's method through :func:`zoo.attention.recompute.recompute` (non-reentrant ``torch.utils.checkpoint``, the
 generators, autocast state and sequence chunk replayed). Nothing is wrapped in a new module: the module tree,
 parameter names and state dict are unchanged (checkpoints load either way), forward hooks run once per
 forward (``Module.__call__`` is untouched), and FSDP2's ``fully_shard`` applied to each block afterwards
@@ -30,7 +30,7 @@ A state threaded through a checkpointed block (XL memory, the adaptive-span cach
 other: the recomputation reads the same memory, and a cache appended to in place
 (:mod:`zoo.attention.append`) copies instead of appending twice, since the first run's entries are then its
 tip. A part whose forward has a side effect that must happen once per step asks
-:func:`zoo.recompute.recomputing` (Performer's redraw counter).
+:func:`zoo.attention.recompute.recomputing` (Performer's redraw counter).
 
 Refused, with the reason (never silently ignored): a stack that recomputes already or never calls its
 blocks' methods (``Stack.checkpoint_refusal``: reversible), a stack that does not list its blocks
@@ -47,9 +47,9 @@ from typing import Any
 
 from torch import nn
 
+from zoo.attention.recompute import recompute
 from zoo.blocks import Block
 from zoo.config import require
-from zoo.recompute import recompute
 from zoo.stacks.base import Stack
 
 MODES = ("none", "full", "selective")

@@ -17,7 +17,7 @@ gradients one layer at a time. So the activations held for backward do not grow 
 - Dropout (and anything else drawing random numbers) repeats exactly: the CPU/CUDA RNG state at
   the start of each branch is recorded in forward and restored for its recomputation.
 - Mixed precision repeats too: backward recomputes each branch under the autocast state the
-  forward ran in (:class:`zoo.precision.AutocastState`, replayed by :class:`zoo.recompute.Replaying`, as
+  forward ran in (:class:`zoo.precision.AutocastState`, replayed by :class:`zoo.attention.recompute.Replaying`, as
   every recomputation in the zoo is); recomputed in float32, a bf16 forward's
   inputs would be rebuilt from other branch values and the gradients taken of another function.
 - Chunked feed-forward: G is position-wise (a part that is not is refused), so when ``chunk_size`` is set it is
@@ -52,10 +52,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.attention.recompute import Replaying
 from zoo.blocks import Block, merge_into, prefixed
 from zoo.parallel.chunk import active_chunk
 from zoo.precision import AutocastState
-from zoo.recompute import Replaying
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 
 

@@ -257,3 +257,15 @@ def test_the_cost_model_counts_the_recomputation():
     assert step_flops(model, t)["total"] == pytest.approx(plain + attention)
     set_activation_checkpointing(model, CheckpointPlan())
     assert step_flops(model, t)["total"] == plain and activation_bytes_per_token(model, t, 32) is not None
+
+
+@pytest.mark.slow  # compiling takes minutes on the shared CPU
+def test_checkpointed_blocks_compile_with_the_same_gradients():
+    """Under torch.compile the checkpoint is traced into the graph (dynamo takes no replay context)."""
+    model = build("vanilla_lm", dtype=torch.float32, dropout=0.0)
+    feed = batches(model, segments=1)
+    plain = run(model, CheckpointPlan(), feed)
+    set_activation_checkpointing(model, CheckpointPlan("full"))
+    total_loss(torch.compile(model)(**feed[-1])).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, plain["grads"][name], rtol=1e-4, atol=1e-5, msg=name)

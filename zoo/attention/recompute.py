@@ -93,16 +93,19 @@ def recompute(
     time backward runs. ``preserve_rng_state=False`` skips saving the generators (``fn`` draws nothing).
     ``checkpoint_fn``: torch's ``checkpoint`` with keywords bound (``use_reentrant=False``; HF's
     ``gradient_checkpointing_kwargs``), called as ``checkpoint_fn(fn, *args, context_fn=..., **kwargs)``.
-    Without a gradient to compute, ``fn`` simply runs."""
+    Without a gradient to compute, ``fn`` simply runs. Under ``torch.compile`` the checkpoint is traced into the
+    graph without the replay context (dynamo takes none): the compiled graph decides the recomputation itself."""
+    run = checkpoint_fn or NON_REENTRANT
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        return run(fn, *args, preserve_rng_state=preserve_rng_state, **kwargs)
     device = next((x.device for x in args if isinstance(x, torch.Tensor)), torch.device("cpu"))
     autocast, chunk = AutocastState.now(device), active_chunk()
 
     def contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
         return contextlib.nullcontext(), Replaying(autocast, chunk)
 
-    run = checkpoint_fn or NON_REENTRANT
     return run(fn, *args, context_fn=contexts, preserve_rng_state=preserve_rng_state, **kwargs)
 
 

@@ -112,12 +112,15 @@ def flex_attend(
     heads_differ: bool,
     cache_key: tuple,
     bias: DistanceBias | None = None,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) + bias) v over the pairs ``rule`` allows (and ``valid`` keys), through
-    FlexAttention. q [b, h, t, k]; k, v [b, h, s, k] -> [b, h, t, k]."""
+    FlexAttention. q [b, h, t, k]; k, v [b, h, s, k] -> [b, h, t, k]. ``documents`` long [b, s] (a packed row,
+    queries and keys the same t = s positions): query i may see key j only inside its own document."""
     b, h = q.shape[:2]
+    batch = b if valid is not None or documents is not None else 1
     mask = block_mask(
-        rule, query_positions, key_positions, valid, b if valid is not None else 1, h if heads_differ else 1, cache_key
+        rule, query_positions, key_positions, valid, batch, h if heads_differ else 1, cache_key, documents
     )
     mask, has_key = mask
     with warnings.catch_warnings():  # the compiled kernel warns once about its CPU path
@@ -140,9 +143,10 @@ def block_mask(
     batch: int,
     heads: int,
     cache_key: tuple,
+    documents: Tensor | None = None,
 ) -> tuple[BlockMask, Tensor]:
-    """The BlockMask of ``rule`` over these positions (and padding), built a row of query blocks at a time,
-    and which queries may see any key at all (bool [batch, heads, t])."""
+    """The BlockMask of ``rule`` over these positions (and padding, and packed documents), built a row of
+    query blocks at a time, and which queries may see any key at all (bool [batch, heads, t])."""
     key = (
         cache_key,
         query_positions.device,
@@ -152,18 +156,19 @@ def block_mask(
         if key_positions.numel() <= 4096
         else (key_positions.numel(), int(key_positions.sum())),
         None if valid is None else (valid.data_ptr(), valid._version, tuple(valid.shape)),
+        None if documents is None else (documents.data_ptr(), documents._version, tuple(documents.shape)),
         batch,
         heads,
     )
     if key not in _CACHE:
         if len(_CACHE) > 64:
             _CACHE.clear()
-        _CACHE[key] = _build(rule, query_positions, key_positions, valid, batch, heads)
+        _CACHE[key] = _build(rule, query_positions, key_positions, valid, batch, heads, documents)
     return _CACHE[key]
 
 
 def _build(
-    rule: Rule, qpos: Tensor, kpos: Tensor, valid: Tensor | None, batch: int, heads: int
+    rule: Rule, qpos: Tensor, kpos: Tensor, valid: Tensor | None, batch: int, heads: int, documents: Tensor | None
 ) -> tuple[BlockMask, Tensor]:
     t, s, device = qpos.numel(), kpos.numel(), qpos.device
     n_q, n_kv = -(-t // BLOCK), -(-s // BLOCK)
@@ -176,6 +181,9 @@ def _build(
         allowed = allowed.expand(heads, queries.numel(), s)[None]
         if valid is not None:
             allowed = allowed & valid[:, None, None, :]
+        if documents is not None:  # queries are positions row * BLOCK ... of the same row as the keys
+            rows = documents[:, row * BLOCK : (row + 1) * BLOCK]
+            allowed = allowed & (rows[:, None, :, None] == documents[:, None, None, :])
         has_key.append(allowed.any(-1))  # [batch, heads, rows]
         allowed = torch.nn.functional.pad(allowed, (0, kv_pad), value=False)
         blocks = allowed.reshape(*allowed.shape[:3], n_kv, BLOCK)  # [batch, heads, rows, n_kv, BLOCK]
@@ -199,6 +207,8 @@ def _build(
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         allowed = rule(h if heads > 1 else torch.zeros_like(h), qpos[q_idx], kpos[kv_idx])
+        if documents is not None:
+            allowed = allowed & (documents[b, q_idx] == documents[b, kv_idx])
         return allowed & valid[b, kv_idx] if valid is not None else allowed
 
     mask = BlockMask.from_kv_blocks(

@@ -44,6 +44,7 @@ from zoo.attention.base import (
     guard_empty_rows,
     join_key_padding,
 )
+from zoo.attention.documents import check_documents, same_document
 from zoo.attention.flex import DistanceBias, check_backend, flex_attend, use_flex
 from zoo.attention.pair_bias import biased_sdpa
 from zoo.attention.projections import softcapped_attention
@@ -125,6 +126,7 @@ class VanillaAttention(Attention):
     position_kinds = ("rotary", "pair_bias")
     numbers_cache = True  # position.cache_positions: StreamingLLM's numbering inside the cache
     projection_features = ("grouped_kv", "qk_norm", "softcap")  # the KV cache keeps the grouped heads
+    packs_documents = True  # a document mask on every path (attend_documents)
 
     @dataclass
     class Options:
@@ -179,9 +181,17 @@ class VanillaAttention(Attention):
         return dense_keys(t, self.causal, self.memory_keys())
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: KVCache | None = None,
+        documents: Tensor | None = None,
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
+        if documents is not None:
+            return self.attend_documents(x, pad_mask, documents)
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
         dropout = self.dropout if self.training else 0.0
         q_pos = k_pos = None
@@ -215,17 +225,58 @@ class VanillaAttention(Attention):
             )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
 
+    def attend_documents(self, x: Tensor, pad_mask: Tensor | None, documents: Tensor) -> AttnOutput:
+        """Self-attention over packed rows (``documents`` long [b, t], zoo/attention/documents.py): a query sees
+        only keys of its own document, through the same paths as ``forward`` (SDPA under a [b, 1, t, t] mask,
+        the pair bias added to it, the soft-capped blocks, or FlexAttention with the document test in its
+        mask_mod). Positions stay the row's: rope and pair biases depend on i - j only, the same inside a
+        document wherever it starts."""
+        check_documents(documents, x, "vanilla")
+        q, k, v, key_pad, _, q_pos, k_pos = self._self_keys(self.split_heads(self.to_q(x)), x, pad_mask, None)
+        k, v = self.expand_kv(k, v)
+        dropout = self.dropout if self.training else 0.0
+        if self.options.softcap:
+            out = self.attend_softcapped(q, k, v, key_pad, self.causal, q_pos, k_pos, dropout, documents)
+        elif use_flex(self.options.backend, x.device, "vanilla", dropout):
+            bias = self.flex_bias(q_pos, k_pos, q.dtype)
+            out = self.attend_flex(q, k, v, key_pad, self.causal, bias, documents)
+        else:
+            allowed = same_document(documents)  # [b, 1, t, t]
+            if self.causal:
+                allowed = allowed & causal_allowed(x.shape[1], x.shape[1], x.device)
+            if key_pad is not None:
+                allowed = allowed & key_pad[:, None, None, :]
+            mask = guard_empty_rows(allowed)
+            if self.has_pair_bias:
+                bias = self.pair_bias(q_pos[:, None] - k_pos[None, :], q.dtype)  # [h, t, t]
+                mask = bias[None].masked_fill(~mask, float("-inf"))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        return AttnOutput(self.to_out(self.merge_heads(out)))
+
     def attend_softcapped(
-        self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, q_pos, k_pos, dropout: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_pad: Tensor | None,
+        causal: bool,
+        q_pos,
+        k_pos,
+        dropout: float,
+        documents: Tensor | None = None,
     ) -> Tensor:
         """Dense attention with Gemma 2's soft-capped scores (``softcap``), written out a block of queries
-        at a time (projections.py); causality by the positions the queries and keys stand at."""
+        at a time (projections.py); causality by the positions the queries and keys stand at; a packed row's
+        queries see their own document only (``documents`` [b, t], no cache)."""
 
         def allowed(start: int, stop: int) -> Tensor | None:
             mask = None if key_pad is None else key_pad[:, None, None, :]
             if causal:
                 order = k_pos[None, :] <= q_pos[start:stop, None]  # [c, s]
                 mask = order if mask is None else mask & order
+            if documents is not None:
+                same = (documents[:, start:stop, None] == documents[:, None, :])[:, None]  # [b, 1, c, s]
+                mask = same if mask is None else mask & same
             return mask
 
         def bias(start: int, stop: int) -> Tensor | None:
@@ -236,11 +287,19 @@ class VanillaAttention(Attention):
         return softcapped_attention(q, k, v, cap=self.options.softcap, allowed=allowed, bias=bias, dropout=dropout)
 
     def attend_flex(
-        self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, bias: DistanceBias | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_pad: Tensor | None,
+        causal: bool,
+        bias: DistanceBias | None = None,
+        documents: Tensor | None = None,
     ) -> Tensor:
         """The same attention through FlexAttention: keys numbered 0 ... s - 1 in cache order, the t
         queries the last t of them (a cache's keys all precede them, sinks included), so causality is j <= i.
-        ``bias``: a position part's pair bias over the stream positions it counts by (score_mod)."""
+        ``bias``: a position part's pair bias over the stream positions it counts by (score_mod); ``documents``
+        [b, t]: a packed row (no cache), each query kept to its own document in the mask_mod."""
         t, s = q.shape[2], k.shape[2]
         keys = torch.arange(s, device=q.device)
         rule = (lambda h, i, j: j <= i) if causal else (lambda h, i, j: j >= 0)
@@ -255,6 +314,7 @@ class VanillaAttention(Attention):
             heads_differ=False,
             cache_key=("vanilla", causal),
             bias=bias,
+            documents=documents,
         )
 
     # -- context parallelism (zoo/parallel): ring attention over the split sequence --------------------

@@ -36,6 +36,7 @@ SCORES = ("dot", "general", "concat")
 
 @ATTENTION.register("additive")
 class AdditiveAttention(Attention):
+    no_packing_reason = "scores every key of the row through its additive (tanh) scorer with no document mask yet"
     takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     projection_features = ("qk_norm",)
     no_projection_reason = (

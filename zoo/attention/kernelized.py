@@ -149,6 +149,11 @@ class KernelizedAttention(Attention):
     subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
     this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
 
+    no_packing_reason = (
+        "its feature-map sums (prefix sums when causal, one sum over the row otherwise) do not restart at a "
+        "document boundary yet"
+    )
+
     takes_left_padding = True  # padding never enters the running sums (tests/contracts/test_generate.py)
     projection_features = ("qk_norm",)
     no_projection_reason = (

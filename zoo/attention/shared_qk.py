@@ -36,6 +36,8 @@ from zoo.attention.vanilla import KVCache, extend_cache, stream_positions
 class SharedQKProjections(Attention):
     """The parameters shared by ``lsh`` and ``shared_qk`` (same names, so weights transfer)."""
 
+    no_packing_reason = "does not mask keys of another document yet"
+
     no_projection_reason = (
         "queries and keys are one shared projection (to_qk, Kitaev et al. 2020), so keys cannot have fewer "
         "heads or a norm of their own"

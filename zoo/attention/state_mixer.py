@@ -83,6 +83,10 @@ class StateMixer(Attention):
     :class:`ShortConv` or None) and implement ``project``, ``recurrence_inputs`` and ``read_out``; their
     Options carry ``chunk_size`` and ``conv_size``."""
 
+    no_packing_reason = (
+        "its delta-rule chunk kernel (delta_chunks.py) and short convolution do not reset at a document boundary yet"
+    )
+
     causal_only = True  # the papers give these recurrences causal forms only
     supports_memory = True
     position_kinds = ()

@@ -15,6 +15,7 @@ from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 @STACK.register("sequential")
 class SequentialStack(Stack):
     packs_documents = True  # blocks one after another: each keeps a packed row's documents apart itself
+
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__(make_block, n_layers, d_model, **options)
         self.blocks = nn.ModuleList(make_block(i) for i in range(n_layers))

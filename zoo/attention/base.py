@@ -384,7 +384,8 @@ class Attention(nn.Module):
         segment memory carried across calls would carry one document into the next row's, so it refuses too."""
         name = self.registry_name or type(self).__name__
         if not self.packs_documents:
-            return f"attention {name!r} cannot keep packed documents apart: {self.no_packing_reason or 'no reason given'}"
+            why = self.no_packing_reason or "packs_documents=False"
+            return f"attention {name!r} cannot keep packed documents apart: {why}"
         if self.carries_segment_memory():
             return f"attention {name!r} carries segment memory from call to call, which would cross documents"
         return None

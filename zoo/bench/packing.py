@@ -60,7 +60,11 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     device = pick_device(args.device)
     rows = []
     for attention in args.attention.split(","):
-        steps, real = layout_steps(attention, args, device)
+        try:
+            steps, real = layout_steps(attention, args, device)
+        except ValueError as refusal:  # a mechanism that cannot pack (or cannot serve this head) says why
+            print(f"{attention}: not measured: {refusal}")
+            continue
         rounds = paired_rounds(steps, args.rounds, progress=lambda line, name=attention: print(f"{name}: {line}"))
         tokens = {label: counts[1:] for label, counts in real.items()}  # the warm-up round's step is not recorded
         per_round = {label: [n / r[label] for n, r in zip(tokens[label], rounds)] for label in steps}

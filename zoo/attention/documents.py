@@ -9,8 +9,10 @@ a batch slice cuts them like any other per-position tensor.
 
 What each family makes of them (zoo/attention/<part>.py says which it is, by ``packs_documents``):
 
-- dense and pattern attention: a query sees a key only inside its own document (:func:`same_document`, a
-  [b, 1, t, s] mask ANDed with the pattern; FlexAttention: the same test as its ``mask_mod``);
+- dense attention: a query sees a key only inside its own document (ids equal, ANDed with causality and
+  padding), a block of queries at a time over the keys their documents span (:func:`document_spans`), so
+  short documents cost about t x (block + document length) scores, not t x t; FlexAttention: the same test
+  as its ``mask_mod``;
 - recurrent (decay, delta, state-space) forms: the state is emptied at the first position of every document
   (:func:`document_starts`): nothing written before a boundary is read after it;
 - positions: a signal added at the input numbers each document from 0 (:func:`positions_in_documents`);
@@ -37,11 +39,6 @@ def check_documents(documents: Tensor, x: Tensor, name: str) -> None:
         raise ValueError(f"{name}: documents must number a row's documents in order (non-decreasing along t)")
 
 
-def same_document(documents: Tensor) -> Tensor:
-    """bool [b, 1, t, t]: query i and key j of a row lie in the same document (broadcasts over heads)."""
-    return (documents[:, :, None] == documents[:, None, :])[:, None]
-
-
 def document_starts(documents: Tensor) -> Tensor:
     """bool [b, t]: position i opens a document (i > 0 and its id differs from position i - 1's). Position 0
     is False: whatever stood before the row (an empty state) is already nothing to forget."""
@@ -62,3 +59,21 @@ def segment_ids(documents: Tensor) -> Tensor:
     """long [b, t]: 0, 0, 1, 1, 1, 2, ... the number of boundaries up to each position (ids relabelled from 0
     per row), for kernels that compare a position's segment with a chunk's."""
     return document_starts(documents).long().cumsum(dim=1)
+
+
+def document_spans(documents: Tensor, block: int, causal: bool) -> list[tuple[int, int, int, int]]:
+    """(q0, q1, k0, k1) for each block of ``block`` queries: the keys [k0, k1) that any query of the block may
+    see in any row, from the start of the first query's document to the block's end (causal) or the end of
+    the last query's document. A packed row of short documents then costs about t x (block + a document's
+    length) scores instead of t x t: the dense mechanisms attend block by block over these spans."""
+    t = documents.shape[1]
+    index = torch.arange(t, device=documents.device)
+    start = index - positions_in_documents(documents)  # [b, t]: where each position's document starts
+    end = index + positions_in_documents(documents.flip(1)).flip(1) + 1  # one past where it ends
+    spans = []
+    for q0 in range(0, t, block):
+        q1 = min(q0 + block, t)
+        k0 = int(start[:, q0].min())
+        k1 = q1 if causal else int(end[:, q1 - 1].max())
+        spans.append((q0, q1, k0, k1))
+    return spans

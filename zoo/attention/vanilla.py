@@ -44,7 +44,7 @@ from zoo.attention.base import (
     guard_empty_rows,
     join_key_padding,
 )
-from zoo.attention.documents import check_documents, same_document
+from zoo.attention.documents import check_documents, document_spans
 from zoo.attention.flex import DistanceBias, check_backend, flex_attend, use_flex
 from zoo.attention.pair_bias import biased_sdpa
 from zoo.attention.projections import softcapped_attention
@@ -114,6 +114,9 @@ def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tup
     if cache is None or cache.k is None:
         return new, new
     return new, torch.cat([cache.positions(device), new])
+
+
+DOCUMENT_BLOCK = 256  # queries per block over packed documents: each block reads only the keys its documents span
 
 
 @ATTENTION.register("vanilla")
@@ -227,10 +230,10 @@ class VanillaAttention(Attention):
 
     def attend_documents(self, x: Tensor, pad_mask: Tensor | None, documents: Tensor) -> AttnOutput:
         """Self-attention over packed rows (``documents`` long [b, t], zoo/attention/documents.py): a query sees
-        only keys of its own document, through the same paths as ``forward`` (SDPA under a [b, 1, t, t] mask,
-        the pair bias added to it, the soft-capped blocks, or FlexAttention with the document test in its
-        mask_mod). Positions stay the row's: rope and pair biases depend on i - j only, the same inside a
-        document wherever it starts."""
+        only keys of its own document, through the same paths as ``forward`` (SDPA a block of queries at a time
+        over the keys their documents span, ``document_spans``, the pair bias added to the mask; the soft-capped
+        blocks; or FlexAttention with the document test in its mask_mod). Positions stay the row's: rope and pair
+        biases depend on i - j only, the same inside a document wherever it starts."""
         check_documents(documents, x, "vanilla")
         q, k, v, key_pad, _, q_pos, k_pos = self._self_keys(self.split_heads(self.to_q(x)), x, pad_mask, None)
         k, v = self.expand_kv(k, v)
@@ -240,17 +243,21 @@ class VanillaAttention(Attention):
         elif use_flex(self.options.backend, x.device, "vanilla", dropout):
             bias = self.flex_bias(q_pos, k_pos, q.dtype)
             out = self.attend_flex(q, k, v, key_pad, self.causal, bias, documents)
-        else:
-            allowed = same_document(documents)  # [b, 1, t, t]
-            if self.causal:
-                allowed = allowed & causal_allowed(x.shape[1], x.shape[1], x.device)
-            if key_pad is not None:
-                allowed = allowed & key_pad[:, None, None, :]
-            mask = guard_empty_rows(allowed)
-            if self.has_pair_bias:
-                bias = self.pair_bias(q_pos[:, None] - k_pos[None, :], q.dtype)  # [h, t, t]
-                mask = bias[None].masked_fill(~mask, float("-inf"))
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        else:  # a block of queries at a time, over the keys its documents span (no t x t mask for short documents)
+            outs = []
+            for q0, q1, k0, k1 in document_spans(documents, DOCUMENT_BLOCK, self.causal):
+                allowed = (documents[:, q0:q1, None] == documents[:, None, k0:k1])[:, None]  # [b, 1, c, s]
+                if self.causal:
+                    allowed = allowed & (k_pos[None, k0:k1] <= q_pos[q0:q1, None])
+                if key_pad is not None:
+                    allowed = allowed & key_pad[:, None, None, k0:k1]
+                mask = guard_empty_rows(allowed)
+                if self.has_pair_bias:
+                    bias = self.pair_bias(q_pos[q0:q1, None] - k_pos[None, k0:k1], q.dtype)  # [h, c, s]
+                    mask = bias[None].masked_fill(~mask, float("-inf"))
+                queries, keys, values = q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1]
+                outs.append(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout))
+            out = torch.cat(outs, dim=2)
         return AttnOutput(self.to_out(self.merge_heads(out)))
 
     def attend_softcapped(

@@ -232,3 +232,20 @@ def test_dense_attention_over_document_spans(kind, monkeypatch):
     (several blocks per document, several documents per block, causal and bidirectional) equal documents alone."""
     monkeypatch.setattr(vanilla, "DOCUMENT_BLOCK", 4)
     assert_packed_equals_alone(model(kind, {"name": "vanilla"}, position="alibi"), kind)
+
+
+@pytest.mark.slow  # compiles FlexAttention (12-24 s a case on this CPU)
+@pytest.mark.parametrize("causal", [True, False])
+def test_flex_backend_keeps_documents_apart_in_its_mask_mod(causal):
+    """backend=flex (forward only on the CPU): the document test inside the BlockMask's mask_mod gives what the
+    native path gives over the same packed rows."""
+    kind = "lm" if causal else "classifier"
+    native = model(kind, {"name": "vanilla", "backend": "native"}).float()
+    flex = model(kind, {"name": "vanilla", "backend": "flex"}).float()
+    flex.load_state_dict(native.state_dict())
+    _, batch = packed_rows()
+    with torch.no_grad():
+        expected = native(batch["tokens"], pad_mask=batch["pad_mask"], documents=batch["documents"]).logits
+        got = flex(batch["tokens"], pad_mask=batch["pad_mask"], documents=batch["documents"]).logits
+    real = batch["pad_mask"] if causal else slice(None)
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)

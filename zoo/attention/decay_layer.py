@@ -25,7 +25,7 @@ from zoo.attention.decay_chunks import (
     read_state,
     state_before_rank,
 )
-from zoo.attention.documents import check_documents, segment_ids
+from zoo.attention.documents import packed_segments
 from zoo.config import require
 
 
@@ -111,11 +111,7 @@ class DecayAttention(Attention):
         """``documents`` [b, t] (packed rows): the decayed sum starts empty at every document's first token
         (``segments`` of the chunk kernel); the rotation keeps the row's positions (it depends on i - j only)."""
         self.check_inputs(x, context, pad_mask, state)
-        segments = None
-        if documents is not None:
-            check_documents(documents, x, self.registry_name)
-            require(state is None, f"{self.registry_name}: packed documents start fresh: pass state=None")
-            segments = segment_ids(documents)
+        segments = packed_segments(self, documents, x, state)
         memory = self.checked_state(state, x)
         seen = 0 if state is None else state.seen
         positions = torch.arange(seen, seen + x.shape[1], device=x.device)

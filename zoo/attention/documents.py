@@ -25,6 +25,8 @@ document never predicts the first of the next.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -77,3 +79,18 @@ def document_spans(documents: Tensor, block: int, causal: bool) -> list[tuple[in
         k1 = q1 if causal else int(end[:, q1 - 1].max())
         spans.append((q0, q1, k0, k1))
     return spans
+
+
+def packed_segments(attention: Any, documents: Tensor | None, x: Tensor, state: Any) -> Tensor | None:
+    """The segment ids [b, t] a recurrent kernel resets at, for a call of ``attention`` on x [b, t, d] with
+    ``documents`` (None when the call is not packed). Refuses, with the reason, a layer that cannot pack as it
+    is built (``packing_refusal``) and a state (a packed row starts fresh)."""
+    if documents is None:
+        return None
+    reason = attention.packing_refusal()
+    if reason is not None:
+        raise ValueError(reason)
+    if state is not None:
+        raise ValueError(f"{attention.registry_name}: packed documents start fresh in every row: pass state=None")
+    check_documents(documents, x, attention.registry_name)
+    return segment_ids(documents)

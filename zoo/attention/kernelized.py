@@ -41,8 +41,7 @@ from einops import rearrange
 from torch import Tensor
 
 from zoo.attention.base import NOT_PER_ROW, Attention, AttnOutput, KeysPerQuery, StateContract, dense_keys
-from zoo.attention.documents import check_documents, segment_ids
-from zoo.config import require
+from zoo.attention.documents import packed_segments
 
 CHUNK = 64  # causal chunk length C: the intra-chunk products are C x C, the carried sums one per chunk
 
@@ -287,11 +286,7 @@ class KernelizedAttention(Attention):
     ) -> AttnOutput:
         """``documents`` [b, t] (packed rows, causal): the running sums restart at every document."""
         self.check_inputs(x, context, pad_mask, state)
-        segments = None
-        if documents is not None:
-            check_documents(documents, x, self.registry_name)
-            require(self.causal and state is None, f"{self.registry_name}: packs causal rows only, without state")
-            segments = segment_ids(documents)
+        segments = packed_segments(self, documents, x, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         phi_q, phi_k, pinned = self.feature_maps(q, k, pad_mask, state)
         phi_k, v = mask_keys(phi_k, v, pad_mask)

@@ -26,7 +26,14 @@ VOCAB = 24
 LENGTHS = ((5, 11, 3), (17, 1, 9))  # two rows; documents cross chunk and block edges; one of a single token
 ROW = 20  # row length: the first row ends in padding, the second is cut to fit (its last document is 2 long)
 # the default run's equality cases, one per kernel family and head (chosen for cost only, never for capability)
-FAST = {("vanilla", "lm"), ("vanilla", "classifier"), ("retention", "lm"), ("gla", "lm"), ("linear", "lm")}
+FAST = {
+    ("vanilla", "lm"),
+    ("vanilla", "classifier"),
+    ("retention", "lm"),
+    ("gla", "lm"),
+    ("linear", "lm"),
+    ("gated_deltanet", "lm"),
+}
 
 
 def model(kind: str, attention: dict, **extra) -> zoo.ZooModel:
@@ -169,11 +176,14 @@ def test_positions_and_stacks_keep_documents_apart(overrides):
         ("gla", {"chunk_size": 4}),
         ("retention", {"chunk_size": 4}),
         ("vanilla", {"softcap": 5.0}),
+        ("deltanet", {"chunk_size": 8, "conv_size": 4}),
+        ("mamba2", {"chunk_size": 64, "conv_size": 4}),
     ],
 )
 def test_kernel_options_keep_documents_apart(name, options):
     """The decay kernels with chunks holding several boundaries (and GLA's secondary blocks of 16 inside a chunk
-    of 32), vanilla's soft-capped path."""
+    of 32), vanilla's soft-capped path, the delta rule's chunk form over chunks of 8 and its recurrent form
+    (rows shorter than a chunk of 64)."""
     assert_packed_equals_alone(model("lm", {"name": name, **options}), "lm")
 
 

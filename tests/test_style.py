@@ -19,11 +19,26 @@ def test_no_code_line_runs_past_the_line_length():
     assert not long, "lines over 120 characters:\n" + "\n".join(long)
 
 
+MAX_MODULE_LINES = 400  # CONTRIBUTING.md: a module a reader takes in at one sitting; split by concern past it
+# modules over the limit whose split is under way elsewhere: the reason, to be removed once it is done
+OVER_THE_LIMIT = {"zoo/train/trainer.py": "split by another engineer in the same stop (issue 37)"}
+
+
+def test_no_zoo_module_runs_past_400_lines():
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in sorted((ROOT / "zoo").rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+        and path.relative_to(ROOT).as_posix() not in OVER_THE_LIMIT
+    ]
+    assert not long, "modules over 400 lines (split them by concern):\n" + "\n".join(long)
+
+
 # -- the house: a folder per axis and job, no import circles (issue 21) ------------------------------
 
 ZOO = ROOT / "zoo"
 # the layout in docs/architecture.md
-TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "precision.py", "blocks.py"}
+TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "options.py", "precision.py", "blocks.py"}
 
 
 def zoo_imports(path: Path) -> list[tuple[str, bool]]:

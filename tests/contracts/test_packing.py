@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.attention import vanilla
+from zoo.attention import document_attention
 from zoo.attention.base import ATTENTION
 from zoo.attention.documents import positions_in_documents, segment_ids
 from zoo.attention.kernelized import causal_kernel_attention
@@ -240,7 +240,7 @@ def test_kernelised_sums_restart_at_every_segment_across_chunks(chunk):
 def test_dense_attention_over_document_spans(kind, monkeypatch):
     """Vanilla attends a block of queries at a time over the keys their documents span: blocks of 4 queries
     (several blocks per document, several documents per block, causal and bidirectional) equal documents alone."""
-    monkeypatch.setattr(vanilla, "DOCUMENT_BLOCK", 4)
+    monkeypatch.setattr(document_attention, "DOCUMENT_BLOCK", 4)
     assert_packed_equals_alone(model(kind, {"name": "vanilla"}, position="alibi"), kind)
 
 

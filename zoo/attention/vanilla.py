@@ -44,7 +44,7 @@ from zoo.attention.base import (
     guard_empty_rows,
     join_key_padding,
 )
-from zoo.attention.documents import check_documents, document_spans
+from zoo.attention.document_attention import DocumentAttention
 from zoo.attention.flex import DistanceBias, check_backend, flex_attend, use_flex
 from zoo.attention.pair_bias import biased_sdpa
 from zoo.attention.projections import softcapped_attention
@@ -116,11 +116,8 @@ def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tup
     return new, torch.cat([cache.positions(device), new])
 
 
-DOCUMENT_BLOCK = 256  # queries per block over packed documents: each block reads only the keys its documents span
-
-
 @ATTENTION.register("vanilla")
-class VanillaAttention(Attention):
+class VanillaAttention(DocumentAttention, Attention):
     takes_left_padding = True  # the cache keeps its key padding; sinks excepted (left_padding_refusal)
     supports_memory = True  # KV cache for incremental decoding
     supports_cross = True
@@ -129,7 +126,7 @@ class VanillaAttention(Attention):
     position_kinds = ("rotary", "pair_bias")
     numbers_cache = True  # position.cache_positions: StreamingLLM's numbering inside the cache
     projection_features = ("grouped_kv", "qk_norm", "softcap")  # the KV cache keeps the grouped heads
-    packs_documents = True  # a document mask on every path (attend_documents)
+    packs_documents = True  # documents=: attend_documents (document_attention.py) on every path
 
     @dataclass
     class Options:
@@ -193,7 +190,7 @@ class VanillaAttention(Attention):
         documents: Tensor | None = None,
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
-        if documents is not None:
+        if documents is not None:  # packed rows (zoo/attention/document_attention.py)
             return self.attend_documents(x, pad_mask, documents)
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
         dropout = self.dropout if self.training else 0.0
@@ -228,62 +225,17 @@ class VanillaAttention(Attention):
             )
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)
 
-    def attend_documents(self, x: Tensor, pad_mask: Tensor | None, documents: Tensor) -> AttnOutput:
-        """Self-attention over packed rows (``documents`` long [b, t], zoo/attention/documents.py): a query sees
-        only keys of its own document, through the same paths as ``forward`` (SDPA a block of queries at a time
-        over the keys their documents span, ``document_spans``, the pair bias added to the mask; the soft-capped
-        blocks; or FlexAttention with the document test in its mask_mod). Positions stay the row's: rope and pair
-        biases depend on i - j only, the same inside a document wherever it starts."""
-        check_documents(documents, x, "vanilla")
-        q, k, v, key_pad, _, q_pos, k_pos = self._self_keys(self.split_heads(self.to_q(x)), x, pad_mask, None)
-        k, v = self.expand_kv(k, v)
-        dropout = self.dropout if self.training else 0.0
-        if self.options.softcap:
-            out = self.attend_softcapped(q, k, v, key_pad, self.causal, q_pos, k_pos, dropout, documents)
-        elif use_flex(self.options.backend, x.device, "vanilla", dropout):
-            bias = self.flex_bias(q_pos, k_pos, q.dtype)
-            out = self.attend_flex(q, k, v, key_pad, self.causal, bias, documents)
-        else:  # a block of queries at a time, over the keys its documents span (no t x t mask for short documents)
-            outs = []
-            for q0, q1, k0, k1 in document_spans(documents, DOCUMENT_BLOCK, self.causal):
-                allowed = (documents[:, q0:q1, None] == documents[:, None, k0:k1])[:, None]  # [b, 1, c, s]
-                if self.causal:
-                    allowed = allowed & (k_pos[None, k0:k1] <= q_pos[q0:q1, None])
-                if key_pad is not None:
-                    allowed = allowed & key_pad[:, None, None, k0:k1]
-                mask = guard_empty_rows(allowed)
-                if self.has_pair_bias:
-                    bias = self.pair_bias(q_pos[q0:q1, None] - k_pos[None, k0:k1], q.dtype)  # [h, c, s]
-                    mask = bias[None].masked_fill(~mask, float("-inf"))
-                queries, keys, values = q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1]
-                outs.append(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout))
-            out = torch.cat(outs, dim=2)
-        return AttnOutput(self.to_out(self.merge_heads(out)))
-
     def attend_softcapped(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        key_pad: Tensor | None,
-        causal: bool,
-        q_pos,
-        k_pos,
-        dropout: float,
-        documents: Tensor | None = None,
+        self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, q_pos, k_pos, dropout: float
     ) -> Tensor:
         """Dense attention with Gemma 2's soft-capped scores (``softcap``), written out a block of queries
-        at a time (projections.py); causality by the positions the queries and keys stand at; a packed row's
-        queries see their own document only (``documents`` [b, t], no cache)."""
+        at a time (projections.py); causality by the positions the queries and keys stand at."""
 
         def allowed(start: int, stop: int) -> Tensor | None:
             mask = None if key_pad is None else key_pad[:, None, None, :]
             if causal:
                 order = k_pos[None, :] <= q_pos[start:stop, None]  # [c, s]
                 mask = order if mask is None else mask & order
-            if documents is not None:
-                same = (documents[:, start:stop, None] == documents[:, None, :])[:, None]  # [b, 1, c, s]
-                mask = same if mask is None else mask & same
             return mask
 
         def bias(start: int, stop: int) -> Tensor | None:
@@ -294,19 +246,11 @@ class VanillaAttention(Attention):
         return softcapped_attention(q, k, v, cap=self.options.softcap, allowed=allowed, bias=bias, dropout=dropout)
 
     def attend_flex(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        key_pad: Tensor | None,
-        causal: bool,
-        bias: DistanceBias | None = None,
-        documents: Tensor | None = None,
+        self, q: Tensor, k: Tensor, v: Tensor, key_pad: Tensor | None, causal: bool, bias: DistanceBias | None = None
     ) -> Tensor:
         """The same attention through FlexAttention: keys numbered 0 ... s - 1 in cache order, the t
         queries the last t of them (a cache's keys all precede them, sinks included), so causality is j <= i.
-        ``bias``: a position part's pair bias over the stream positions it counts by (score_mod); ``documents``
-        [b, t]: a packed row (no cache), each query kept to its own document in the mask_mod."""
+        ``bias``: a position part's pair bias over the stream positions it counts by (score_mod)."""
         t, s = q.shape[2], k.shape[2]
         keys = torch.arange(s, device=q.device)
         rule = (lambda h, i, j: j <= i) if causal else (lambda h, i, j: j >= 0)
@@ -321,7 +265,6 @@ class VanillaAttention(Attention):
             heads_differ=False,
             cache_key=("vanilla", causal),
             bias=bias,
-            documents=documents,
         )
 
     # -- context parallelism (zoo/parallel): ring attention over the split sequence --------------------

@@ -24,6 +24,7 @@ import zoo
 pytest.importorskip("hydra")
 
 from support.app_overrides import TINY, script  # noqa: E402
+from support.fast_cases import FAST_PRESETS, default_run_keeps  # noqa: E402
 
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import run  # noqa: E402
@@ -184,7 +185,7 @@ def preset_overrides(preset, text_file):
     return [f"model={preset}", *data, "model.dropout=0.1", "trainer.eval_every=0", "trainer.log_every=1"]
 
 
-@pytest.mark.parametrize("preset", zoo.list_models())
+@pytest.mark.parametrize("preset", default_run_keeps(zoo.list_models(), FAST_PRESETS))
 def test_resume_is_exact_for_every_preset(tmp_path, preset, text_file):
     """4 steps straight == 2 + resume + 2, bit for bit: weights, every buffer (LSH's hash_step),
     optimiser state, the carried memory and the final metric. Before: the Reformer's rotations

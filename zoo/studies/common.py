@@ -135,3 +135,42 @@ def panels_figure(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def typed(rows: Iterable[dict[str, str]]) -> list[dict[str, Any]]:
+    """Rows read back from CSV with their numbers as numbers (ints stay ints; empty cells dropped), so code
+    written for the measured rows (``zoo.bench.report``'s tables, slopes, plots) reads them unchanged."""
+
+    def value(text: str) -> Any:
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    return [{key: value(text) for key, text in row.items() if text != ""} for row in rows]
+
+
+def bars_figure(path: Path, bars: dict[str, tuple[float, float, float]], *, ylabel: str, title: str = "",
+                reference: float | None = None) -> None:
+    """One bar per label at its median with the (low, high) range as an error bar, a dotted line at
+    ``reference`` (1.0 for a ratio); written as PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(bars)
+    middle = [bars[k][0] for k in labels]
+    errors = [[m - bars[k][1] for k, m in zip(labels, middle)], [bars[k][2] - m for k, m in zip(labels, middle)]]
+    fig, axis = plt.subplots(figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.6))
+    axis.bar(range(len(labels)), middle, yerr=errors, capsize=4, color="tab:blue", alpha=0.8)
+    if reference is not None:
+        axis.axhline(reference, color="grey", lw=0.8, ls=":")
+    axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    axis.set(ylabel=ylabel, title=title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -259,3 +259,14 @@ def test_flex_backend_keeps_documents_apart_in_its_mask_mod(causal):
         got = flex(batch["tokens"], pad_mask=batch["pad_mask"], documents=batch["documents"]).logits
     real = batch["pad_mask"] if causal else slice(None)
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_bad_document_ids_are_refused_with_the_reason():
+    m = model("lm", {"name": "vanilla"})
+    _, batch = packed_rows()
+    with pytest.raises(ValueError, match="in order"):
+        m(batch["tokens"], documents=batch["documents"].flip(1))
+    with pytest.raises(ValueError, match=r"integer tensor \[b, t\]"):
+        m(batch["tokens"], documents=batch["documents"][:, :5])
+    with pytest.raises(ValueError, match="state=None"):
+        m(batch["tokens"], documents=batch["documents"], state=m.init_state(2))

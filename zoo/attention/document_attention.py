@@ -37,7 +37,7 @@ class DocumentAttention:
 
     def attend_documents(self, x: Tensor, pad_mask: Tensor | None, documents: Tensor) -> AttnOutput:
         """x [b, t, d] in packed rows (``documents`` long [b, t]) -> each query attending within its document."""
-        check_documents(documents, x, self.registry_name)
+        check_documents(documents, x, self.registry_name, in_order=False)  # the model checked the order
         q, k, v, key_pad, _, q_pos, k_pos = self._self_keys(self.split_heads(self.to_q(x)), x, pad_mask, None)
         k, v = self.expand_kv(k, v)
         dropout = self.dropout if self.training else 0.0

@@ -95,6 +95,18 @@ def write_report(readme: Path, block: str, title: str) -> None:
     readme.write_text(text)
 
 
+def markdown_table(header: Sequence[str], body: Iterable[Sequence[Any]]) -> list[str]:
+    """The lines of a markdown table: ``header`` then one line per row of ``body`` (cells as given)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in body]
+
+
+def load_range(rows: Sequence[dict[str, str]], key: str = "load_1min") -> str:
+    """``"1.2-7.3"``: the range of the 1-minute load average the rows were measured under ("not recorded" if none)."""
+    loads = [float(row[key]) for row in rows if row.get(key)]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "not recorded"
+
+
 def number(row: dict[str, str], key: str) -> float:
     return float(row[key])
 

@@ -19,7 +19,6 @@ ratios). Variants:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ from zoo.bench import clocked, paired_ratios, paired_rounds
 from zoo.config import require
 from zoo.models.adaptive_softmax import AdaptiveOptions, AdaptiveSoftmax
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, load_range, markdown_table, number
+from zoo.studies.common import Rows, load_now, load_range, markdown_table, number
 
 BASELINE = "full"
 OURS, TORCH = "adaptive div_val=4", "torch div_value=4"  # the same clusters, ours and torch's
@@ -102,7 +101,7 @@ class AdaptiveSoftmaxCost(Study):
             variant=name, ms_median=round(timing[name]["median_s"] * 1e3, 2),
             speedup_vs_full=round(timing[name]["ratio"], 2), params=sum(p.numel() for p in module.parameters()),
             tokens=o.tokens, d_model=o.d_model, vocab=o.vocab, cutoffs=" ".join(map(str, o.cutoffs)),
-            threads=self.threads, rounds=o.rounds, target_share=share, load_1min=round(os.getloadavg()[0], 1),
+            threads=self.threads, rounds=o.rounds, target_share=share, load_1min=load_now(),
         ) for name, (module, _) in layers.items())
 
     def report(self, rows: list[dict[str, str]]) -> str:

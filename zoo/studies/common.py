@@ -101,6 +101,11 @@ def markdown_table(header: Sequence[str], body: Iterable[Sequence[Any]]) -> list
     return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in body]
 
 
+def load_now() -> float:
+    """The 1-minute load average now, to one decimal: each measured row carries the load it ran under."""
+    return round(os.getloadavg()[0], 1)
+
+
 def load_range(rows: Sequence[dict[str, str]], key: str = "load_1min") -> str:
     """``"1.2-7.3"``: the range of the 1-minute load average the rows were measured under ("not recorded" if none)."""
     loads = [float(row[key]) for row in rows if row.get(key)]

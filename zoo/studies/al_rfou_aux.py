@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from zoo.app.csv_rows import read_rows
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, markdown_table, number, train
+from zoo.studies.common import Rows, markdown_table, number, saved_figure, train
 
 ARMS = {  # what each arm sets; the same dict as the preset's own for "aux"
     "aux": "model.aux_losses={intermediate:true,multi_target:0.5,layer_heads:true}",  # the paper's losses
@@ -152,26 +152,21 @@ class AlRfouAux(Study):
                 f"{mean['aux']:.3f} against {mean['plain']:.3f} val bpc without them ({gap:+.3f}).")
 
     def figure(self, panels: dict[str, tuple[dict, int]]) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.4 * max(len(panels), 1), 4.0), squeeze=False)
-        for ax, (key, (curves, steps)) in zip(axes[0], panels.items()):
-            for (arm, seed), curve in curves.items():
-                points = sorted((int(c["step"]), number(c, "val_bpc")) for c in curve)
-                if points:
-                    ax.plot(*zip(*points), "-" if seed == "0" else "--", color=COLOURS.get(arm, "black"), marker=".",
-                            label=f"{arm} (seed {seed})")
-            for threshold in self.options.thresholds:
-                ax.axhline(threshold, color="grey", lw=0.8, ls=":")
-            ax.axvline(steps / 2, color="grey", lw=0.8, ls="--")  # every intermediate loss is gone from here on
-            ax.text(steps / 2, ax.get_ylim()[1], " all intermediate losses dropped", fontsize=7, va="top", color="grey")
-            ax.set(xlabel="training step", ylabel="validation bits per character")
-            ax.set_title(key, fontsize=8)
-            ax.legend(fontsize=8)
-            ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(self.paths.out / "curves.png", dpi=100)
-        plt.close(fig)
+        width = max(len(panels), 1)
+        path = self.paths.out / "curves.png"
+        with saved_figure(path, 1, width, figsize=(6.4 * width, 4.0), squeeze=False) as (_, axes):
+            for ax, (key, (curves, steps)) in zip(axes[0], panels.items()):
+                for (arm, seed), curve in curves.items():
+                    points = sorted((int(c["step"]), number(c, "val_bpc")) for c in curve)
+                    if points:
+                        ax.plot(*zip(*points), "-" if seed == "0" else "--", color=COLOURS.get(arm, "black"),
+                                marker=".", label=f"{arm} (seed {seed})")
+                for threshold in self.options.thresholds:
+                    ax.axhline(threshold, color="grey", lw=0.8, ls=":")
+                ax.axvline(steps / 2, color="grey", lw=0.8, ls="--")  # every intermediate loss is gone from here on
+                ax.text(steps / 2, ax.get_ylim()[1], " all intermediate losses dropped", fontsize=7, va="top",
+                        color="grey")
+                ax.set(xlabel="training step", ylabel="validation bits per character")
+                ax.set_title(key, fontsize=8)
+                ax.legend(fontsize=8)
+                ax.grid(alpha=0.3)

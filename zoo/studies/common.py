@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,25 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
     return sum(values) / len(values), min(values), max(values)
 
 
+@contextmanager
+def saved_figure(path: Path, *args: Any, dpi: int = 100, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """``(fig, axes)`` of ``plt.subplots(*args, **kwargs)`` (headless), laid out, written as PNG at ``path`` and
+    closed when the block ends: every study's figure is drawn inside one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
 def panels_figure(
     path: Path,
     series: dict[str, dict[str, list[tuple[float, float, float, float]]]],
@@ -132,26 +152,18 @@ def panels_figure(
 ) -> None:
     """A panel per key of ``series``, in each a line per variant through (x, mean, low, high) points with the
     low-high band shaded (seeds' min-max or an interval); written as PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, max(len(series), 1), figsize=(5.5 * max(len(series), 1), 4), sharey=True, squeeze=False)
-    for axis, (title, lines) in zip(axes[0], series.items()):
-        for label, points in lines.items():
-            points = sorted(points)
-            x = [p[0] for p in points]
-            axis.plot(x, [p[1] for p in points], marker="o", label=label)
-            axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.2)
-        if vline is not None:
-            axis.axvline(vline, color="grey", lw=0.8, ls=":")
-        if logx:
-            axis.set_xscale("log", base=2)
-        axis.set(xlabel=xlabel, title=title)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    width = max(len(series), 1)
+    with saved_figure(path, 1, width, figsize=(5.5 * width, 4), sharey=True, squeeze=False, dpi=110) as (_, axes):
+        for axis, (title, lines) in zip(axes[0], series.items()):
+            for label, points in lines.items():
+                points = sorted(points)
+                x = [p[0] for p in points]
+                axis.plot(x, [p[1] for p in points], marker="o", label=label)
+                axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.2)
+            if vline is not None:
+                axis.axvline(vline, color="grey", lw=0.8, ls=":")
+            if logx:
+                axis.set_xscale("log", base=2)
+            axis.set(xlabel=xlabel, title=title)
+        axes[0][0].set_ylabel(ylabel)
+        axes[0][-1].legend()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from zoo.bench.context import Setup, bytes_per_rank, longest_within, step_rounds
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, load_now, load_range, markdown_table, number
+from zoo.studies.common import Rows, load_now, load_range, markdown_table, number, saved_figure
 
 MIB = 2**20
 GROWS_WITH_N = 0.9  # the claim shows for a setup whose longest sequence grows at least this share of N-fold
@@ -169,28 +169,21 @@ class ContextParallelCost(Study):
                 f"shows at {GROWS_WITH_N} x {n} = {GROWS_WITH_N * n:.1f}x or more): the claim {'; '.join(said)}.")
 
     def figure(self, most: dict, longest: dict, labels: list[str], worlds: list[int], of: dict) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
         from matplotlib.ticker import NullLocator
 
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-        for label in labels:
-            left.plot(worlds, [most.get((label, w)) for w in worlds], marker="o", label=label)
-            right.plot(worlds, [int(longest[label, w]["longest"]) if (label, w) in longest else None for w in worlds],
-                       marker="o", label=label)
-        left.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="MiB saved, most loaded rank")
-        if of["bytes"]:
-            left.set_title(f"activation bytes per rank at {int(of['bytes'][0]['length']):,} tokens")
-        right.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="tokens")
-        if of["longest"]:
-            right.set_title(f"longest sequence within {number(of['longest'][0], 'budget_mib'):g} MiB per rank")
-        for ax in (left, right):
-            ax.xaxis.set_minor_locator(NullLocator())  # ticks at the N measured only
-            ax.set_xticks(worlds, [str(w) for w in worlds])
-            ax.grid(True, which="both", alpha=0.3)
-        right.legend(loc="upper left", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(self.paths.out / "context_parallel.png", dpi=100)
-        plt.close(fig)
+        with saved_figure(self.paths.out / "context_parallel.png", 1, 2, figsize=(10, 4)) as (_, (left, right)):
+            for label in labels:
+                left.plot(worlds, [most.get((label, w)) for w in worlds], marker="o", label=label)
+                found = [int(longest[label, w]["longest"]) if (label, w) in longest else None for w in worlds]
+                right.plot(worlds, found, marker="o", label=label)
+            left.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="MiB saved, most loaded rank")
+            if of["bytes"]:
+                left.set_title(f"activation bytes per rank at {int(of['bytes'][0]['length']):,} tokens")
+            right.set(xscale="log", yscale="log", xlabel="ranks N", ylabel="tokens")
+            if of["longest"]:
+                right.set_title(f"longest sequence within {number(of['longest'][0], 'budget_mib'):g} MiB per rank")
+            for ax in (left, right):
+                ax.xaxis.set_minor_locator(NullLocator())  # ticks at the N measured only
+                ax.set_xticks(worlds, [str(w) for w in worlds])
+                ax.grid(True, which="both", alpha=0.3)
+            right.legend(loc="upper left", fontsize=8)

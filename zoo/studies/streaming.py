@@ -34,7 +34,7 @@ from zoo.app.run import load_run
 from zoo.bench.timing import rotation
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, load_now, load_range, markdown_table, number, train
+from zoo.studies.common import Rows, load_now, load_range, markdown_table, number, saved_figure, train
 from zoo.studies.streaming_modes import MODES, Stream, mode_models, sink_mass
 from zoo.train.eval_protocols import split_stream
 
@@ -181,28 +181,23 @@ class Streaming(Study):
         return f"**Verdict, position={position}: the claim {claim}** over the last half: " + "; ".join(said) + "."
 
     def figure(self, rows: list[dict[str, str]], groups: list[tuple[str, str]]) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(max(len(groups), 1), 2, figsize=(11, 4 * max(len(groups), 1)), squeeze=False)
-        for (left, right), (position, tokens) in zip(axes, groups):
-            chunks = [r for r in rows if r["kind"] == "chunk" and (r["position"], r["tokens"]) == (position, tokens)]
-            for mode in MODES:
-                points = sorted((int(r["end"]), r) for r in chunks if r["mode"] == mode)
-                x = [end for end, _ in points]
-                left.plot(x, [number(r, "bpc") for _, r in points], marker=".", label=mode)
-                right.plot(x, [number(r, "cache_mib") for _, r in points], marker=".", label=mode)
-            if chunks:
-                left.axvline(int(chunks[0]["train_len"]), color="grey", lw=0.8, ls=":")
-            left.set(xlabel="position in the stream", ylabel="bits per character (per chunk)",
-                     title=f"position={position}, {int(tokens):,} tokens: bpc vs position")
-            right.set(xlabel="position in the stream", ylabel="MiB", title="state bytes (recompute keeps none)")
-            right.set_yscale("symlog")
-            for axis in (left, right):
-                axis.grid(alpha=0.3)
-                axis.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(self.paths.out / "streaming.png", dpi=90)
-        plt.close(fig)
+        height = max(len(groups), 1)
+        with saved_figure(self.paths.out / "streaming.png", height, 2, figsize=(11, 4 * height), squeeze=False,
+                          dpi=90) as (_, axes):
+            for (left, right), group in zip(axes, groups):
+                position, tokens = group
+                chunks = [r for r in rows if r["kind"] == "chunk" and (r["position"], r["tokens"]) == group]
+                for mode in MODES:
+                    points = sorted((int(r["end"]), r) for r in chunks if r["mode"] == mode)
+                    x = [end for end, _ in points]
+                    left.plot(x, [number(r, "bpc") for _, r in points], marker=".", label=mode)
+                    right.plot(x, [number(r, "cache_mib") for _, r in points], marker=".", label=mode)
+                if chunks:
+                    left.axvline(int(chunks[0]["train_len"]), color="grey", lw=0.8, ls=":")
+                left.set(xlabel="position in the stream", ylabel="bits per character (per chunk)",
+                         title=f"position={position}, {int(tokens):,} tokens: bpc vs position")
+                right.set(xlabel="position in the stream", ylabel="MiB", title="state bytes (recompute keeps none)")
+                right.set_yscale("symlog")
+                for axis in (left, right):
+                    axis.grid(alpha=0.3)
+                    axis.legend(fontsize=8)

@@ -29,7 +29,7 @@ import zoo
 from zoo.bench import clocked, paired_ratios, paired_rounds
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, load_now, load_range, markdown_table, number
+from zoo.studies.common import Rows, load_now, load_range, markdown_table, number, saved_figure
 
 PAPER_TABLE9 = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
 PEER_BENCHMARKS_MS = {1024: 542, 4096: 18094}  # x-transformers in BENCHMARKS.md, keyed by segment + memory
@@ -201,31 +201,26 @@ class XLSpeed(Study):
         return f"**Verdict, {threads} thread(s)**: " + ("; ".join(said) or "not enough rows") + "."
 
     def figure(self, rows: list[dict[str, str]]) -> None:
-        import matplotlib
+        from matplotlib.ticker import NullFormatter
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.6))
-        xs: set[int] = set()
-        for threads in sorted({int(r["threads"]) for r in rows if r["kind"] == "eval"}):
-            evals = sorted((int(r["attention_length"]), r) for r in rows if r["kind"] == "eval"
-                           and int(r["threads"]) == threads)
-            x = [length for length, _ in evals]
-            xs |= set(x)
-            ax.plot(x, [number(r, "speedup") for _, r in evals], "o-", label=f"ours (CPU, {threads} thread(s), median)")
-            ax.fill_between(x, [number(r, "speedup_min") for _, r in evals],
-                            [number(r, "speedup_max") for _, r in evals], alpha=0.2)
-        ax.plot(list(PAPER_TABLE9), list(PAPER_TABLE9.values()), "s--", label="paper Table 9 (GPU)")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ticks = sorted(xs | set(PAPER_TABLE9))
-        ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45)
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set(xlabel="attention length", ylabel="eval speed-up per token (x)",
-               title="Transformer-XL state reuse vs vanilla recompute")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(self.paths.out / "eval_speed.png", dpi=110)
-        plt.close(fig)
+        with saved_figure(self.paths.out / "eval_speed.png", figsize=(5, 3.6), dpi=110) as (_, ax):
+            xs: set[int] = set()
+            for threads in sorted({int(r["threads"]) for r in rows if r["kind"] == "eval"}):
+                evals = sorted((int(r["attention_length"]), r) for r in rows if r["kind"] == "eval"
+                               and int(r["threads"]) == threads)
+                x = [length for length, _ in evals]
+                xs |= set(x)
+                ax.plot(x, [number(r, "speedup") for _, r in evals], "o-",
+                        label=f"ours (CPU, {threads} thread(s), median)")
+                ax.fill_between(x, [number(r, "speedup_min") for _, r in evals],
+                                [number(r, "speedup_max") for _, r in evals], alpha=0.2)
+            ax.plot(list(PAPER_TABLE9), list(PAPER_TABLE9.values()), "s--", label="paper Table 9 (GPU)")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ticks = sorted(xs | set(PAPER_TABLE9))
+            ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set(xlabel="attention length", ylabel="eval speed-up per token (x)",
+                   title="Transformer-XL state reuse vs vanilla recompute")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)

@@ -17,7 +17,6 @@ over training), tagged with the settings.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -25,11 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zoo.app.csv_rows import read_rows
 from zoo.app.run import load_run
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, markdown_table, number, saved_figure, train
+from zoo.studies.common import Rows, markdown_table, number, run_outcome, saved_figure, train
 from zoo.train.eval_protocols import split_stream
 
 MODES = ("learned", "fixed", "dynamic")
@@ -103,13 +101,13 @@ class AdaptiveSpan(Study):
             if rows.has(settings=key, kind="summary", mode=mode):
                 continue
             run_dir = train(self.overrides(mode), self.paths.runs / key / mode, threads=self.threads)
-            result = json.loads((run_dir / "result.json").read_text())
+            result, metrics = run_outcome(run_dir)
             _, task, model, _ = load_run(run_dir / "checkpoints" / "last.pt")
             val = torch.from_numpy(split_stream(task, "val")[: o.batch * o.segment]).long().view(o.batch, o.segment)
             tag = dict(settings=key, mode=mode)
             spans = span_table(model, val)
             curve = []
-            for r in read_rows(run_dir / "metrics.csv"):
+            for r in metrics:
                 if r.get("train/loss"):
                     means = [float(v) for k, v in r.items() if k.endswith("/attn/span_mean") and v]
                     maxes = [float(v) for k, v in r.items() if k.endswith("/attn/span_max") and v]

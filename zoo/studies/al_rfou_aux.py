@@ -19,13 +19,11 @@ both tagged with ``settings``, so runs at other sizes or budgets sit in the same
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from zoo.app.csv_rows import read_rows
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, markdown_table, number, saved_figure, train
+from zoo.studies.common import Rows, markdown_table, number, run_outcome, saved_figure, train
 
 ARMS = {  # what each arm sets; the same dict as the preset's own for "aux"
     "aux": "model.aux_losses={intermediate:true,multi_target:0.5,layer_heads:true}",  # the paper's losses
@@ -102,8 +100,7 @@ class AlRfouAux(Study):
                     continue
                 run_dir = self.paths.runs / key / f"{arm}_s{seed}"
                 train(self.overrides(arm, seed), run_dir, threads=self.threads)
-                result = json.loads((run_dir / "result.json").read_text())
-                metrics = read_rows(run_dir / "metrics.csv")
+                result, metrics = run_outcome(run_dir)
                 train_loss = {r["step"]: r["train/loss"] for r in metrics if r.get("train/loss")}
                 tag = dict(settings=key, arm=arm, seed=seed, max_steps=o.steps)
                 rows.add([dict(kind="eval", **tag, step=int(r["step"]), val_bpc=float(r["val/bpc"]),

@@ -7,6 +7,7 @@ Intervals over seeds come from :mod:`zoo.app.aggregate` (the sweep summary's), p
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,6 +50,13 @@ def train(overrides: Sequence[str], run_dir: Path, *, threads: int = 1, echo: Ca
     if done.returncode != 0:
         raise RuntimeError(f"training run failed (exit {done.returncode}): see {log}")
     return run_dir
+
+
+def run_outcome(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """A finished training run's ``result.json`` (final and best metric, steps, parameters, wall seconds) and
+    its ``metrics.csv`` rows (``logger=csv``: one per logged step and per evaluation)."""
+    run_dir = Path(run_dir)
+    return json.loads((run_dir / "result.json").read_text()), read_rows(run_dir / "metrics.csv")
 
 
 class Rows:

@@ -19,18 +19,16 @@ and evaluation memory) and ``train`` (the training loss per logged step), tagged
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
 import torch
 
-from zoo.app.csv_rows import read_rows
 from zoo.app.run import load_run
 from zoo.attention.xl_rel import set_eval_memory
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, markdown_table, number, saved_figure, train
+from zoo.studies.common import Rows, markdown_table, number, run_outcome, saved_figure, train
 from zoo.train.eval_protocols import split_stream
 
 MODELS = ("xl_memory", "xl_no_memory", "vanilla_lm")
@@ -114,10 +112,10 @@ class XLMemoryLM(Study):
             run_dir = train(self.overrides(name), self.paths.runs / key / name, threads=self.threads)
             _, task, model, _ = load_run(run_dir / "checkpoints" / "last.pt")
             stream = torch.from_numpy(split_stream(task, "val")[: o.eval_chars + EVAL_STREAMS]).long()
-            seconds = json.loads((run_dir / "result.json").read_text())["wall_s"]
+            result, metrics = run_outcome(run_dir)
             curve = [dict(settings=key, kind="train", model=name, step=int(r["step"]),
                           train_bpc=float(r["train/loss"]) / math.log(2))
-                     for r in read_rows(run_dir / "metrics.csv") if r.get("train/loss")]
+                     for r in metrics if r.get("train/loss")]
             memories = [o.segment, *([o.eval_mem] if o.eval_mem else [])] if name == "xl_memory" else [0]
             evals = []
             for memory in memories:
@@ -125,7 +123,7 @@ class XLMemoryLM(Study):
                     set_eval_memory(model, memory)
                 bpc, early = quarter_bpc(model.eval(), stream, o.segment, memory=name == "xl_memory")
                 evals.append(dict(settings=key, kind="eval", model=name, eval_memory=memory, eval_bpc=bpc,
-                                  eval_bpc_first_quarter=early, train_seconds=round(seconds, 1)))
+                                  eval_bpc_first_quarter=early, train_seconds=round(result["wall_s"], 1)))
             rows.add(curve + evals)  # the curve first: an eval row means the model is complete
 
     def report(self, rows: list[dict[str, str]]) -> str:

@@ -326,6 +326,14 @@ def test_bad_call(name, label):
     clear_error(thunk, *names)
 
 
+class NoneOfTheTypes:
+    """A value no annotation accepts, with a repr that is the same in every process (an ``object()``'s holds
+    its address, so pytest-xdist's workers would collect differently named tests)."""
+
+    def __repr__(self) -> str:
+        return "NoneOfTheTypes()"
+
+
 def wrong_values(tp) -> list:
     """Values of the wrong type for an annotation (see zoo.config.matches_type)."""
     if tp is bool:
@@ -338,7 +346,7 @@ def wrong_values(tp) -> list:
         return [3, None, ["a"]]
     if tp == (int | None):
         return [2.5, "x"]
-    return [object()]
+    return [NoneOfTheTypes()]
 
 
 def typed_fields(options_cls):

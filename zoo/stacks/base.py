@@ -105,6 +105,12 @@ class Stack(nn.Module):
             f": {self.no_state_reason}" if self.no_state_reason else ""
         )
 
+    def fsdp_refusal(self) -> str | None:
+        """Why this stack's blocks cannot each be an FSDP unit (``trainer.fsdp``, zoo/train/fsdp.py), or None:
+        FSDP gathers a unit's weights around ``Block.forward`` and its backward, so a stack that calls
+        anything else of a block cannot be sharded block by block."""
+        return None
+
     def context_refusal(self) -> str | None:
         """Why this stack cannot run on a chunk of a sequence split over ranks (``zoo.parallel``), or None
         when it can: its blocks then see the chunk through ``zoo.parallel.chunk.active_chunk``."""

@@ -145,6 +145,13 @@ class ReversibleStack(Stack):
     def recompute_passes(self) -> float:
         return 1.0 if self.options.recompute else 0.0  # backward runs every layer's branches again
 
+    def fsdp_refusal(self) -> str:
+        return (
+            "stack 'reversible' runs each layer as its two branches (attention_branch, feed_forward_branch) and "
+            "recomputes them in its own backward, never through Block.forward, around which FSDP gathers a "
+            "block's weights"
+        )
+
     def context_refusal(self) -> None:
         return None  # backward recomputes each layer's attention over the forward's chunk (kept with its RNG)
 

@@ -53,6 +53,9 @@ class TrainerOptions:
     # attention layer runs on, zigzag for dense causal attention), contiguous or zigzag
     context_parallel: int = 1
     context_layout: str = "auto"
+    # fully sharded data parallelism (FSDP2, zoo/train/fsdp.py): every rank holds 1/world of each weight, its
+    # gradient and its optimiser state; checkpoints are written sharded (zoo/train/checkpoints/sharded.py)
+    fsdp: bool = False
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):

@@ -134,3 +134,26 @@ def test_blocks_sharing_a_parameter_form_one_unit():
     assert [len(g) for g in shard_groups(shard_units(shared))] == [3]
     plain = zoo.create_model("vanilla_lm", **sizes)
     assert [len(g) for g in shard_groups(shard_units(plain))] == [1, 1, 1]
+
+
+def test_a_sharded_checkpoint_resumes_on_other_ranks_only_where_a_step_reads_the_same_rows(text_file):
+    """2 ranks x 2 rows -> 1 process x 4 rows: the same rows of a text's lanes; a synthetic task draws each
+    rank's rows by its rank and the number of ranks, and a different number of rows per step is refused."""
+    from dataclasses import asdict
+
+    from zoo.train.checkpoints.resume import check_continues, task_info
+
+    def resume_on_one(data: list[str], saved_rows: int) -> None:
+        """A checkpoint of 2 ranks x ``saved_rows`` rows resumed by one process reading 4 rows."""
+        resolved, task, model = build(compose(TINY + data + ["trainer.batch_size=4"]))
+        optim = optim_options(resolved)
+        saved = {"task": {**task_info(task), "batch_size": saved_rows}, "world_size": 2, "optim": asdict(optim)}
+        ckpt = {**saved, "model_config": model.config.to_dict()}
+        check_continues(ckpt, "ckpt", model=model, task=task, world_size=1, optim=optim, reshard=True)
+
+    text = ["data=char_lm", f"data.path={text_file}"]
+    resume_on_one(text, 2)
+    with pytest.raises(CheckpointError, match="the rows of a step .* must stay the same"):
+        resume_on_one(text, 1)
+    with pytest.raises(CheckpointError, match="'duplication' draws each rank's rows by its rank"):
+        resume_on_one(["data=duplication"], 2)

@@ -198,14 +198,17 @@ def check_continues(
 ) -> None:
     """Refuse (:class:`CheckpointError`) a checkpoint that does not continue this run. ``reshard``: a sharded
     checkpoint may resume on another number of data replicas when each step reads the same rows
-    (``trainer.batch_size`` x replicas unchanged: rank r of w reads rows r*b ... r*b + b - 1 of the w*b)."""
+    (``trainer.batch_size`` x replicas unchanged) and the task numbers its rows over every rank's
+    (``Task.rows_by_global_index``: rank r of w reads rows r*b ... r*b + b - 1 of the w*b)."""
     diff = config_diff(with_new_model_defaults(ckpt["model_config"]), model.config.to_dict())
     if diff:
         raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
     saved, now = with_new_defaults(ckpt.get("task", {}), task), task_info(task)
     saved_world = ckpt.get("world_size", 1)
-    if reshard and saved.get("batch_size", 0) * saved_world == now["batch_size"] * world_size:
-        saved, now, saved_world = {**saved, "batch_size": None}, {**now, "batch_size": None}, world_size
+    if reshard and saved_world != world_size:  # the rows are checked below, with the number of ranks
+        same_rows = saved.get("batch_size", 0) * saved_world == now["batch_size"] * world_size
+        saved_world = world_size if task.rows_by_global_index and same_rows else saved_world
+        saved, now = {**saved, "batch_size": None}, {**now, "batch_size": None}
     diff = config_diff(saved, now)
     if diff:
         raise CheckpointError(
@@ -213,11 +216,11 @@ def check_continues(
             "meaningless): " + "; ".join(diff[:8])
         )
     if saved_world != world_size:
-        rows = (
-            "the rows of a step (trainer.batch_size x data replicas) must stay the same"
-            if reshard
-            else ("data rows would not line up")
-        )
+        rows = "data rows would not line up"
+        if reshard and not task.rows_by_global_index:
+            rows = f"data {task.registry_name!r} draws each rank's rows by its rank and the number of ranks"
+        elif reshard:
+            rows = "the rows of a step (trainer.batch_size x data replicas) must stay the same"
         raise CheckpointError(
             f"checkpoint {path} was written with {ckpt.get('world_size')} processes, resuming with {world_size}: {rows}"
         )

@@ -24,8 +24,9 @@ from pathlib import Path
 from zoo.hub import push_folder
 from zoo.hub.export import export_checkpoint
 from zoo.hub.folder import CONFIG_FILE, NotAZooModel
+from zoo.train.checkpoints.convert import to_single_file
 from zoo.train.checkpoints.format import CheckpointError, checksum_path
-from zoo.train.checkpoints.sharded import is_sharded, to_single_file
+from zoo.train.checkpoints.sharded import is_sharded
 
 
 def main(argv: list[str] | None = None) -> dict:

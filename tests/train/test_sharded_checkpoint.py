@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.train.checkpoints.format import CHECKPOINT_FORMAT, CheckpointError
+from zoo.train.checkpoints.format import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from zoo.train.checkpoints.sharded import (
     MANIFEST,
     complete_sharded_saves,
@@ -53,6 +53,8 @@ def test_round_trip(saved):
             p.zero_()
     record = load_sharded(path, model=fresh, optimizer=fresh_optimizer)
     assert record["step"] == 1 and manifest_problem(path) is None
+    with pytest.raises(CheckpointError, match="sharded checkpoint of an FSDP run .* --single-file"):
+        load_checkpoint(path)  # what evaluate / sample read: told how to convert it
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     for a, b in zip(optimizer.state.values(), fresh_optimizer.state.values()):

@@ -102,6 +102,8 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, *, precision: str = "fp32") 
     for module in model.modules():  # context ranks add their shares of the loss, replicas average
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(float(replicas))
+            # gloo has no pre-scaled sum (ReduceOp.PREMUL_SUM): sum, then divide on each rank
+            module.set_force_sum_reduction_for_comms(mesh.device_type == "cpu")
     return model
 
 

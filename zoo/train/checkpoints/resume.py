@@ -90,30 +90,10 @@ def task_info(task: Task) -> dict[str, Any]:
     }
 
 
-def run_payload(
-    *,
-    model: nn.Module,
-    task: Task,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    optim: OptimOptions,
-    state: Any,
-    progress: Progress,
-    world_size: int,
-    config: dict[str, Any],
-) -> dict[str, Any]:
-    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoints.format`)."""
-    record = run_record(
-        model=model,
-        task=task,
-        scheduler=scheduler,
-        optim=optim,
-        state=state,
-        progress=progress,
-        world_size=world_size,
-        config=config,
-    )
-    return {**record, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+def run_payload(*, optimizer: torch.optim.Optimizer, **fields: Any) -> dict[str, Any]:
+    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoints.format`);
+    ``fields``: :func:`run_record`'s."""
+    return {**run_record(**fields), "model": fields["model"].state_dict(), "optimizer": optimizer.state_dict()}
 
 
 def run_record(

@@ -21,8 +21,8 @@ and removes the old one. A kill between those renames leaves no ``last.dcp``: :f
 (at the next run's start) puts back the new one if its checksums hold, else the old one. Weights that
 are not finite on any rank are never written (every rank refuses together).
 
-:func:`to_single_file` turns a sharded checkpoint into the single ``.pt`` file every other tool reads
-(evaluate, sample, export): ``python experiments/export.py last.dcp/ --single-file last.pt``.
+:func:`zoo.train.checkpoints.convert.to_single_file` turns a sharded checkpoint into the single ``.pt``
+file every other tool reads (evaluate, sample, export): ``python experiments/export.py last.dcp --single-file last.pt``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from zoo.train.checkpoints.format import CHECKPOINT_FORMAT, CheckpointError, save_checkpoint, sha256_of
+from zoo.train.checkpoints.format import CHECKPOINT_FORMAT, CheckpointError, sha256_of
 from zoo.train.rundir import safe_path
 
 SHARDED_SUFFIX = ".dcp"
@@ -248,28 +248,3 @@ def complete_sharded_saves(directory: str | Path) -> list[Path]:
         else:
             shutil.rmtree(leftover, ignore_errors=True)
     return restored
-
-
-# -- the single-file format ----------------------------------------------------------------------------
-
-
-def to_single_file(sharded: str | Path, out: str | Path) -> Path:
-    """Write the sharded checkpoint ``sharded`` as one checkpoint file ``out`` (with its checksum sidecar),
-    the one a run without FSDP writes: evaluate, sample, export and a resume without FSDP read it.
-    Runs in one process; the model and optimiser are rebuilt from the checkpoint's own record."""
-    from zoo import create_model
-    from zoo.train.checkpoints.format import import_recorded
-    from zoo.train.checkpoints.resume import with_new_model_defaults
-    from zoo.train.options import OptimOptions, make_optimizer
-
-    sharded, out = Path(sharded), Path(out)
-    checked_directory(sharded)
-    record = read_run_file(sharded)
-    import_recorded(record.get("config") or {}, sharded)
-    model = create_model(**with_new_model_defaults(record["model_config"]))
-    optimizer = make_optimizer(model, OptimOptions(**record["optim"])) if record.get("optim") else None
-    load_sharded(sharded, model=model, optimizer=optimizer)
-    payload = {**record, "model": model.state_dict()}
-    if optimizer is not None:
-        payload["optimizer"] = optimizer.state_dict()
-    return save_checkpoint(out, payload)

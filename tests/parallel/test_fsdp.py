@@ -2,11 +2,13 @@
 N steps equal one process's in float64; a run resumed from its sharded checkpoint (DCP,
 zoo/train/checkpoints/sharded.py) equals the run without the break, also on another number of ranks; the
 sharded checkpoint converts to the single-file format the other tools read; impossible settings are
-refused at build time with the reason."""
+refused at build time with the reason. Every FSDP run here is its own process (``run_ranks``, one included):
+the test process never joins a process group, so the processes it forks later inherit none."""
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -15,12 +17,17 @@ pytest.importorskip("hydra")
 
 from support.app_overrides import TINY, script  # noqa: E402
 
+import zoo  # noqa: E402
 from zoo.app.compose import compose  # noqa: E402
 from zoo.app.run import build, optim_options, run, trainer_options  # noqa: E402
+from zoo.data.base import create_task  # noqa: E402
 from zoo.parallel.launch import run_ranks  # noqa: E402
 from zoo.train.checkpoints.convert import to_single_file  # noqa: E402
 from zoo.train.checkpoints.format import CheckpointError, load_checkpoint  # noqa: E402
+from zoo.train.checkpoints.resume import check_continues, task_info  # noqa: E402
 from zoo.train.checkpoints.sharded import MANIFEST  # noqa: E402
+from zoo.train.fsdp import shard_groups, shard_units  # noqa: E402
+from zoo.train.options import OptimOptions  # noqa: E402
 from zoo.train.trainer import Trainer  # noqa: E402
 
 COMMON = ["data=char_lm", "trainer.eval_every=2", "trainer.threads=1", "trainer.log_every=1"]
@@ -45,6 +52,10 @@ def float64_run(overrides: list[str], run_dir, *, steps: int, resume: str = "") 
 
 def _fsdp_rank(rank: int, world: int, overrides: list[str], run_dir, steps: int, resume: str):
     return float64_run(overrides + ["trainer.fsdp=true"], run_dir, steps=steps, resume=resume)
+
+
+def _app_rank(rank: int, world: int, overrides: list[str], run_dir) -> float:
+    return run(compose(overrides), run_dir=run_dir)
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -76,7 +87,7 @@ def test_fsdp_resumes_from_its_sharded_checkpoint_on_two_ranks_and_on_one(tmp_pa
     resumed = run_ranks(2, _fsdp_rank, overrides, tmp_path / "fsdp", 4, "auto")
     assert_same_weights(resumed[0], four)
     assert_same_weights(resumed[1], four)
-    one = float64_run(single + ["trainer.fsdp=true"], tmp_path / "one", steps=4, resume="auto")
+    one = run_ranks(1, _fsdp_rank, single, tmp_path / "one", 4, "auto")[0]
     assert_same_weights(one, four)
 
 
@@ -85,7 +96,7 @@ def test_a_sharded_checkpoint_converts_to_the_single_file_format(tmp_path, text_
     """The converted file holds what a run without FSDP writes: the same keys, the weights the sharded
     run reached, an optimiser state that loads; a sharded checkpoint with a changed file is refused."""
     overrides = TINY + COMMON + [f"data.path={text_file}", "trainer.max_steps=2", "trainer.fsdp=true"]
-    run(compose(overrides), run_dir=tmp_path / "run")  # one process, sharded over a group of one
+    run_ranks(1, _app_rank, overrides, tmp_path / "run")  # one process, sharded over a group of one
     sharded = tmp_path / "run" / "checkpoints" / "last.dcp"
     script("export").main([str(sharded), "--single-file", str(tmp_path / "last.pt")])  # the CLI
     converted = load_checkpoint(tmp_path / "last.pt")
@@ -103,14 +114,19 @@ def test_a_sharded_checkpoint_converts_to_the_single_file_format(tmp_path, text_
         to_single_file(sharded, tmp_path / "again.pt")
 
 
-def test_fsdp_refusals_name_the_reason(tmp_path, text_file):
+def test_fsdp_refuses_the_reversible_stack_at_build_time_with_the_reason(tmp_path, text_file):
     overrides = TINY + COMMON + [f"data.path={text_file}", "trainer.max_steps=1", "trainer.fsdp=true"]
-    with pytest.raises(ValueError, match="stack 'reversible' runs each layer as its two branches"):
-        run(compose(overrides + ["model=reformer"]), run_dir=tmp_path / "rev")
+    with pytest.raises(RuntimeError, match="stack 'reversible' runs each layer as its two branches"):
+        run_ranks(1, _app_rank, overrides + ["model=reformer"], tmp_path / "rev")
+
+
+@pytest.mark.slow
+def test_a_single_file_checkpoint_under_fsdp_is_refused_saying_what_to_do(tmp_path, text_file):
+    overrides = TINY + COMMON + [f"data.path={text_file}", "trainer.max_steps=1", "trainer.fsdp=true"]
     single_file = tmp_path / "last.pt"
     single_file.write_bytes(b"")  # refused for its kind before it is read
-    with pytest.raises(CheckpointError, match="is single-file, this run is with FSDP .*trainer.fsdp=false"):
-        run(compose(overrides + [f"trainer.resume={single_file}"]), run_dir=tmp_path / "plain")
+    with pytest.raises(RuntimeError, match="is single-file, this run is with FSDP .*trainer.fsdp=false"):
+        run_ranks(1, _app_rank, overrides + [f"trainer.resume={single_file}"], tmp_path / "plain")
 
 
 @pytest.mark.slow
@@ -129,8 +145,6 @@ def test_fsdp_with_context_parallelism_on_four_ranks_trains_as_one_process_float
 def test_blocks_sharing_a_parameter_form_one_unit():
     """Adaptive span's layers share one relative-key table: one FSDP unit for them all (one would otherwise
     own it while the others read it); blocks sharing nothing are a unit each."""
-    import zoo
-    from zoo.train.fsdp import shard_groups, shard_units
 
     sizes = dict(vocab_size=32, d_model=16, n_heads=2, d_ff=32, n_layers=3)
     shared = zoo.create_model("adaptive_span_lm", **sizes)
@@ -142,28 +156,20 @@ def test_blocks_sharing_a_parameter_form_one_unit():
 def test_a_sharded_checkpoint_resumes_on_other_ranks_only_where_a_step_reads_the_same_rows(text_file):
     """2 ranks x 2 rows -> 1 process x 4 rows: the same rows of a text's lanes; a synthetic task draws each
     rank's rows by its rank and the number of ranks, and a different number of rows per step is refused."""
-    from dataclasses import asdict
+    model, optim = zoo.create_model("vanilla_lm", vocab_size=256, d_model=16, n_heads=2, d_ff=32), OptimOptions()
 
-    from zoo.train.checkpoints.resume import check_continues, task_info
-
-    def resume_on_one(data: list[str], saved_rows: int) -> None:
+    def resume_on_one(task_name: str, saved_rows: int, **options) -> None:
         """A checkpoint of 2 ranks x ``saved_rows`` rows resumed by one process reading 4 rows."""
-        resolved, task, model = build(compose(TINY + data + ["trainer.batch_size=4"]))
-        optim = optim_options(resolved)
+        task = create_task(task_name, batch_size=4, seq_len=16, **options)
         saved = {"task": {**task_info(task), "batch_size": saved_rows}, "world_size": 2, "optim": asdict(optim)}
         ckpt = {**saved, "model_config": model.config.to_dict()}
         check_continues(ckpt, "ckpt", model=model, task=task, world_size=1, optim=optim, reshard=True)
 
-    text = ["data=char_lm", f"data.path={text_file}"]
-    resume_on_one(text, 2)
+    resume_on_one("char_lm", 2, path=str(text_file))
     with pytest.raises(CheckpointError, match="the rows of a step .* must stay the same"):
-        resume_on_one(text, 1)
+        resume_on_one("char_lm", 1, path=str(text_file))
     with pytest.raises(CheckpointError, match="'duplication' draws each rank's rows by its rank"):
-        resume_on_one(["data=duplication"], 2)
-
-
-def _app_rank(rank: int, world: int, overrides: list[str], run_dir) -> float:
-    return run(compose(overrides), run_dir=run_dir)
+        resume_on_one("duplication", 2)
 
 
 @pytest.mark.slow

@@ -90,7 +90,8 @@ class Block(nn.Module):
     def _attend(self, x: Tensor, pad_mask: Tensor | None, state: Any) -> AttnOutput:
         """The self-attention sub-layer on the stream x (before its residual join). While a sequence is
         split over ranks (``zoo.parallel``), the mechanism's ``attend_chunk`` reads what it needs of the
-        other ranks' chunks."""
+        other ranks' chunks. Activation checkpointing of the attention alone recomputes this method
+        (``zoo.stacks.checkpointing``: an instance attribute of the same name runs it through a checkpoint)."""
         residual = self.attention_residual
         h = residual.sublayer_input(x)
         extra = {}

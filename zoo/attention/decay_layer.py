@@ -13,7 +13,6 @@ remembers no token (``state_bound`` 0) and threading it through segments equals 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, FlopCount, KeysPerQuery, StateContract, dense_keys
@@ -126,12 +125,3 @@ class DecayAttention(Attention):
         before = state_before_rank(chunk, added, log_decay)
         out = out + read_state(q, log_decay, before).to(out.dtype)
         return AttnOutput(self.finish(x, out))
-
-
-def head_norm(out: Tensor, kind: str, eps: float, weight: Tensor | None = None) -> Tensor:
-    """Each head's output normalised on its own (the papers' GroupNorm with one group per head):
-    out [b, h, t, e], ``kind`` "layernorm" or "rmsnorm", an optional affine ``weight`` [e]."""
-    e = out.shape[-1]
-    if kind == "layernorm":
-        return F.layer_norm(out, (e,), weight, None, eps)
-    return F.rms_norm(out, (e,), weight, eps)

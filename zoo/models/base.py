@@ -72,7 +72,7 @@ def map_tensors(state: Any, fn: Callable[[Tensor], Tensor], *, rows_only: bool =
     """Apply ``fn`` to every tensor inside a (nested) state: lists, tuples, dicts, dataclasses.
     Used to reorder caches in beam search and to move states between devices. ``rows_only``: skip
     the dataclass fields a cache marks as shared by every row (``field(metadata={"batch": False})``,
-    ``zoo.attention.base.NOT_PER_ROW``: the kept keys' positions, a pinned feature map)."""
+    ``zoo.attention.state.NOT_PER_ROW``: the kept keys' positions, a pinned feature map)."""
     if isinstance(state, Tensor):
         return fn(state)
     if isinstance(state, list):

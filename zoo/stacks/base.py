@@ -111,6 +111,12 @@ class Stack(nn.Module):
         anything else of a block cannot be sharded block by block."""
         return None
 
+    def checkpoint_refusal(self) -> str | None:
+        """Why activation checkpointing (``zoo.stacks.checkpointing``: each block's forward, or its attention
+        sub-layer, run again in backward) cannot apply to this stack, or None when it can: the stack then calls
+        each block of ``block_applications`` through ``Block.forward``."""
+        return None
+
     def context_refusal(self) -> str | None:
         """Why this stack cannot run on a chunk of a sequence split over ranks (``zoo.parallel``), or None
         when it can: its blocks then see the chunk through ``zoo.parallel.chunk.active_chunk``."""

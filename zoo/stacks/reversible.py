@@ -17,7 +17,8 @@ gradients one layer at a time. So the activations held for backward do not grow 
 - Dropout (and anything else drawing random numbers) repeats exactly: the CPU/CUDA RNG state at
   the start of each branch is recorded in forward and restored for its recomputation.
 - Mixed precision repeats too: backward recomputes each branch under the autocast state the
-  forward ran in (:class:`zoo.precision.AutocastState`); recomputed in float32, a bf16 forward's
+  forward ran in (:class:`zoo.precision.AutocastState`, replayed by :class:`zoo.attention.recompute.Replaying`, as
+  every recomputation in the zoo is); recomputed in float32, a bf16 forward's
   inputs would be rebuilt from other branch values and the gradients taken of another function.
 - Chunked feed-forward: G is position-wise (a part that is not is refused), so when ``chunk_size`` is set it is
   applied chunk by chunk along the sequence in forward *and* recomputed and differentiated chunk
@@ -51,8 +52,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.attention.recompute import Replaying
 from zoo.blocks import Block, merge_into, prefixed
-from zoo.parallel.chunk import active_chunk, splitting
+from zoo.parallel.chunk import active_chunk
 from zoo.precision import AutocastState
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 
@@ -150,6 +152,13 @@ class ReversibleStack(Stack):
             "stack 'reversible' runs each layer as its two branches (attention_branch, feed_forward_branch) and "
             "recomputes them in its own backward, never through Block.forward, around which FSDP gathers a "
             "block's weights"
+        )
+
+    def checkpoint_refusal(self) -> str:
+        return (
+            "stack 'reversible' recomputes every layer in backward already (it keeps one layer's activations "
+            "and rebuilds each layer's input from its output), running its blocks as two branches inside its own "
+            "autograd function, so there is nothing for activation checkpointing to recompute"
         )
 
     def context_refusal(self) -> None:
@@ -261,7 +270,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 for part in block.feed_forward_slices(y1.shape[1]):
                     with torch.enable_grad():
                         y1_piece = y1[:, part].detach().requires_grad_(True)
-                        with ctx.autocast.replay():
+                        with Replaying(ctx.autocast):
                             g = block.feed_forward_branch(y1_piece)
                         d = torch.autograd.grad(g, [y1_piece, *g_params], dy2[:, part], allow_unused=True)
                     x2_pieces.append(y2[:, part] - g.detach())
@@ -276,7 +285,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 f_rng.restore()
                 with torch.enable_grad():
                     x2_in = x2.detach().requires_grad_(True)
-                    with ctx.autocast.replay(), splitting(ctx.chunk):
+                    with Replaying(ctx.autocast, ctx.chunk):
                         f, layer_aux, _, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
                     outputs, upstream = [f], [dy1]
                     for value, d_value in zip(layer_aux.values(), d_layer_aux):

@@ -8,13 +8,14 @@ Intervals over seeds come from :mod:`zoo.app.aggregate` (the sweep summary's), p
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from zoo.app.compose import compose
 from zoo.app.csv_rows import append_rows, read_rows
+from zoo.app.run import run
 from zoo.bench.machine import describe_machine
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -24,29 +25,24 @@ REPORT_END = "<!-- end of study report -->"
 
 
 def train(overrides: Sequence[str], run_dir: Path, *, threads: int = 1, echo: Callable[[str], None] = print) -> Path:
-    """One training run through the app (``experiments/train.py``), into ``run_dir``.
+    """One training run through the app (``experiments/train.py``'s composition and run), into ``run_dir``.
 
     Every setting is on the command line (set == runs); ``trainer.resume=auto`` continues a stopped run
-    from its ``last.pt``, and a finished run (``result.json``) is not trained again. The app's output goes
-    to ``<run_dir>.log``. Returns the run directory."""
+    from its ``last.pt``, and a finished run (``result.json``) is not trained again. It runs in this
+    process (a new interpreter per run cost about 5 s of start-up, most of a toy study); the app's output
+    goes to ``<run_dir>.log``. Returns the run directory."""
     run_dir = Path(run_dir).resolve()
     if (run_dir / "result.json").exists():
         return run_dir
-    command = [
-        sys.executable,
-        str(TRAIN_APP),
-        *overrides,
-        f"trainer.threads={threads}",
-        "trainer.resume=auto",
-        f"hydra.run.dir={run_dir}",
-    ]
-    echo(" ".join(command[1:]))
+    app_overrides = [*overrides, f"trainer.threads={threads}", "trainer.resume=auto"]
+    echo(" ".join([str(TRAIN_APP.relative_to(PROJECT_ROOT)), *app_overrides, f"hydra.run.dir={run_dir}"]))
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as handle:
-        done = subprocess.run(command, cwd=PROJECT_ROOT, stdout=handle, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise RuntimeError(f"training run failed (exit {done.returncode}): see {log}")
+    with open(log, "a") as handle, redirect_stdout(handle), redirect_stderr(handle):
+        try:
+            run(compose(app_overrides), run_dir=run_dir)
+        except Exception as exc:
+            raise RuntimeError(f"training run failed ({type(exc).__name__}: {exc}): see {log}") from exc
     return run_dir
 
 
@@ -134,6 +130,45 @@ def panels_figure(
         axis.set(xlabel=xlabel, title=title)
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def typed(rows: Iterable[dict[str, str]]) -> list[dict[str, Any]]:
+    """Rows read back from CSV with their numbers as numbers (ints stay ints; empty cells dropped), so code
+    written for the measured rows (``zoo.bench.report``'s tables, slopes, plots) reads them unchanged."""
+
+    def value(text: str) -> Any:
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    return [{key: value(text) for key, text in row.items() if text != ""} for row in rows]
+
+
+def bars_figure(path: Path, bars: dict[str, tuple[float, float, float]], *, ylabel: str, title: str = "",
+                reference: float | None = None) -> None:
+    """One bar per label at its median with the (low, high) range as an error bar, a dotted line at
+    ``reference`` (1.0 for a ratio); written as PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(bars)
+    middle = [bars[k][0] for k in labels]
+    errors = [[m - bars[k][1] for k, m in zip(labels, middle)], [bars[k][2] - m for k, m in zip(labels, middle)]]
+    fig, axis = plt.subplots(figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.6))
+    axis.bar(range(len(labels)), middle, yerr=errors, capsize=4, color="tab:blue", alpha=0.8)
+    if reference is not None:
+        axis.axhline(reference, color="grey", lw=0.8, ls=":")
+    axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    axis.set(ylabel=ylabel, title=title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -45,13 +45,7 @@ from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make
 from zoo.train.rundir import write_text
 from zoo.train.scoring import evaluate_model, scalar_stats
 from zoo.train.spread import spread_model
-from zoo.train.steps import (
-    TrainingDiverged,
-    forward_backward,
-    initial_state,
-    optimizer_step,
-    set_training_progress,
-)
+from zoo.train.steps import TrainingDiverged, forward_backward, initial_state, optimizer_step, set_training_progress
 from zoo.train.stop import ImmediateInterrupt, StopSignals
 
 log = logging.getLogger(__name__)
@@ -114,7 +108,7 @@ class Trainer(CheckpointedRun):
             torch.cuda.set_device(self.device)
         self.dist = distributed.setup(self.device, trainer.context_parallel, one_process_group=trainer.fsdp)
         self.loggers = list(loggers) if self.dist.is_main else []
-        self.model = model.to(self.device)
+        self.model = trainer.checkpoint_plan().apply(model.to(self.device))  # blocks recomputed (before DDP / FSDP)
         self.spread = spread_model(self.model, trainer, self.dist, self.device)  # DDP, context, FSDP: one mesh
         self.net, self.context = self.spread.net, self.spread.context
         self.optimizer = make_optimizer(self.model, optim)

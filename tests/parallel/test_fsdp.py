@@ -180,3 +180,13 @@ def test_bf16_under_fsdp_evaluates_as_one_process(tmp_path, text_file):
     sharded = run_ranks(2, _app_rank, overrides + ["trainer.fsdp=true"], tmp_path / "fsdp")
     one = run(compose(overrides + ["trainer.batch_size=4"]), run_dir=tmp_path / "single")
     assert sharded[0] == pytest.approx(one, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_fsdp_with_activation_checkpointing_trains_as_one_process_float64(tmp_path, text_file):
+    """trainer.activation_checkpointing=full under FSDP: each block's forward runs again in backward, after
+    FSDP's pre-backward hook has gathered its weights; the weights after 2 steps equal one process's."""
+    overrides = TINY + COMMON + [f"data.path={text_file}", "model=vanilla_lm", "trainer.activation_checkpointing=full"]
+    sharded = run_ranks(2, _fsdp_rank, overrides, tmp_path / "fsdp", 2, "")
+    one = float64_run(overrides + ["trainer.batch_size=4"], tmp_path / "single", steps=2)
+    assert_same_weights(sharded[0], one)

@@ -114,7 +114,9 @@ def dense_flex(handed: list):
         n_kv = -(-s // flex.BLOCK)
         full = listed(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, n_kv)
         partial = listed(block_mask.kv_num_blocks, block_mask.kv_indices, n_kv)
-        per_key = lambda blocks: blocks.repeat_interleave(flex.BLOCK, 2).repeat_interleave(flex.BLOCK, 3)[..., :t, :s]  # noqa: E731
+        def per_key(blocks):
+            return blocks.repeat_interleave(flex.BLOCK, 2).repeat_interleave(flex.BLOCK, 3)[..., :t, :s]
+
         allowed = per_key(full) | (per_key(partial) & block_mask.mask_mod(b, h, i, j))
         return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num() @ v
 

@@ -108,6 +108,9 @@ MODES = ("learned", "dynamic", "fixed")
 
 @ATTENTION.register("adaptive_span")
 class AdaptiveSpanAttention(Attention):
+    no_packing_reason = (
+        "crops keys by a learned span along the row and caches them; its span blocks are not masked by document yet"
+    )
     takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     projection_features = ("qk_norm",)
     no_projection_reason = (

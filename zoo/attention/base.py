@@ -146,6 +146,10 @@ class Attention(AttentionHelpers, nn.Module):
     position_kinds: ClassVar[tuple[str, ...]] = ()
     no_position_reason: ClassVar[str] = ""  # why a kind is missing from position_kinds, for the refusal
     numbers_cache: ClassVar[bool] = False  # applies a part's cache_positions (StreamingLLM numbering)
+    # keeps every token of a packed row inside its own document (zoo/attention/documents.py): forward takes
+    # documents= long [b, t]; False refuses data.pack with no_packing_reason
+    packs_documents: ClassVar[bool] = False
+    no_packing_reason: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -305,6 +309,18 @@ class Attention(AttentionHelpers, nn.Module):
         ranks; every rank of the group calls this together). ``state``: the layer's state for the whole
         sequence (the same on every rank), and the state returned is the whole sequence's too."""
         raise ValueError(self.context_refusal() or f"{type(self).__name__} does not implement attend_chunk")
+
+    def packing_refusal(self) -> str | None:
+        """Why this layer, built as it is, cannot keep the documents of a packed row apart, or None when its
+        ``forward`` takes ``documents=`` and no token sees another document. Default: by ``packs_documents``;
+        segment memory carried across calls would carry one document into the next row's, so it refuses too."""
+        name = self.registry_name or type(self).__name__
+        if not self.packs_documents:
+            why = self.no_packing_reason or "packs_documents=False"
+            return f"attention {name!r} cannot keep packed documents apart: {why}"
+        if self.carries_segment_memory():
+            return f"attention {name!r} carries segment memory from call to call, which would cross documents"
+        return None
 
     def carries_segment_memory(self) -> bool:
         """True when the state kept across calls is bounded segment memory that training and

@@ -94,6 +94,8 @@ class PatternAttention(Attention):
     class then continues a sequence from a :class:`PatternCache` exactly (the contract suite checks
     segments == one call == token by token)."""
 
+    no_packing_reason = "its blocked pattern kernel (blocked.py) does not mask keys of another document yet"
+
     supports_memory = True  # a causal pattern continues a stream through its PatternCache
     position_kinds = ("rotary", "pair_bias")  # on the pairs each pattern computes (see the module notes)
     # grouped keys/values stay grouped in the PatternCache and in what context parallelism sends

@@ -78,9 +78,14 @@ def chunk_delta_rule(
     g: Tensor | None,
     state: Tensor | None = None,
     chunk_size: int = 64,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunkwise-parallel form (module docstring) -> (o [b, h, t, e], state after the last position
-    [b, h, k, e]). ``beta`` None: no delta rule (u = v); ``g`` None: no decay; ``state`` None: zeros."""
+    [b, h, k, e]). ``beta`` None: no delta rule (u = v); ``g`` None: no decay; ``state`` None: zeros.
+    ``segments`` [b, t] (packed documents, ``documents.segment_ids``): the state is emptied where a segment
+    starts: Gamma is 0 between segments (so the triangular solve stays inside each), a position reads (and its
+    W corrects) the chunk's start state only if no segment started before it in the chunk, a key writes into
+    the end state only if none starts after it, and the start state passes only a chunk no segment starts in."""
     b, h, t, dk = k.shape
     dv = v.shape[-1]
     c = min(chunk_size, t)  # one token (decoding) costs no C x C block
@@ -93,19 +98,26 @@ def chunk_delta_rule(
     lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     # Gamma_ij = exp(G_i - G_j) on and below the diagonal; above it -inf before exp (no overflow), so 0
     gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    read = write = passes = 1.0
+    if segments is not None:
+        seg = rearrange(torch.cat([segments, segments[:, -1:].expand(b, pad)], 1), "b (n c) -> b 1 n c", c=c)
+        entering = torch.cat([seg[..., :1, :1], seg[..., :-1, -1:]], dim=2)  # [b, 1, n, 1]
+        gamma = gamma * (seg[..., :, None] == seg[..., None, :])
+        read, write = (seg == entering)[..., None].to(q.dtype), (seg == seg[..., -1:])[..., None].to(q.dtype)
+        passes = (seg[..., -1:] == entering)[..., None].to(q.dtype)  # [b, 1, n, 1, 1]
     if beta is None:
         u, w = v, None
     else:
         beta = rearrange(F.pad(beta, (0, pad)), "b h (n c) -> b h n c 1", c=c)
         kb = k * beta
         strict = (kb @ k.transpose(-1, -2) * gamma).tril(-1)
-        rhs = torch.cat([v * beta, kb * cum.exp()[..., None]], -1)
+        rhs = torch.cat([v * beta, kb * cum.exp()[..., None] * read], -1)
         solved = torch.linalg.solve_triangular(strict, rhs, upper=False, unitriangular=True)  # (I + A)^-1
         u, w = solved[..., :dv], solved[..., dv:]
     scores = q @ k.transpose(-1, -2) * gamma  # lower-triangular: gamma is 0 above the diagonal
-    q_decayed = q * cum.exp()[..., None]
-    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
-    end_decay = cum[..., -1].exp()[..., None, None]  # [b, h, n, 1, 1]
+    q_decayed = q * cum.exp()[..., None] * read
+    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None] * write
+    end_decay = cum[..., -1].exp()[..., None, None] * passes  # [b, h, n, 1, 1]
     s = q.new_zeros(b, h, dk, dv) if state is None else state
     outs = []
     # the state passes from chunk to chunk; the chunks are unbound once (indexing inside the loop would make
@@ -130,14 +142,21 @@ def recurrent_delta_rule(
     beta: Tensor | None,
     g: Tensor | None,
     state: Tensor | None = None,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The recurrent form, token by token (module docstring): what decoding runs, constant state
-    [b, h, k, e]. Same arguments and result as :func:`chunk_delta_rule`."""
+    [b, h, k, e]. Same arguments and result as :func:`chunk_delta_rule` (the state emptied where a segment
+    starts)."""
     b, h, t, dk = k.shape
     s = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state
     outs = []
     steps = [x.unbind(2) if x is not None else [None] * t for x in (q, k, v, beta, g)]  # unbound once, as above
-    for q_i, k_i, v_i, beta_i, g_i in zip(*steps):
+    kept = [None] * t
+    if segments is not None:  # 0 where a segment starts (the state before it is forgotten), else 1
+        kept = F.pad((segments[:, 1:] == segments[:, :-1]).to(q.dtype), (1, 0), value=1.0).unbind(1)
+    for q_i, k_i, v_i, beta_i, g_i, kept_i in zip(*steps, kept):
+        if kept_i is not None:
+            s = s * kept_i[:, None, None, None]
         if g_i is not None:
             s = s * g_i[..., None, None].exp()
         u = v_i
@@ -149,13 +168,20 @@ def recurrent_delta_rule(
 
 
 def delta_rule(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, state: Tensor | None, chunk_size: int
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    state: Tensor | None,
+    chunk_size: int,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunk form for a segment of at least one chunk (training, a prompt), the recurrent form for
-    shorter ones (decoding): equal results, the cheaper form for the length."""
+    shorter ones (decoding): equal results, the cheaper form for the length. ``segments``: packed documents."""
     if q.shape[2] >= chunk_size:
-        return chunk_delta_rule(q, k, v, beta, g, state, chunk_size)
-    return recurrent_delta_rule(q, k, v, beta, g, state)
+        return chunk_delta_rule(q, k, v, beta, g, state, chunk_size, segments)
+    return recurrent_delta_rule(q, k, v, beta, g, state, segments)
 
 
 # -- context parallelism: the state before this rank's part, from the earlier ranks' transitions ---------

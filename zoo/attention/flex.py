@@ -122,9 +122,11 @@ def flex_attend(
     heads_differ: bool,
     cache_key: tuple,
     bias: DistanceBias | None = None,
+    documents: Tensor | None = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) + bias) v over the pairs ``rule`` allows (and ``valid`` keys), through
-    FlexAttention. q [b, h, t, k]; k, v [b, h, s, k] -> [b, h, t, k]."""
+    FlexAttention. q [b, h, t, k]; k, v [b, h, s, k] -> [b, h, t, k]. ``documents`` long [b, s] (a packed row,
+    queries and keys the same t = s positions): query i may see key j only inside its own document."""
     b, h, s = q.shape[0], q.shape[1], k.shape[2]
     run = kernel_keys(s, q.device)
     if run != s:  # padded keys: masked out by the block mask, given positions the bias table holds
@@ -136,10 +138,11 @@ def flex_attend(
         query_positions,
         key_positions,
         valid,
-        b if valid is not None else 1,
+        b if valid is not None or documents is not None else 1,
         h if heads_differ else 1,
         cache_key,
         kernel_length=run,
+        documents=documents,
     )
     with warnings.catch_warnings():  # the compiled kernel warns once about its CPU path
         warnings.simplefilter("ignore")
@@ -174,10 +177,12 @@ def block_mask(
     heads: int,
     cache_key: tuple,
     kernel_length: int | None = None,
+    documents: Tensor | None = None,
 ) -> tuple[BlockMask, Tensor]:
-    """The BlockMask of ``rule`` over these positions (and padding), built a row of query blocks at a time,
-    and which queries may see any key at all (bool [batch, heads, t]). ``kernel_length``: the keys the
-    kernel is handed (the s real ones, then padding the mask leaves out; None: s)."""
+    """The BlockMask of ``rule`` over these positions (and padding, and packed documents), built a row of
+    query blocks at a time, and which queries may see any key at all (bool [batch, heads, t]).
+    ``kernel_length``: the keys the kernel is handed (the s real ones, then padding the mask leaves out;
+    None: s)."""
     s = key_positions.numel()
     kernel_length = s if kernel_length is None else kernel_length
     key = (
@@ -189,6 +194,7 @@ def block_mask(
         if key_positions.numel() <= 4096
         else (key_positions.numel(), int(key_positions.sum())),
         None if valid is None else (valid.data_ptr(), valid._version, tuple(valid.shape)),
+        None if documents is None else (documents.data_ptr(), documents._version, tuple(documents.shape)),
         batch,
         heads,
         kernel_length,
@@ -196,12 +202,19 @@ def block_mask(
     if key not in _CACHE:
         if len(_CACHE) > 64:
             _CACHE.clear()
-        _CACHE[key] = _build(rule, query_positions, key_positions, valid, batch, heads, kernel_length)
+        _CACHE[key] = _build(rule, query_positions, key_positions, valid, batch, heads, kernel_length, documents)
     return _CACHE[key]
 
 
 def _build(
-    rule: Rule, qpos: Tensor, kpos: Tensor, valid: Tensor | None, batch: int, heads: int, run: int | None = None
+    rule: Rule,
+    qpos: Tensor,
+    kpos: Tensor,
+    valid: Tensor | None,
+    batch: int,
+    heads: int,
+    run: int | None = None,
+    documents: Tensor | None = None,
 ) -> tuple[BlockMask, Tensor]:
     t, s, device = qpos.numel(), kpos.numel(), qpos.device
     run = s if run is None else run  # keys the kernel sees: s real, then run - s padded ones (never allowed)
@@ -215,6 +228,9 @@ def _build(
         allowed = allowed.expand(heads, queries.numel(), s)[None]
         if valid is not None:
             allowed = allowed & valid[:, None, None, :]
+        if documents is not None:  # queries are positions row * BLOCK ... of the same row as the keys
+            rows = documents[:, row * BLOCK : (row + 1) * BLOCK]
+            allowed = allowed & (rows[:, None, :, None] == documents[:, None, None, :])
         has_key.append(allowed.any(-1))  # [batch, heads, rows]
         allowed = torch.nn.functional.pad(allowed, (0, kv_pad), value=False)
         blocks = allowed.reshape(*allowed.shape[:3], n_kv, BLOCK)  # [batch, heads, rows, n_kv, BLOCK]
@@ -240,11 +256,15 @@ def _build(
     if run > s:  # padded keys: indexed in range (a real key's position, no padding flag), then dropped
         kpos = pad_positions(kpos, run)
         valid = None if valid is None else torch.nn.functional.pad(valid, (0, run - s), value=False)
+        if documents is not None:  # padded keys belong to no document (mask_mod indexes them in range)
+            documents = torch.nn.functional.pad(documents, (0, run - s), value=-1)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         allowed = rule(h if heads > 1 else torch.zeros_like(h), qpos[q_idx], kpos[kv_idx])
         if run > s:
             allowed = allowed & (kv_idx < s)
+        if documents is not None:
+            allowed = allowed & (documents[b, q_idx] == documents[b, kv_idx])
         return allowed & valid[b, kv_idx] if valid is not None else allowed
 
     mask = BlockMask.from_kv_blocks(

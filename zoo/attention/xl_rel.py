@@ -98,6 +98,7 @@ def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
 
 @ATTENTION.register("xl_rel")
 class XLRelativeAttention(XLMemoryKeeper, Attention):
+    no_packing_reason = "carries segment memory and its relative-shift scores are not masked by document yet"
     takes_left_padding = True  # relative distances; the memory keeps its padding mask
     no_projection_reason = (
         "its keys and values come from one fused projection of remembered layer inputs, scored with relative "

@@ -49,6 +49,8 @@ class Stack(nn.Module):
     no_state_reason: ClassVar[str] = ""  # why keeps_state is False, for the refusal a model gives
     supports_cross: ClassVar[bool] = True  # can hold blocks with cross-attention (seq2seq decoder)
     needs_additive: ClassVar[bool] = False  # needs additive residuals (reversible: subtracts the branches)
+    packs_documents: ClassVar[bool] = False  # passes a packed row's documents= to every block (data.pack)
+    no_packing_reason: ClassVar[str] = "does not pass a packed row's document ids to its blocks"
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__()

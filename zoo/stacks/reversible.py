@@ -120,6 +120,7 @@ class ReversibleStack(Stack):
     keeps_state = True
     supports_cross = False
     needs_additive = True
+    packs_documents = True  # the forward and the recomputing backward give every branch the same documents
 
     @dataclass
     class Options:
@@ -172,7 +173,9 @@ class ReversibleStack(Stack):
         state: list[Any] | None = None,
         context: Tensor | None = None,
         context_pad_mask: Tensor | None = None,
+        documents: Tensor | None = None,
     ) -> StackOutput:
+        masks = {"pad_mask": pad_mask, "documents": documents}  # what every attention branch is called with
         states = self.check_state(state)
         threading = any(s is not None for s in states)
         if threading and self.options.recompute and torch.is_grad_enabled():
@@ -188,13 +191,13 @@ class ReversibleStack(Stack):
         new_states: list[Any] = []
         if self.options.recompute and torch.is_grad_enabled():
             aux_names: list[str] = []  # filled by the forward: the name of each extra output
-            y1, y2, *aux_values = _ReversibleFunction.apply(x, x, self, pad_mask, stats, aux_names, *self.parameters())
+            y1, y2, *aux_values = _ReversibleFunction.apply(x, x, self, masks, stats, aux_names, *self.parameters())
             for name, value in zip(aux_names, aux_values):
                 merge_into(aux, {name: value})
         else:
             y1, y2 = x, x
             for i, (block, layer_state) in enumerate(zip(self.blocks, states)):
-                f, layer_aux, layer_stats, new_state = block.attention_branch(y2, pad_mask=pad_mask, state=layer_state)
+                f, layer_aux, layer_stats, new_state = block.attention_branch(y2, state=layer_state, **masks)
                 y1 = y1 + f
                 y2 = y2 + feed_forward_branch(block, y1)
                 merge_into(aux, layer_aux)
@@ -217,7 +220,7 @@ class _ReversibleFunction(torch.autograd.Function):
         x1: Tensor,
         x2: Tensor,
         stack: ReversibleStack,
-        pad_mask: Tensor | None,
+        masks: dict[str, Tensor | None],
         stats: dict,
         aux_names: list[str],
         *params: Tensor,
@@ -228,7 +231,7 @@ class _ReversibleFunction(torch.autograd.Function):
         with torch.no_grad():
             for i, block in enumerate(stack.blocks):
                 f_rng = _RNG(x1.device)
-                f, layer_aux, layer_stats, _ = block.attention_branch(x2, pad_mask=pad_mask)
+                f, layer_aux, layer_stats, _ = block.attention_branch(x2, **masks)
                 x1 = x1 + f
                 g_rng = _RNG(x1.device)
                 x2 = x2 + feed_forward_branch(block, x1)
@@ -237,7 +240,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 aux_names.extend(layer_aux)
                 aux_values.extend(layer_aux.values())
                 layer_aux_counts.append(len(layer_aux))
-        ctx.stack, ctx.pad_mask, ctx.rng, ctx.layer_aux_counts = stack, pad_mask, rng, layer_aux_counts
+        ctx.stack, ctx.masks, ctx.rng, ctx.layer_aux_counts = stack, masks, rng, layer_aux_counts
         ctx.chunk = active_chunk()  # a sequence split over ranks (zoo/parallel): recomputed over the same chunk
         ctx.autocast = AutocastState.now(x1.device)  # backward runs outside autocast: replayed there
         ctx.save_for_backward(x1, x2)  # the only activations kept: the last layer's outputs
@@ -286,7 +289,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 with torch.enable_grad():
                     x2_in = x2.detach().requires_grad_(True)
                     with Replaying(ctx.autocast, ctx.chunk):
-                        f, layer_aux, _, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
+                        f, layer_aux, _, _ = block.attention_branch(x2_in, **ctx.masks)
                     outputs, upstream = [f], [dy1]
                     for value, d_value in zip(layer_aux.values(), d_layer_aux):
                         if value.requires_grad:

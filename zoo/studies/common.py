@@ -7,9 +7,10 @@ Intervals over seeds come from :mod:`zoo.app.aggregate` (the sweep summary's), p
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import redirect_stderr, redirect_stdout
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,13 @@ def train(overrides: Sequence[str], run_dir: Path, *, threads: int = 1, echo: Ca
         except Exception as exc:
             raise RuntimeError(f"training run failed ({type(exc).__name__}: {exc}): see {log}") from exc
     return run_dir
+
+
+def run_outcome(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """A finished training run's ``result.json`` (final and best metric, steps, parameters, wall seconds) and
+    its ``metrics.csv`` rows (``logger=csv``: one per logged step and per evaluation)."""
+    run_dir = Path(run_dir)
+    return json.loads((run_dir / "result.json").read_text()), read_rows(run_dir / "metrics.csv")
 
 
 class Rows:
@@ -91,6 +99,23 @@ def write_report(readme: Path, block: str, title: str) -> None:
     readme.write_text(text)
 
 
+def markdown_table(header: Sequence[str], body: Iterable[Sequence[Any]]) -> list[str]:
+    """The lines of a markdown table: ``header`` then one line per row of ``body`` (cells as given)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in body]
+
+
+def load_now() -> float:
+    """The 1-minute load average now, to one decimal: each measured row carries the load it ran under."""
+    return round(os.getloadavg()[0], 1)
+
+
+def load_range(rows: Sequence[dict[str, str]], key: str = "load_1min") -> str:
+    """``"1.2-7.3"``: the range of the 1-minute load average the rows were measured under ("not recorded" if none)."""
+    loads = [float(row[key]) for row in rows if row.get(key)]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "not recorded"
+
+
 def number(row: dict[str, str], key: str) -> float:
     return float(row[key])
 
@@ -98,6 +123,25 @@ def number(row: dict[str, str], key: str) -> float:
 def spread(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, min, max) of a non-empty list."""
     return sum(values) / len(values), min(values), max(values)
+
+
+@contextmanager
+def saved_figure(path: Path, *args: Any, dpi: int = 100, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """``(fig, axes)`` of ``plt.subplots(*args, **kwargs)`` (headless), laid out, written as PNG at ``path`` and
+    closed when the block ends: every study's figure is drawn inside one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
 
 
 def panels_figure(
@@ -111,29 +155,21 @@ def panels_figure(
 ) -> None:
     """A panel per key of ``series``, in each a line per variant through (x, mean, low, high) points with the
     low-high band shaded (seeds' min-max or an interval); written as PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, max(len(series), 1), figsize=(5.5 * max(len(series), 1), 4), sharey=True, squeeze=False)
-    for axis, (title, lines) in zip(axes[0], series.items()):
-        for label, points in lines.items():
-            points = sorted(points)
-            x = [p[0] for p in points]
-            axis.plot(x, [p[1] for p in points], marker="o", label=label)
-            axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.2)
-        if vline is not None:
-            axis.axvline(vline, color="grey", lw=0.8, ls=":")
-        if logx:
-            axis.set_xscale("log", base=2)
-        axis.set(xlabel=xlabel, title=title)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    width = max(len(series), 1)
+    with saved_figure(path, 1, width, figsize=(5.5 * width, 4), sharey=True, squeeze=False, dpi=110) as (_, axes):
+        for axis, (title, lines) in zip(axes[0], series.items()):
+            for label, points in lines.items():
+                points = sorted(points)
+                x = [p[0] for p in points]
+                axis.plot(x, [p[1] for p in points], marker="o", label=label)
+                axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.2)
+            if vline is not None:
+                axis.axvline(vline, color="grey", lw=0.8, ls=":")
+            if logx:
+                axis.set_xscale("log", base=2)
+            axis.set(xlabel=xlabel, title=title)
+        axes[0][0].set_ylabel(ylabel)
+        axes[0][-1].legend()
 
 
 def typed(rows: Iterable[dict[str, str]]) -> list[dict[str, Any]]:
@@ -155,21 +191,12 @@ def bars_figure(path: Path, bars: dict[str, tuple[float, float, float]], *, ylab
                 reference: float | None = None) -> None:
     """One bar per label at its median with the (low, high) range as an error bar, a dotted line at
     ``reference`` (1.0 for a ratio); written as PNG at ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = list(bars)
     middle = [bars[k][0] for k in labels]
     errors = [[m - bars[k][1] for k, m in zip(labels, middle)], [bars[k][2] - m for k, m in zip(labels, middle)]]
-    fig, axis = plt.subplots(figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.6))
-    axis.bar(range(len(labels)), middle, yerr=errors, capsize=4, color="tab:blue", alpha=0.8)
-    if reference is not None:
-        axis.axhline(reference, color="grey", lw=0.8, ls=":")
-    axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-    axis.set(ylabel=ylabel, title=title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with saved_figure(path, figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.6), dpi=110) as (_, axis):
+        axis.bar(range(len(labels)), middle, yerr=errors, capsize=4, color="tab:blue", alpha=0.8)
+        if reference is not None:
+            axis.axhline(reference, color="grey", lw=0.8, ls=":")
+        axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+        axis.set(ylabel=ylabel, title=title)

@@ -24,6 +24,8 @@ measures on a GPU (synchronised clocks; ``gpu_peak_mib`` = ``torch.cuda.max_memo
 times every step under bf16 autocast (CUDA or CPU), ``--precision fp32,bf16`` each variant beside its
 bf16 twin ``<label>+bf16`` (with ``--paired``: the bf16 speed-up per round). ``--generate`` measures
 decoding instead: tokens per second and the state's MiB at each context (:mod:`zoo.bench.generate`).
+``--fsdp-ranks 1,2,4`` measures the parameter and optimiser bytes per rank with the model sharded by FSDP
+over that many gloo processes (:mod:`zoo.bench.sharding`).
 
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
 ``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
@@ -54,7 +56,8 @@ import torch
 from zoo.bench.generate import run_generate, write_generate
 from zoo.bench.machine import describe_machine, load_average
 from zoo.bench.measure import rss_child, run, run_paired
-from zoo.bench.report import write_outputs, write_paired
+from zoo.bench.report import write_csv, write_outputs, write_paired
+from zoo.bench.sharding import fsdp_bytes, fsdp_table
 from zoo.bench.timing import pick_device
 from zoo.bench.variants import add_variant_arguments, parse_set, variants_from_args
 from zoo.precision import check_precision
@@ -142,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="variant label the crossover (or --paired's speed-up) is measured against (default: the first)",
     )
+    parser.add_argument(
+        "--fsdp-ranks",
+        default="",
+        metavar="1,2,4",
+        help="memory instead of time: the parameter and optimiser bytes each rank holds with the model sharded "
+        "by FSDP (trainer.fsdp) over each number of gloo processes, at the first --lengths and --layers "
+        "(fsdp.csv, fsdp.md; zoo/bench/sharding.py)",
+    )
     parser.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS measurement")
     parser.add_argument("--title", default=None)
     parser.add_argument("--out", default="results/bench", help="output folder for bench.csv, bench.md, bench.png")
@@ -187,6 +198,28 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         device=device,
     )
+    if args.fsdp_ranks:
+        ranks = [int(x) for x in args.fsdp_ranks.split(",") if x.strip()]
+        meta.update(title=args.title or "zoo.bench --fsdp-ranks: bytes per rank under FSDP", load_before=load_average())
+        shape = dict(vocab=args.vocab, d_model=args.d_model, heads=args.heads, layers=layers[0], batch=args.batch)
+        try:
+            rows = fsdp_bytes(
+                variants,
+                ranks,
+                length=lengths[0],
+                shape={**shape, "d_ff": args.d_ff or 4 * args.d_model},
+                overrides=overrides,
+            )
+        except ValueError as error:
+            parser.error(str(error))
+        meta.update(load=load_average())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(out / "fsdp.csv", rows)
+        (out / "fsdp.md").write_text(fsdp_table(rows, meta))
+        print((out / "fsdp.md").read_text())
+        print(f"wrote {out / 'fsdp.csv'}, {out / 'fsdp.md'}")
+        return 0
     if args.generate:
         if len(layers) != 1 or args.rounds < 1 or args.new_tokens < 1:
             parser.error(f"--generate needs one --layers value, --rounds >= 1 and --new-tokens >= 1; got {args.layers}")

@@ -73,6 +73,7 @@ class AANRetrievalTask(Task):
 
     kind = "pair_classifier"
     metric = "accuracy"
+    rows_by_global_index = True  # rank r reads rows r*b ... of every rank's w*b (file_rows)
     vocab_size = 257
     n_classes = 2
 

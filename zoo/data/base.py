@@ -84,6 +84,9 @@ class Task:
     kind: ClassVar[str] = "lm"  # the model head it trains: lm | classifier | seq2seq
     metric: ClassVar[str] = "loss"  # the task metric: bpc | ppl | accuracy | loss
     contiguous: ClassVar[bool] = False  # consecutive batches continue the same streams
+    # rank r of w ranks reading b rows reads rows r*b ... r*b + b - 1 of the w*b one reader would take, so a
+    # run may change its number of ranks keeping b * w (a sharded checkpoint resumed on other ranks)
+    rows_by_global_index: ClassVar[bool] = False
     Options: ClassVar[type] = NoOptions
     registry_name: ClassVar[str | None] = None
     # where the data set lives in the shared data directory (the app's ``data_dir``): its generated

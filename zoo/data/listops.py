@@ -151,6 +151,7 @@ class ListOpsTask(Task):
 
     kind = "classifier"
     metric = "accuracy"
+    rows_by_global_index = True  # rank r reads rows r*b ... of every rank's w*b (file_rows)
 
     @dataclass
     class Options:

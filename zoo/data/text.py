@@ -70,6 +70,7 @@ class TextLMTask(Task):
 
     metric = "bpc"
     contiguous = True
+    rows_by_global_index = True  # rank r reads rows r*b ... of every rank's w*b (lanes of the text)
 
     @dataclass
     class Options:

@@ -107,6 +107,12 @@ class Stack(nn.Module):
             f": {self.no_state_reason}" if self.no_state_reason else ""
         )
 
+    def fsdp_refusal(self) -> str | None:
+        """Why this stack's blocks cannot each be an FSDP unit (``trainer.fsdp``, zoo/train/fsdp.py), or None:
+        FSDP gathers a unit's weights around ``Block.forward`` and its backward, so a stack that calls
+        anything else of a block cannot be sharded block by block."""
+        return None
+
     def checkpoint_refusal(self) -> str | None:
         """Why activation checkpointing (``zoo.stacks.checkpointing``: each block's forward, or its attention
         sub-layer, run again in backward) cannot apply to this stack, or None when it can: the stack then calls

@@ -148,6 +148,13 @@ class ReversibleStack(Stack):
     def recompute_passes(self) -> float:
         return 1.0 if self.options.recompute else 0.0  # backward runs every layer's branches again
 
+    def fsdp_refusal(self) -> str:
+        return (
+            "stack 'reversible' runs each layer as its two branches (attention_branch, feed_forward_branch) and "
+            "recomputes them in its own backward, never through Block.forward, around which FSDP gathers a "
+            "block's weights"
+        )
+
     def checkpoint_refusal(self) -> str:
         return (
             "stack 'reversible' recomputes every layer in backward already (it keeps one layer's activations "

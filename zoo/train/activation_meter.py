@@ -21,23 +21,36 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 
 class ActivationMeter:
     """Counts unique storages saved for backward while the meter is entered (parameters excluded)."""
 
     def __init__(self, module: nn.Module | None = None):
-        params = module.parameters() if module is not None else ()
-        self.param_storages = {p.untyped_storage().data_ptr() for p in params}
+        params = list(module.parameters()) if module is not None else []
+        # sharded (FSDP): a unit's weights are gathered into new storages around its forward, so they are
+        # looked up when a tensor is saved, among the parameters the module holds at that moment
+        self.module = module if any(isinstance(p, DTensor) for p in params) else None
+        self.param_storages = set() if self.module is not None else {p.untyped_storage().data_ptr() for p in params}
         self.seen: dict[int, int] = {}
         self._hooks: Any = None
 
     def pack(self, tensor: Tensor) -> Tensor:
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self.param_storages and ptr not in self.seen:
+        if ptr not in self.param_storages and ptr not in self.seen and not self.gathered_parameter(ptr):
             self.seen[ptr] = storage.nbytes()
         return tensor
+
+    def gathered_parameter(self, ptr: int) -> bool:
+        if self.module is None:
+            return False
+        for p in self.module.parameters():
+            if not isinstance(p, DTensor) and p.untyped_storage().data_ptr() == ptr:
+                self.param_storages.add(ptr)
+                return True
+        return False
 
     def __enter__(self) -> ActivationMeter:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)

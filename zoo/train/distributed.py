@@ -20,6 +20,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     context: int = 1  # ranks sharing each sequence (context parallelism)
+    own_group: bool = False  # the one-process group setup() made (destroyed by teardown)
 
     @property
     def data_rank(self) -> int:
@@ -58,12 +59,25 @@ def from_env(context: int = 1) -> DistInfo:
     return info
 
 
-def setup(device: torch.device, context: int = 1) -> DistInfo:
-    """Join the process group torchrun set up (once); gloo for CPU, nccl for CUDA."""
+def setup(device: torch.device, context: int = 1, *, one_process_group: bool = False) -> DistInfo:
+    """Join the process group torchrun set up (once); gloo for CPU, nccl for CUDA. A single process
+    started without torchrun gets a group of one when ``one_process_group`` (FSDP shards over a mesh,
+    even of one rank, so ``trainer.fsdp=true`` runs, saves and resumes the same way in one process)."""
     info = from_env(context)
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if info.enabled and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend)
+    elif one_process_group and not dist.is_initialized():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        info.own_group = True
     return info
+
+
+def teardown(info: DistInfo) -> None:
+    """Destroy the one-process group :func:`setup` made (torchrun's group is the launcher's business)."""
+    if info.own_group and dist.is_initialized():
+        dist.destroy_process_group()
+        info.own_group = False
 
 
 def all_sum(values: list[float], device: torch.device) -> list[float]:

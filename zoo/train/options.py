@@ -54,6 +54,9 @@ class TrainerOptions:
     # attention layer runs on, zigzag for dense causal attention), contiguous or zigzag
     context_parallel: int = 1
     context_layout: str = "auto"
+    # fully sharded data parallelism (FSDP2, zoo/train/fsdp.py): every rank holds 1/world of each weight, its
+    # gradient and its optimiser state; checkpoints are written sharded (zoo/train/checkpoints/sharded.py)
+    fsdp: bool = False
     # activation checkpointing (zoo/stacks/checkpointing.py): none | full (every block recomputed in backward) |
     # selective, which recomputes every k-th block (selective_checkpointing=k; left empty: 2) or every block's
     # attention sub-layer (selective_checkpointing=attention)

@@ -13,7 +13,8 @@ claimed and locked for the run, which checkpoint, whether it fits, what changed)
 the step and the newest sound checkpoint; Ctrl-C and SIGTERM save first (:mod:`zoo.train.stop`); the
 debugging aids of ``conf/debug/`` (:mod:`zoo.train.debug`); ``torchrun`` data parallelism: DDP, each
 rank reads its own rows, only rank 0 logs and saves; context parallelism (``trainer.context_parallel=N``,
-:mod:`zoo.parallel.context`): N ranks share each sequence, the rest are data-parallel replicas.
+:mod:`zoo.parallel.context`): N ranks share each sequence, the rest are data-parallel replicas; FSDP
+(``trainer.fsdp=true``, :mod:`zoo.train.fsdp`): every rank holds a shard of the weights, all on one mesh.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from torch import nn
 
 from zoo.config import part_label
 from zoo.data.base import SPLITS, Task
-from zoo.parallel.context import ContextParallel, context_mesh
 from zoo.precision import autocast
 from zoo.train import distributed
 from zoo.train.activation_meter import ActivationMeter, peak_memory_mib, synchronize
@@ -44,6 +44,7 @@ from zoo.train.debug import StepProfiler, anomaly_detection
 from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, run_device
 from zoo.train.rundir import write_text
 from zoo.train.scoring import evaluate_model, scalar_stats
+from zoo.train.spread import spread_model
 from zoo.train.steps import TrainingDiverged, forward_backward, initial_state, optimizer_step, set_training_progress
 from zoo.train.stop import ImmediateInterrupt, StopSignals
 
@@ -105,21 +106,11 @@ class Trainer(CheckpointedRun):
         """What follows the claim of the run directory (released if any of it fails)."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.dist = distributed.setup(self.device, trainer.context_parallel)
+        self.dist = distributed.setup(self.device, trainer.context_parallel, one_process_group=trainer.fsdp)
         self.loggers = list(loggers) if self.dist.is_main else []
         self.model = trainer.checkpoint_plan().apply(model.to(self.device))  # blocks recomputed (before DDP / FSDP)
-        self.net: nn.Module = self.model
-        self.context: ContextParallel | None = None
-        if trainer.context_parallel > 1:  # N ranks share each sequence; gradients synced by sync_gradients
-            mesh = context_mesh(trainer.context_parallel, self.device.type)
-            self.context = ContextParallel(self.model, mesh, layout=trainer.context_layout)
-            self.context.layout(trainer.seq_len)  # refuses a length the ranks cannot split, before any step
-            self.net = self.context
-        elif self.dist.enabled:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
-        if trainer.compile:  # the training forward only; self.model (evaluation, checkpoints) stays eager
-            self.net = torch.compile(self.net)
+        self.spread = spread_model(self.model, trainer, self.dist, self.device)  # DDP, context, FSDP: one mesh
+        self.net, self.context = self.spread.net, self.spread.context
         self.optimizer = make_optimizer(self.model, optim)
         self.scheduler = make_schedule(self.optimizer, optim, d_model=model.config.d_model, total=trainer.max_steps)
         self.step = 0
@@ -170,8 +161,7 @@ class Trainer(CheckpointedRun):
                 self.state = None
             elif self.task.starts_stream(index):
                 self.state = initial_state(self.model, next(iter(batch.values())).shape[0])
-            last = micro == accumulate - 1 or not self.dist.enabled or self.context is not None
-            sync = contextlib.nullcontext() if last else self.net.no_sync()
+            sync = self.spread.sync(last=micro == accumulate - 1)
             meter = ActivationMeter(self.model) if self.act_mib is None else None
             context = functools.partial(self.forward_context, meter)
             try:
@@ -193,8 +183,7 @@ class Trainer(CheckpointedRun):
                 aux_sum[name] = aux_sum.get(name, 0.0) + float(value.detach()) / accumulate
             stats = out.stats
             tokens += int((batch["tokens"] if "tokens" in batch else batch["tgt"]).numel())
-        if self.context is not None:
-            self.context.sync_gradients()
+        self.spread.reduce_gradients()
         grad_norm = optimizer_step(self.model, self.optimizer, scheduler=self.scheduler, clip=self.opts.clip)
         self.step += 1
         synchronize(self.device)
@@ -371,7 +360,7 @@ class Trainer(CheckpointedRun):
         (it comes after the stop check), so the resumed run neither repeats nor skips it."""
         if self.evaluation_due() and (self.evaluation or {}).get("step") != self.step:
             self._evaluate_and_save(metric_key)
-            return self.ckpt_dir / "last.pt" if self.opts.checkpoints and self.dist.is_main else None
+            return self.checkpoint_path("last.pt") if self.opts.checkpoints and self.dist.is_main else None
         return self.save()
 
     def _evaluate_and_save(self, metric_key: str) -> dict[str, float]:

@@ -288,6 +288,11 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> dict[str, Any]:
     about; then ``torch.load(weights_only=True)`` builds tensors and plain types only, so a
     file that would run code when unpickled is refused without running anything."""
     path = Path(path)
+    if path.is_dir():  # checkpoints/last.dcp of an FSDP run (zoo/train/checkpoints/sharded.py)
+        raise CheckpointError(
+            f"{path} is a directory: a sharded checkpoint of an FSDP run is read by trainer.fsdp=true; for the "
+            f"other tools write it as one file: python experiments/export.py {path} --single-file OUT.pt"
+        )
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path} (trainer.resume / checkpoint=)")
     sidecar = checksum_path(path)

@@ -41,6 +41,7 @@ from zoo.train.checkpoints.format import (
     state_to_data,
     sweep_temp_files,
 )
+from zoo.train.checkpoints.sharded import SHARDED_SUFFIX, complete_sharded_saves
 from zoo.train.options import OPTIM_APPLIED_KEYS, OPTIM_STATE_KEYS, OptimOptions
 from zoo.train.rundir import RunClaim, claim
 
@@ -58,8 +59,10 @@ def open_run(run_dir: Path, resume: str, *, is_main: bool) -> tuple[RunClaim | N
         complete_saves(checkpoints)
         for directory in (run_dir, checkpoints):
             sweep_temp_files(directory)
+        complete_sharded_saves(checkpoints)
     if resume == "auto":
-        return held, checkpoints / "last.pt" if (checkpoints / "last.pt").is_file() else None
+        found = [p for p in (checkpoints / "last.pt", checkpoints / f"last{SHARDED_SUFFIX}") if p.exists()]
+        return held, found[0] if found else None
     return held, Path(resume).expanduser() if resume else None
 
 
@@ -87,11 +90,16 @@ def task_info(task: Task) -> dict[str, Any]:
     }
 
 
-def run_payload(
+def run_payload(*, optimizer: torch.optim.Optimizer, **fields: Any) -> dict[str, Any]:
+    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoints.format`);
+    ``fields``: :func:`run_record`'s."""
+    return {**run_record(**fields), "model": fields["model"].state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def run_record(
     *,
     model: nn.Module,
     task: Task,
-    optimizer: torch.optim.Optimizer,
     scheduler: Any,
     optim: OptimOptions,
     state: Any,
@@ -99,14 +107,12 @@ def run_payload(
     world_size: int,
     config: dict[str, Any],
 ) -> dict[str, Any]:
-    """A checkpoint of a run: tensors and plain types only (see :mod:`zoo.train.checkpoints.format`)."""
+    """A checkpoint less the model's and optimiser's state (which a sharded checkpoint holds in its shards)."""
     return {
         "format": CHECKPOINT_FORMAT,
         "step": progress.step,
         "model_config": model.config.to_dict(),
         "task": task_info(task),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "optim": asdict(optim),
         "rng": rng_state(),
@@ -156,19 +162,47 @@ def with_new_model_defaults(saved: dict[str, Any]) -> dict[str, Any]:
 def checked(path: str | Path, *, model: nn.Module, task: Task, world_size: int, optim: OptimOptions) -> dict:
     """The checkpoint at ``path``, refused (:class:`CheckpointError`) unless it continues this run."""
     ckpt = load_checkpoint(path)
+    check_continues(ckpt, path, model=model, task=task, world_size=world_size, optim=optim)
+    return ckpt
+
+
+def check_continues(
+    ckpt: dict,
+    path: str | Path,
+    *,
+    model: nn.Module,
+    task: Task,
+    world_size: int,
+    optim: OptimOptions,
+    reshard: bool = False,
+) -> None:
+    """Refuse (:class:`CheckpointError`) a checkpoint that does not continue this run. ``reshard``: a sharded
+    checkpoint may resume on another number of data replicas when each step reads the same rows
+    (``trainer.batch_size`` x replicas unchanged) and the task numbers its rows over every rank's
+    (``Task.rows_by_global_index``: rank r of w reads rows r*b ... r*b + b - 1 of the w*b)."""
     diff = config_diff(with_new_model_defaults(ckpt["model_config"]), model.config.to_dict())
     if diff:
         raise CheckpointError(f"checkpoint {path} was made by a different model: " + "; ".join(diff[:8]))
-    diff = config_diff(with_new_defaults(ckpt.get("task", {}), task), task_info(task))
+    saved, now = with_new_defaults(ckpt.get("task", {}), task), task_info(task)
+    saved_world = ckpt.get("world_size", 1)
+    if reshard and saved_world != world_size:  # the rows are checked below, with the number of ranks
+        same_rows = saved.get("batch_size", 0) * saved_world == now["batch_size"] * world_size
+        saved_world = world_size if task.rows_by_global_index and same_rows else saved_world
+        saved, now = {**saved, "batch_size": None}, {**now, "batch_size": None}
+    diff = config_diff(saved, now)
     if diff:
         raise CheckpointError(
             f"checkpoint {path} was trained on different data (the data position would be "
             "meaningless): " + "; ".join(diff[:8])
         )
-    if ckpt.get("world_size", 1) != world_size:
+    if saved_world != world_size:
+        rows = "data rows would not line up"
+        if reshard and not task.rows_by_global_index:
+            rows = f"data {task.registry_name!r} draws each rank's rows by its rank and the number of ranks"
+        elif reshard:
+            rows = "the rows of a step (trainer.batch_size x data replicas) must stay the same"
         raise CheckpointError(
-            f"checkpoint {path} was written with {ckpt.get('world_size')} processes, resuming "
-            f"with {world_size}: data rows would not line up"
+            f"checkpoint {path} was written with {ckpt.get('world_size')} processes, resuming with {world_size}: {rows}"
         )
     saved, now = ckpt.get("optim") or {}, asdict(optim)
     refused = [
@@ -199,9 +233,26 @@ def restore(
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this model/optimiser: {exc}") from None
+    return restore_progress(ckpt, path, optimizer=optimizer, scheduler=scheduler, optim=optim, device=device)
+
+
+def restore_progress(
+    ckpt: dict[str, Any],
+    path: str | Path,
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    optim: OptimOptions,
+    device: torch.device,
+) -> tuple[Progress, Any]:
+    """What :func:`restore` does past the weights and the optimiser's state (a sharded checkpoint loads
+    those itself): the schedule, today's options, the carried state, the RNG, the progress."""
+    try:
+        scheduler.load_state_dict(ckpt["scheduler"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit this schedule: {exc}") from None
     apply_optim_options(optimizer, scheduler, optim, ckpt.get("optim") or {})
     state = state_from_data(ckpt.get("state"), device)
     set_rng_state(ckpt["rng"])

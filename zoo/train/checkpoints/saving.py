@@ -8,6 +8,7 @@ run's progress (``step``, ``best``, ``best_step``, ``evals_since_best``) and car
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.train.checkpoints.format import save_checkpoint, verify_checksum
-from zoo.train.checkpoints.resume import Progress, checked, restore, run_payload
+from zoo.train import distributed
+from zoo.train.checkpoints.format import CheckpointError, save_checkpoint, verify_checksum
+from zoo.train.checkpoints.resume import (
+    Progress,
+    check_continues,
+    checked,
+    restore,
+    restore_progress,
+    run_payload,
+    run_record,
+)
+from zoo.train.checkpoints.sharded import (
+    SHARDED_SUFFIX,
+    checked_directory,
+    is_sharded,
+    load_sharded,
+    read_run_file,
+    save_sharded,
+)
+from zoo.train.fsdp import all_finite
 from zoo.train.steps import TrainingDiverged
 
 log = logging.getLogger(__name__)
@@ -38,17 +57,20 @@ class CheckpointedRun:
     loggers: list[Any]
 
     def release(self) -> None:
-        """Let go of the run directory (the end of the run; also done if the process dies)."""
+        """Let go of the run directory (the end of the run; also done if the process dies) and of a
+        process group of one made for FSDP."""
         if self.claim is not None:
             self.claim.release()
+        distributed.teardown(self.dist)
 
     def payload(self) -> dict[str, Any]:
-        """Everything resume needs, as tensors and plain types (:func:`zoo.train.checkpoints.resume.run_payload`)."""
+        """Everything resume needs, as tensors and plain types (:func:`zoo.train.checkpoints.resume.run_payload`);
+        under FSDP all but the weights and optimiser state, which every rank writes as shards."""
         progress = Progress(self.step, self.best, self.best_step, self.evals_since_best, self.evaluation)
-        return run_payload(
+        write = run_record if self.opts.fsdp else functools.partial(run_payload, optimizer=self.optimizer)
+        return write(
             model=self.model,
             task=self.task,
-            optimizer=self.optimizer,
             scheduler=self.scheduler,
             optim=self.optim_opts,
             state=self.state,
@@ -56,6 +78,11 @@ class CheckpointedRun:
             world_size=self.dist.data_world,  # data-parallel replicas: the rows each step reads
             config=self.config,
         )
+
+    def checkpoint_path(self, name: str) -> Path:
+        """``checkpoints/<name>``: a ``.pt`` file, or under FSDP a sharded ``.dcp`` directory of that stem."""
+        path = self.ckpt_dir / name
+        return path.with_suffix(SHARDED_SUFFIX) if self.opts.fsdp else path
 
     def sound_checkpoint_note(self) -> str:
         if self.last_checkpoint is not None and self.last_checkpoint_sound:
@@ -69,6 +96,8 @@ class CheckpointedRun:
 
     def save(self, name: str = "last.pt", payload: dict[str, Any] | None = None) -> Path | None:
         """Write ``checkpoints/<name>``; weights that are not finite are never written (raises)."""
+        if self.opts.fsdp and self.opts.checkpoints:
+            return self.save_sharded(name, payload)
         if not (self.opts.checkpoints and self.dist.is_main):
             return None
         if not finite_parameters(self.model):
@@ -79,24 +108,49 @@ class CheckpointedRun:
         self.last_checkpoint, self.last_checkpoint_sound = path, True
         return path
 
+    def save_sharded(self, name: str, record: dict[str, Any] | None) -> Path | None:
+        """Every rank writes its shards of ``checkpoints/<stem>.dcp`` (:mod:`.sharded`); never non-finite weights."""
+        path = self.checkpoint_path(name)
+        if not all_finite(self.model):  # every rank gets the same answer, so all refuse together
+            raise TrainingDiverged(
+                f"the weights hold NaN/inf at step {self.step}; {path.name} not written. {self.sound_checkpoint_note()}"
+            )
+        record = (record or self.payload()) if self.dist.is_main else None
+        save_sharded(path, model=self.model, optimizer=self.optimizer, record=record, run_dir=self.run_dir)
+        self.last_checkpoint, self.last_checkpoint_sound = path, True
+        return path if self.dist.is_main else None
+
     def resume(self, path: str | Path) -> None:
         """Continue the run saved at ``path`` (refused unless it continues this one: :mod:`.resume`)."""
-        ckpt = checked(path, model=self.model, task=self.task, world_size=self.dist.data_world, optim=self.optim_opts)
-        progress, self.state = restore(
-            ckpt,
-            path,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            optim=self.optim_opts,
-            device=self.device,
+        if is_sharded(path) != self.opts.fsdp:
+            kind, now = ("sharded", "without") if is_sharded(path) else ("single-file", "with")
+            fix = (
+                "set trainer.fsdp=true, or convert it: python experiments/export.py CKPT --single-file OUT.pt"
+                if is_sharded(path)
+                else "resume it with trainer.fsdp=false"
+            )
+            raise CheckpointError(f"checkpoint {path} is {kind}, this run is {now} FSDP (trainer.fsdp): {fix}")
+        common = dict(model=self.model, task=self.task, world_size=self.dist.data_world, optim=self.optim_opts)
+        if self.opts.fsdp:
+            path = Path(path)
+            checked_directory(path)
+            ckpt = read_run_file(path)
+            check_continues(ckpt, path, **common, reshard=True)  # DCP reshards onto any number of ranks
+            load_sharded(path, model=self.model, optimizer=self.optimizer, verify=False)
+            restore_weights = restore_progress
+        else:
+            ckpt = checked(path, **common)
+            restore_weights = functools.partial(restore, model=self.model)
+        progress, self.state = restore_weights(
+            ckpt, path, optimizer=self.optimizer, scheduler=self.scheduler, optim=self.optim_opts, device=self.device
         )
         self.step, self.best = progress.step, progress.best
         self.best_step, self.evals_since_best = progress.best_step, progress.evals_since_best
         self.evaluation = progress.evaluation
         self.resumed_at = self.step
         self.last_checkpoint = Path(path)
-        self.last_checkpoint_sound = verify_checksum(path) is None  # a copy without its sidecar is never "sound"
+        # a copy without its sidecar is never "sound"; a sharded one was checked against its SHA256SUMS
+        self.last_checkpoint_sound = self.opts.fsdp or verify_checksum(path) is None
         self.cut_logs(self.step)
 
     def cut_logs(self, step: int) -> None:

@@ -24,6 +24,8 @@ measures on a GPU (synchronised clocks; ``gpu_peak_mib`` = ``torch.cuda.max_memo
 times every step under bf16 autocast (CUDA or CPU), ``--precision fp32,bf16`` each variant beside its
 bf16 twin ``<label>+bf16`` (with ``--paired``: the bf16 speed-up per round). ``--generate`` measures
 decoding instead: tokens per second and the state's MiB at each context (:mod:`zoo.bench.generate`).
+``--kernels a,b`` times the gated linear family's chunk kernels alone beside causal SDPA and flash-linear-
+attention's naive references, with the share of the matmul FLOP bound each reaches (:mod:`zoo.bench.kernels`).
 
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
 ``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
@@ -39,6 +41,8 @@ first (:func:`zoo.registry.import_plugins`), so the parts they register can be m
     python -m zoo.bench --imports my_research.attention --attention vanilla,my_attention --lengths 1024
     python -m zoo.bench --paired --flops --model reformer,vanilla_lm --peers reformer-pytorch \
         --baseline peer:reformer-pytorch --lengths 8192 --rounds 5
+    python -m zoo.bench --kernels deltanet,gated_deltanet,mamba2,retention,gla --lengths 1024,4096,16384 \
+        --rounds 3 --threads 1 --out results/kernels
     python -m zoo.bench --generate --attention vanilla,local_1d,sparse_fixed --variant attention=lsh \
         attention.n_buckets=64 --lengths 1024,4096,16384,65536 --new-tokens 16 --rounds 3
 """
@@ -52,6 +56,7 @@ from pathlib import Path
 import torch
 
 from zoo.bench.generate import run_generate, write_generate
+from zoo.bench.kernels import run_kernels, write_kernels
 from zoo.bench.machine import describe_machine, load_average
 from zoo.bench.measure import rss_child, run, run_paired
 from zoo.bench.report import write_outputs, write_paired
@@ -106,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         "time --new-tokens greedy tokens one at a time in alternating rounds; tokens/s and the state's MiB "
         "(generate.csv, generate_rounds.csv, generate.md, generate.png)",
     )
+    parser.add_argument(
+        "--kernels",
+        default="",
+        help="comma-separated chunk-kernel mechanisms (deltanet, gated_deltanet, mamba2, retention, gla): each "
+        "kernel's training step alone beside causal SDPA and fla's naive reference ($ZOO_REFERENCES), with the "
+        "share of the matmul FLOP bound (kernels.csv, kernels_rounds.csv, kernels.md)",
+    )
     parser.add_argument("--new-tokens", type=int, default=16, help="--generate: tokens decoded per round")
     parser.add_argument(
         "--prefill-chunk",
@@ -152,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     imports = [name.strip() for name in args.imports.split(",") if name.strip()]
+    if args.kernels:
+        return kernels_main(args, argv)
     try:
         import_plugins(imports)
         variants = variants_from_args(args)
@@ -244,6 +258,38 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_outputs(rows, Path(args.out), meta, args.baseline)
     print(paths["md"].read_text())
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
+    return 0
+
+
+def kernels_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``--kernels``: the chunk kernels alone (zoo.bench.kernels)."""
+    import_plugins([name.strip() for name in args.imports.split(",") if name.strip()])
+    names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    meta = dict(
+        command=command,
+        machine=describe_machine(),
+        torch=torch.__version__,
+        threads=args.threads,
+        batch=args.batch,
+        d_model=args.d_model,
+        heads=args.heads,
+        load_before=load_average(),
+    )
+    round_rows, summary = run_kernels(
+        names,
+        [int(x) for x in args.lengths.split(",") if x.strip()],
+        rounds=args.rounds,
+        d_model=args.d_model,
+        heads=args.heads,
+        batch=args.batch,
+        d_ff=args.d_ff or None,
+        threads=args.threads,
+    )
+    meta.update(load=load_average())
+    paths = write_kernels(round_rows, summary, Path(args.out), meta)
+    print(paths["md"].read_text())
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
 
 

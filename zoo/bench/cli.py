@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-ff", type=int, default=0, help="feed-forward width (default 4 * d_model)")
     parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument(
+        "--batch", default="1", help="sequences per step; --generate takes several (1,8): each context at each batch"
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -177,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     layers = [int(x) for x in args.layers.split(",") if x.strip()]
+    batches = [int(x) for x in str(args.batch).split(",") if x.strip()]
+    if len(batches) != 1 and not args.generate:
+        parser.error(f"--batch takes one value except with --generate; got {args.batch}")
     command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = dict(
         title=args.title or "zoo.bench: one training step",
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         d_model=args.d_model,
         heads=args.heads,
         vocab=args.vocab,
-        batch=args.batch,
+        batch=batches[0],
         d_ff=args.d_ff or None,
         overrides=overrides,
         threads=args.threads,
@@ -205,16 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         if len(layers) != 1 or args.rounds < 1 or args.new_tokens < 1:
             parser.error(f"--generate needs one --layers value, --rounds >= 1 and --new-tokens >= 1; got {args.layers}")
         meta.update(title=args.title, layers=layers[0], new_tokens=args.new_tokens, load_before=load_average())
-        round_rows, summary = run_generate(
-            variants,
-            lengths,
-            new_tokens=args.new_tokens,
-            rounds=args.rounds,
-            layers=layers[0],
-            max_seconds=args.max_seconds,
-            prefill_chunk=args.prefill_chunk,
-            **sizes,
-        )
+        round_rows, summary = [], []
+        for batch in batches:
+            rounds_b, summary_b = run_generate(
+                variants,
+                lengths,
+                new_tokens=args.new_tokens,
+                rounds=args.rounds,
+                layers=layers[0],
+                max_seconds=args.max_seconds,
+                prefill_chunk=args.prefill_chunk,
+                **{**sizes, "batch": batch},
+            )
+            round_rows, summary = round_rows + rounds_b, summary + summary_b
         meta.update(load=load_average())
         paths = write_generate(round_rows, summary, Path(args.out), meta)
         print(paths["md"].read_text())
@@ -265,6 +273,7 @@ def kernels_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     """``--kernels``: the chunk kernels alone (zoo.bench.kernels)."""
     import_plugins([name.strip() for name in args.imports.split(",") if name.strip()])
     names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    batches = [int(x) for x in str(args.batch).split(",") if x.strip()]
     command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = dict(
         command=command,
@@ -282,9 +291,10 @@ def kernels_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         rounds=args.rounds,
         d_model=args.d_model,
         heads=args.heads,
-        batch=args.batch,
+        batch=batches[0],
         d_ff=args.d_ff or None,
         threads=args.threads,
+        max_seconds=args.max_seconds,
     )
     meta.update(load=load_average())
     paths = write_kernels(round_rows, summary, Path(args.out), meta)

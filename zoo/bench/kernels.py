@@ -150,10 +150,13 @@ def run_kernels(
     d_ff: int | None = None,
     threads: int = 1,
     naive: bool = True,
+    max_seconds: float = 60.0,
     progress: Callable[[str], None] = print,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(one row per round and entry, one summary row per length and entry); see the module docstring."""
+    """(one row per round and entry, one summary row per length and entry); see the module docstring. An
+    entry whose median step exceeds ``max_seconds`` is skipped at longer lengths (fla's recurrent GLA)."""
     torch.set_num_threads(threads)
+    slow: dict[str, str] = {}
     shape = dict(d_model=d_model, batch=batch, d_ff=d_ff or 4 * d_model)
     round_rows, summary = [], []
     for t in lengths:
@@ -173,6 +176,8 @@ def run_kernels(
                 rows[f"{name} naive"] = dict(kernel=f"{name} naive", reference=f"fla {label}")
                 if reference is None:
                     rows[f"{name} naive"]["status"] = "reference absent (set ZOO_REFERENCES)"
+                elif f"{name} naive" in slow:
+                    rows[f"{name} naive"]["status"] = slow[f"{name} naive"]
                 else:
                     steps[f"{name} naive"] = clocked(training_step(reference, leaves))
         probe, probe_flops = matmul_probe(t, shape, torch.device("cpu"))
@@ -196,6 +201,8 @@ def run_kernels(
                 summary.append(row)
                 continue
             times = [r[label] for r in recorded]
+            if statistics.median(times) > max_seconds:
+                slow[label] = f"skipped (step > {max_seconds:.0f} s at {t:,})"
             row.update(
                 status="ok",
                 median_ms=statistics.median(times) * 1e3,

@@ -28,14 +28,17 @@ PEER: Registry[Any] = Registry("peer")
 
 @PEER.register("x_transformers")
 def _peer_x_transformers(length: int, shape: dict[str, int]) -> nn.Module:
-    """x-transformers Decoder, attn_flash=True (SDPA)"""
+    """x-transformers Decoder, attn_flash=True (SDPA), heads of d_model / heads; --generate: its cached decoding"""
     from x_transformers import Decoder, TransformerWrapper
 
-    return TransformerWrapper(
-        num_tokens=shape["vocab"],
-        max_seq_len=length,
-        attn_layers=Decoder(dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], attn_flash=True),
+    layers = Decoder(
+        dim=shape["d_model"],
+        depth=shape["layers"],
+        heads=shape["heads"],
+        attn_dim_head=shape["d_model"] // shape["heads"],  # its default is 64 whatever the width
+        attn_flash=True,
     )
+    return TransformerWrapper(num_tokens=shape["vocab"], max_seq_len=length, attn_layers=layers)
 
 
 @PEER.register("hf_llama")
@@ -57,6 +60,12 @@ def _peer_hf_llama(length: int, shape: dict[str, int]) -> nn.Module:
         attn_implementation="sdpa",
     )
     return LlamaForCausalLM(config)
+
+
+@PEER.register("hf_llama_static")
+def _peer_hf_llama_static(length: int, shape: dict[str, int]) -> nn.Module:
+    """HF transformers LlamaForCausalLM (SDPA); --generate decodes with its generate() and a StaticCache"""
+    return _peer_hf_llama(length, shape)
 
 
 @PEER.register("local_attention")

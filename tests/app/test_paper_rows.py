@@ -128,19 +128,16 @@ def hf_mamba2_parts(c: dict[str, Any]) -> dict[str, int]:
     )
     with torch.device("meta"):
         model = transformers.Mamba2ForCausalLM(config)
-    return split_parts(
-        model.named_parameters(),
-        mixers=".mixer.",
-        feed_forwards="\0",
-        embedding="embeddings",
-        head="lm_head",
-        norms="norm",
-    )
+    return split_parts(model.named_parameters(), HF_MAMBA2_PARTS)
 
 
-def split_parts(named, **markers: str) -> dict[str, int]:
-    """Parameter counts by part: a name goes to the first part whose marker it contains (``markers`` in
-    order: mixers, feed_forwards, embedding, head, norms); a tied table counts once."""
+# part -> a marker in its parameters' names; the first part whose marker a name contains takes it
+OUR_PARTS = dict(mixers=".attention.", feed_forwards=".feed_forward.", embedding="embed.", head="head.", norms="norm")
+HF_MAMBA2_PARTS = dict(mixers=".mixer.", feed_forwards="\0", embedding="embeddings", head="lm_head", norms="norm")
+
+
+def split_parts(named, markers: dict[str, str]) -> dict[str, int]:
+    """Parameter counts by part (``markers``, in order); a tied table counts once."""
     parts = dict.fromkeys(markers, 0)
     seen: set[int] = set()
     for name, p in named:
@@ -159,14 +156,7 @@ def our_parts(row: str) -> dict[str, int]:
     """Our model at the row's configuration, as the app builds it (on the meta device), by part."""
     _, config, _ = model_config_for(resolved(row))
     model = meta_model(config)
-    return split_parts(
-        model.named_parameters(),
-        mixers=".attention.",
-        feed_forwards=".feed_forward.",
-        embedding="embed.",
-        head="head.",
-        norms="norm",
-    )
+    return split_parts(model.named_parameters(), OUR_PARTS)
 
 
 def explained(row: str, c: dict[str, Any]) -> dict[str, int]:

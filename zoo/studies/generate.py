@@ -155,7 +155,7 @@ class Generate(Study):
             "tokens/s over that bound.",
             "",
             "| variant | batch | context | tokens/s (min-max) | ms/step | bound tokens/s (ms/step) | share | state MiB "
-            "| tokens kept per layer | status |",
+            "| tokens a layer keeps | status |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in parsed:
@@ -167,7 +167,7 @@ class Generate(Study):
             if "bound_tokens_per_s" in r:
                 bound = f"{r['bound_tokens_per_s']:,.0f} ({r['bound_ms_per_step']:.3f})"
                 cache = f"{r['cache_mib']:,.2f}"
-            kept = {"": "", "None": "grows"}.get(r.get("state_bound", ""), r.get("state_bound", ""))
+            kept = r.get("state_bound") or ("grows" if cache else "")  # CSV writes None (no bound) as empty
             lines.append(
                 f"| {r['variant']} | {r['batch']} | {r['context']:,} | {rate} | {step} | {bound} | {share} | "
                 f"{cache} | {kept} | {r['status']} |"

@@ -135,8 +135,8 @@ class Generate(Study):
 
     def report(self, rows: list[dict[str, str]]) -> str:
         parsed = [
-            {
-                **r,
+            {  # a skipped or refused row's empty cells are absent, not strings
+                **{k: v for k, v in r.items() if v != ""},
                 **{k: float(r[k]) for k in NUMBERS if r.get(k)},
                 "batch": int(r["batch"]),
                 "context": int(r["context"]),
@@ -145,12 +145,13 @@ class Generate(Study):
         ]
         o = self.options
         loads = [r["load_1min"] for r in parsed if "load_1min" in r] or [0.0]
-        bandwidth = next((r["bandwidth_gib_s"] for r in parsed if "bandwidth_gib_s" in r), 0.0)
+        measured = [r["bandwidth_gib_s"] for r in parsed if "bandwidth_gib_s" in r] or [0.0]
         lines = [
             f"{o.layers}-layer LMs at d {o.d_model}, {o.heads} heads, vocab {o.vocab}, fp32, {o.new_tokens} greedy "
             f"tokens per round from a state prefilled once, {o.rounds} rounds (median, min-max); "
             f"{parsed[0].get('machine', '')}; 1-minute load average {min(loads):.1f}-{max(loads):.1f} while measuring. "
-            f"Bound: the state's bytes read once per step at the measured copy bandwidth ({bandwidth:,.1f} GiB/s; "
+            f"Bound: the state's bytes read once per step at the copy bandwidth measured at each context (rows' range "
+            f"{min(measured):,.1f}-{max(measured):,.1f} GiB/s; "
             "weights not counted): the tokens/s and ms per step no decoder of that state can beat. share: measured "
             "tokens/s over that bound.",
             "",

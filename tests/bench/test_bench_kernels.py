@@ -54,3 +54,10 @@ def test_kernels_cli_writes_its_table(tmp_path, monkeypatch):
     assert main([*argv, "--threads", "1", "--out", str(tmp_path)]) == 0
     table = (tmp_path / "kernels.md").read_text()
     assert "| mamba2 | 32 |" in table and "reference absent" in table and "python -m zoo.bench --kernels" in table
+
+
+def test_kernels_cli_can_leave_the_references_out(tmp_path):
+    argv = ["--kernels", "deltanet", "--no-naive", "--lengths", "32", "--rounds", "1", "--d-model", "16"]
+    assert main([*argv, "--heads", "2", "--threads", "1", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "kernels.md").read_text()
+    assert "| deltanet | 32 |" in table and "| deltanet naive |" not in table

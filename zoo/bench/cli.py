@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "kernel's training step alone beside causal SDPA and fla's naive reference ($ZOO_REFERENCES), with the "
         "share of the matmul FLOP bound (kernels.csv, kernels_rounds.csv, kernels.md)",
     )
+    parser.add_argument("--no-naive", action="store_true", help="--kernels: leave out fla's naive references")
     parser.add_argument("--new-tokens", type=int, default=16, help="--generate: tokens decoded per round")
     parser.add_argument(
         "--prefill-chunk",
@@ -295,6 +296,7 @@ def kernels_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         d_ff=args.d_ff or None,
         threads=args.threads,
         max_seconds=args.max_seconds,
+        naive=not args.no_naive,
     )
     meta.update(load=load_average())
     paths = write_kernels(round_rows, summary, Path(args.out), meta)

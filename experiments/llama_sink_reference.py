@@ -1,6 +1,6 @@
 """The same sink measurement on a model we did not write: Hugging Face's Llama, same data, size and budget.
 
-Why: ``experiments/sink_mass.py`` finds that our small rotary model trained on Tiny Shakespeare gives its
+Why: the study ``streaming`` finds that our small rotary model trained on Tiny Shakespeare gives its
 first keys less than a uniform share of attention, so StreamingLLM's window attention does not fail for it
 (results/streaming/rope). Before calling that a matter of scale, the same question is put to an
 implementation we did not write: ``transformers.LlamaForCausalLM`` (rotary, pre-norm RMSNorm, SwiGLU),
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     segments = test[: n * args.length].view(n, args.length)
     with torch.no_grad():
         test_bpc = float(next_token_loss(model, segments, args.model)) / math.log(2)
-    if args.model != "llama":  # attention weights: Llama's own output; ours through experiments/sink_mass.py
+    if args.model != "llama":  # attention weights: Llama's own output; ours through zoo/studies/streaming_modes.py
         print(f"{args.model} in this loop: {args.steps} steps, test bpc {test_bpc:.3f} on {n} segments")
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)

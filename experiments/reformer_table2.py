@@ -37,11 +37,11 @@ import torch
 import torch.nn.functional as F
 
 from zoo.app.csv_rows import append_rows, read_rows
-from zoo.config import IGNORE_INDEX
 from zoo.data.synthetic import duplication_batch
 from zoo.models.base import ModelOutput
 from zoo.models.losses import token_loss
 from zoo.presets.reformer import duplication_model
+from zoo.studies.reformer_duplication import accuracy
 from zoo.train.steps import train_step
 
 PAPER = {  # Table 2: rows = attention in training, columns = attention in evaluation (length 1024, 150K steps)
@@ -169,18 +169,6 @@ class Runner:
             if hasattr(module, "hash_step"):
                 module.hash_step.fill_(steps)
         return evaluator
-
-
-@torch.no_grad()
-def accuracy(model: torch.nn.Module, batches: list[dict]) -> float:
-    model.eval()
-    right = total = 0
-    for batch in batches:
-        keep = batch["targets"] != IGNORE_INDEX
-        predicted = model(batch["tokens"]).logits.argmax(-1)
-        right += int((predicted[keep] == batch["targets"][keep]).sum())
-        total += int(keep.sum())
-    return 100.0 * right / total
 
 
 def train_one(runner: Runner, mode: str, seed: int, args: argparse.Namespace, eval_batches: list[dict], out: Path):

@@ -19,11 +19,26 @@ def test_no_code_line_runs_past_the_line_length():
     assert not long, "lines over 120 characters:\n" + "\n".join(long)
 
 
+MAX_MODULE_LINES = 400  # CONTRIBUTING.md: a module a reader takes in at one sitting; split by concern past it
+# modules over the limit whose split is under way elsewhere: the reason, to be removed once it is done
+OVER_THE_LIMIT = {"zoo/train/trainer.py": "split by another engineer in the same stop (issue 37)"}
+
+
+def test_no_zoo_module_runs_past_400_lines():
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in sorted((ROOT / "zoo").rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+        and path.relative_to(ROOT).as_posix() not in OVER_THE_LIMIT
+    ]
+    assert not long, "modules over 400 lines (split them by concern):\n" + "\n".join(long)
+
+
 # -- the house: a folder per axis and job, no import circles (issue 21) ------------------------------
 
 ZOO = ROOT / "zoo"
 # the layout in docs/architecture.md
-TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "precision.py", "blocks.py"}
+TOP_LEVEL_MODULES = {"__init__.py", "registry.py", "config.py", "options.py", "precision.py", "blocks.py"}
 
 
 def zoo_imports(path: Path) -> list[tuple[str, bool]]:
@@ -111,3 +126,12 @@ def test_model_floors_import_no_job_above_them():
         if target.startswith(tuple(f"zoo.{job}" for job in JOBS))
     ]
     assert not upward, "a model floor importing a job above it:\n" + "\n".join(upward)
+
+
+def test_no_two_test_files_share_a_name():
+    """tests/ has no __init__.py files, so pytest imports each test file by its bare name: a second file of
+    the same name under another folder stops the whole run at collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}

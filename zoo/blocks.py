@@ -17,7 +17,8 @@ residual stream (reversible), through the additive view at the end of the class:
 Stats come back named ``attn/<name>`` and ``cross/<name>`` (stacks prefix ``layer<i>/``); aux
 losses keep the mechanism's name and are summed.
 
-Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real); context [b, c, d]; context_pad_mask [b, c].
+Shapes: x [b, t, d]; pad_mask [b, t] bool (True = real); context [b, c, d]; context_pad_mask [b, c];
+documents [b, t] long (a packed row's document ids, zoo/attention/documents.py).
 """
 
 from __future__ import annotations
@@ -87,13 +88,22 @@ class Block(nn.Module):
         cross = self.cross_attention.init_state(batch_size) if self.cross_attention is not None else None
         return None if own is None and cross is None else BlockState(own, cross)
 
-    def _attend(self, x: Tensor, pad_mask: Tensor | None, state: Any) -> AttnOutput:
+    def _attend(self, x: Tensor, pad_mask: Tensor | None, state: Any, documents: Tensor | None = None) -> AttnOutput:
         """The self-attention sub-layer on the stream x (before its residual join). While a sequence is
         split over ranks (``zoo.parallel``), the mechanism's ``attend_chunk`` reads what it needs of the
-        other ranks' chunks."""
+        other ranks' chunks. ``documents`` [b, t]: a packed row's document ids, given only to a mechanism
+        that keeps documents apart (``packs_documents``; the model refuses packing otherwise). Activation
+        checkpointing of the attention alone recomputes this method (``zoo.stacks.checkpointing``: an instance
+        attribute of the same name runs it through a checkpoint)."""
         residual = self.attention_residual
         h = residual.sublayer_input(x)
-        extra = {}
+        extra: dict[str, Any] = {}
+        if documents is not None:
+            reason = self.attention.packing_refusal()
+            if reason is not None:
+                raise ValueError(reason)
+            require(active_chunk() is None, "packed documents do not run over a sequence split across ranks")
+            extra["documents"] = documents
         if self.attention.remembers_inputs:
             version = tuple((p.data_ptr(), p._version) for p in residual.parameters())
             extra["layer_input"] = LayerInput(x, residual.sublayer_input, version)
@@ -110,9 +120,10 @@ class Block(nn.Module):
         state: BlockState | None = None,
         context: Tensor | None = None,
         context_pad_mask: Tensor | None = None,
+        documents: Tensor | None = None,
     ) -> BlockOutput:
         state = state or BlockState()
-        own = self._attend(x, pad_mask, state.attention)
+        own = self._attend(x, pad_mask, state.attention, documents)
         x = self.attention_residual.join(x, own.out)
         aux = merge_into({}, own.aux)
         stats = prefixed("attn", own.stats)
@@ -166,14 +177,19 @@ class Block(nn.Module):
         return f"attention {self.attention.registry_name!r}, residual {self.attention_residual.registry_name!r}"
 
     def attention_branch(
-        self, x: Tensor, *, pad_mask: Tensor | None = None, state: BlockState | None = None
+        self,
+        x: Tensor,
+        *,
+        pad_mask: Tensor | None = None,
+        state: BlockState | None = None,
+        documents: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor], BlockState | None]:
         """F(x) with x + F(x) = the attention half of ``forward`` (additive residuals only), with
         the mechanism's aux losses, its stats (named as ``forward`` names them) and, given this
         layer's ``state``, the state to carry on (None otherwise)."""
         if not self.additive:
             raise TypeError(f"this block ({self.describe()}) is not additive: no attention branch F with y = x + F(x)")
-        result = self._attend(x, pad_mask, None if state is None else state.attention)
+        result = self._attend(x, pad_mask, None if state is None else state.attention, documents)
         new_state = None if result.state is None else BlockState(result.state)
         return self.attention_residual.update(result.out), dict(result.aux), prefixed("attn", result.stats), new_state
 

@@ -10,7 +10,7 @@ bfloat16 keeps 8 significant bits: relative steps of 2^-8 and whole numbers exac
 (autocast off, inputs raised to at least float32), and says why in a comment starting
 ``# float32:`` where it does (``grep -rn "# float32:" zoo`` lists them all).
 
-Recomputation in backward (the reversible stack, ``recompute_in_backward``) replays the autocast
+Recomputation in backward (the reversible stack, ``zoo.attention.recompute``) replays the autocast
 state the forward ran under (:class:`AutocastState`, as ``torch.utils.checkpoint`` does): backward
 runs outside the autocast region, and recomputing in another precision would differentiate another
 function (and rebuild the reversible stack's inputs wrongly).

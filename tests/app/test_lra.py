@@ -497,17 +497,23 @@ def test_imdb_partial_evaluation_sees_both_classes(tmp_path):
 
 
 def test_table2_from_a_paired_bench_run(tmp_path):
-    """experiments/lra_tables.py --bench: zoo.bench --paired's paired.csv laid out as LRA Table 2, the
-    speed-up the median of per-round ratios, the paper's Transformer row beside ours at its lengths."""
+    """The LRA studies' report: zoo.bench --paired's paired.csv laid out as LRA Table 2 (the speed-up the median of
+    per-round ratios, the paper's Transformer row beside ours at its lengths) and runs as Table 1, from rows alone."""
+    from zoo.app.lra_speed import measured_from_bench
+    from zoo.studies import StudyPaths, create_study
+    from zoo.studies.lra_tables import run_row, speed_row
 
-    module = load_script("experiments/lra_tables.py")
-    bench = tmp_path / "bench"
-    bench.mkdir()
     rows = ["length,variant,baseline,median_ms,speedup,speedup_min,speedup_max,act_mib,rounds,device,threads"]
     for n in (1024, 2048, 3072, 4096):
         rows += [f"{n},vanilla,vanilla,100,1.0,1.0,1.0,4.0,3,cpu,1", f"{n},linear,vanilla,50,2.1,1.9,2.2,2.0,3,cpu,1"]
-    (bench / "paired.csv").write_text("\n".join(rows) + "\n")
-    paths = module.main(["--bench", str(bench), "--out", str(tmp_path / "out")])
-    md = paths["table2_md"].read_text()
+    (tmp_path / "paired.csv").write_text("\n".join(rows) + "\n")
+    runs = [dict(experiment="lra_listops", attention=a, accuracy=acc, split="test", status="finished", steps=4,
+                 seq_len=32) for a, acc in (("vanilla", 30.0), ("linear", 20.0), ("linear", 22.0))]
+    study_rows = [run_row(r, seed) for r, seed in zip(runs, (0, 0, 1))]
+    study_rows += [speed_row(m) for m in measured_from_bench(tmp_path / "paired.csv")]
+    as_read = [{k: "" if v is None else str(v) for k, v in r.items()} for r in study_rows]  # as rows.csv gives them
+    study = create_study("lra_family", StudyPaths(out=tmp_path, runs=tmp_path))
+    md = study.report(as_read)
     assert "| linear (ours) | 20.00 (2.1x) |" in md and "2 MiB (0.50x)" in md
-    assert "| Transformer (LRA paper) | 8.1 (1.0x)" in md and paths["table2_png"].stat().st_size > 1000
+    assert "| Transformer (LRA paper) | 8.1 (1.0x)" in md and (tmp_path / "lra_table2.png").stat().st_size > 1000
+    assert "| linear (ours) | 21.00 (20.00-22.00, n=2) |" in md and "faster than vanilla at 4,096 tokens: linear" in md

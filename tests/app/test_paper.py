@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.fast_cases import FAST_PAPERS, default_run_keeps
 from support.script_modules import load_script
 
 from zoo.app.compose import compose
@@ -130,7 +131,7 @@ CPU_SMOKE = [
 ]
 
 
-@pytest.mark.parametrize("name", PAPERS)
+@pytest.mark.parametrize("name", default_run_keeps(PAPERS, FAST_PAPERS))
 def test_paper_config_runs_end_to_end_at_toy_size(name, tmp_path):
     """The paper's own configuration with its documented toy override (paper.toy): two training
     steps and an evaluation with the paper's protocol (settings scaled to the toy length)."""

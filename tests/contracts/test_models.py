@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.fast_cases import FAST_PRESETS, default_run_keeps
 
 import zoo
 from zoo.precision import autocast
@@ -42,7 +43,7 @@ def test_presets_registered():
     assert {"vanilla_lm", "vanilla_classifier", "vanilla_seq2seq"} <= set(MODELS)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", default_run_keeps(MODELS, FAST_PRESETS))
 def test_tiny_preset_learns_a_fixed_batch(name):
     torch.manual_seed(0)
     model = tiny(name)
@@ -61,7 +62,7 @@ def test_tiny_preset_learns_a_fixed_batch(name):
     assert losses[-1] < 0.8 * losses[0], f"{name}: loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})"
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", default_run_keeps(MODELS, FAST_PRESETS))
 def test_tiny_preset_trains_under_bf16_autocast(name):
     """trainer.precision=bf16's step (zoo.precision.autocast, the trainer's) on the CPU: the linear
     layers really run in bfloat16, every loss is finite and the loss falls."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.fast_cases import FAST_MECHANISMS, default_run_keeps
 
 import zoo
 from zoo.attention.base import ATTENTION
@@ -21,6 +22,7 @@ from zoo.presets.factory import get_preset
 
 NAMES = zoo.list_attention()
 MODELS = zoo.list_models()
+STREAMING = [n for n in NAMES if ATTENTION.get(n).supports_memory]
 VOCAB = 24
 
 
@@ -45,7 +47,7 @@ def tokens_for(t, seed=0):
     return torch.randint(0, VOCAB, (2, t), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", default_run_keeps(NAMES, FAST_MECHANISMS))
 def test_a_causal_lm_streams_exactly_or_refuses_the_state(name):
     """The issue's reproduction, over every mechanism: 96 tokens one at a time (and in uneven segments)
     through the state equal one call, or init_state refuses with the reason (a mechanism without a causal
@@ -80,7 +82,7 @@ def test_every_causal_mechanism_continues_a_stream():
     assert not {name: reason for name, reason in refusing.items() if reason}, refusing
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if ATTENTION.get(n).supports_memory])
+@pytest.mark.parametrize("name", default_run_keeps(STREAMING, FAST_MECHANISMS))
 def test_a_bounded_mechanism_streams_in_constant_memory(name):
     """Where the layer says its state is bounded (state_bound), the model's state stops growing: the same
     bytes once the stream is past the bound (plus a margin) and 40 tokens later (was 100 and 300 tokens:
@@ -123,7 +125,7 @@ def test_every_preset_streams_or_refuses_up_front(name):
     torch.testing.assert_close(pieces, whole, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if ATTENTION.get(n).supports_memory])
+@pytest.mark.parametrize("name", default_run_keeps(STREAMING, FAST_MECHANISMS))
 def test_generate_takes_the_cache_and_equals_recomputing_the_prefix(name):
     """Greedy generate() through the caches == greedy decoding that re-runs the whole prefix each step
     (the path a model that cannot stream takes), so the cache changes cost, never the tokens."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.fast_cases import FAST_MECHANISMS, default_run_keeps
 
 import zoo
 from zoo.attention.base import ATTENTION
@@ -24,7 +25,7 @@ def transformer_pp(name, **extra):
     ).eval()
 
 
-@pytest.mark.parametrize("name", CAUSAL)
+@pytest.mark.parametrize("name", default_run_keeps(CAUSAL, FAST_MECHANISMS))
 def test_every_causal_mechanism_runs_inside_the_transformer_pp_block(name):
     try:
         model = transformer_pp(name)

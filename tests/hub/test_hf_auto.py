@@ -99,15 +99,32 @@ def test_activation_checkpointing_recomputes_every_block_with_the_same_gradients
         torch.testing.assert_close(checkpointed[name], grad, msg=name)
 
 
-def test_the_universal_stack_refuses_per_layer_hidden_states_and_checkpointing(tmp_path):
+def test_the_universal_stack_refuses_per_layer_hidden_states_and_checkpoints_through_the_zoo(tmp_path):
+    """gradient_checkpointing_enable routes to the zoo's activation checkpointing (zoo/stacks/checkpointing.py), which
+    recomputes the universal stack's shared block at every step; per-layer hidden states stay refused; the
+    reversible stack refuses checkpointing with the reason (it recomputes already)."""
     from transformers import AutoModelForCausalLM
 
     tiny("universal_transformer").save_pretrained(tmp_path / "m")
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
-    with pytest.raises(ValueError, match="one block per layer"):
-        hf.gradient_checkpointing_enable()
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "m").train()
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    torch.manual_seed(0)
+    hf(tokens, labels=tokens).loss.backward()
+    plain = {n: p.grad.clone() for n, p in hf.named_parameters()}
+    hf.zero_grad()
+    hf.gradient_checkpointing_enable()
+    assert hf.is_activation_checkpointing and "forward" in hf.model.stack.block.__dict__
+    torch.manual_seed(0)
+    hf(tokens, labels=tokens).loss.backward()
+    for name, grad in plain.items():
+        torch.testing.assert_close(hf.get_parameter(name).grad, grad, msg=name)
+    hf.gradient_checkpointing_disable()
+    assert not hf.is_activation_checkpointing and "forward" not in hf.model.stack.block.__dict__
     with pytest.raises(ValueError, match="one block per layer"):
         hf(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+    tiny("reformer").save_pretrained(tmp_path / "r")
+    with pytest.raises(ValueError, match="'reversible' recomputes every layer in backward already"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "r").gradient_checkpointing_enable()
 
 
 def test_sequence_classifier(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("transformers", minversion="5.24")
 
 import torch  # noqa: E402
+from support.fast_cases import FAST_MECHANISMS, FAST_PRESETS, default_run_keeps  # noqa: E402
 
 import zoo  # noqa: E402
 from tests.hub.hf_helpers import byte_lm, decoding_lm, diversify, prompt  # noqa: E402
@@ -26,7 +27,7 @@ def load(tmp_path, model):
     return AutoModelForCausalLM.from_pretrained(tmp_path / "m"), zoo.from_pretrained(tmp_path / "m")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", default_run_keeps(NAMES, FAST_MECHANISMS))
 def test_greedy_hf_generate_equals_the_zoos_for_every_mechanism(tmp_path, name):
     """Token for token, batch of two; a mechanism that streams decodes through its state (the ZooCache
     HF returns has seen every token but the last), one that cannot recomputes its prefix as the zoo does."""
@@ -49,7 +50,7 @@ def test_greedy_hf_generate_equals_the_zoos_for_every_mechanism(tmp_path, name):
 CAUSAL_PRESETS = [n for n in zoo.list_models() if zoo.preset_config(n, **get_preset(n).tiny).kind == "lm"]
 
 
-@pytest.mark.parametrize("preset", CAUSAL_PRESETS)
+@pytest.mark.parametrize("preset", default_run_keeps(CAUSAL_PRESETS, FAST_PRESETS))
 def test_every_causal_preset_loads_with_automodel_and_decodes_as_the_zoo(tmp_path, preset):
     """After ``import zoo``: AutoModelForCausalLM reads any causal preset's folder, its logits are the
     zoo's, and greedy generation equals the zoo's."""
@@ -95,7 +96,7 @@ def test_byte_tokenizer_round_trips_utf8(tmp_path):
     assert batch["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]  # right padding, byte 0
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", default_run_keeps(NAMES, FAST_MECHANISMS))
 def test_beam_search_reorders_the_zoo_state(tmp_path, name):
     """HF beam search through the ZooCache (reordered by zoo.models.base.reorder_state at every step) equals
     beam search recomputing every prefix (use_cache=False), and is not just greedy decoding; a state whose

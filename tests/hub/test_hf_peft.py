@@ -10,6 +10,7 @@ pytest.importorskip("transformers", minversion="5.24")
 pytest.importorskip("peft", minversion="0.21")
 
 import torch  # noqa: E402
+from support.fast_cases import FAST_MECHANISMS, default_run_keeps  # noqa: E402
 
 import zoo  # noqa: E402
 from tests.hub.hf_helpers import byte_lm, prompt  # noqa: E402
@@ -18,7 +19,7 @@ from zoo.attention.base import ATTENTION  # noqa: E402
 NAMES = zoo.list_attention()
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", default_run_keeps(NAMES, FAST_MECHANISMS))
 def test_lora_on_the_attention_projections_trains_and_merges(tmp_path, name):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

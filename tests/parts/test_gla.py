@@ -20,7 +20,7 @@ def layer(**options):
     torch.manual_seed(0)
     attn = zoo.create_attention("gla", d_model=D, n_heads=H, causal=True, gate_logit_normalizer=2.0, **options)
     with torch.no_grad():  # a norm weight and a gate bias that are not the init's ones and zeros
-        attn.norm_weight.uniform_(0.5, 1.5)
+        attn.head_norm.weight.uniform_(0.5, 1.5)
         attn.to_decay.bias.uniform_(-1, 1)
     return attn.double()
 
@@ -39,7 +39,7 @@ def paper_layer(attn, x):
         state = alpha[:, n, :, :, None] * state + k[:, n, :, :, None] * v[:, n, :, None, :]
         heads.append(torch.einsum("bhf,bhfe->bhe", q[:, n], state) / f**0.5)
     o = torch.stack(heads, 1)  # [b, t, h, e]
-    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + attn.options.norm_eps) * attn.norm_weight
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + attn.options.norm_eps) * attn.head_norm.weight
     gate = F.silu(attn.to_output_gate(x)) if attn.to_output_gate is not None else 1.0
     return attn.to_out(gate * o.reshape(b, t, H * e))
 
@@ -109,3 +109,16 @@ def test_gate_low_rank_dim_sizes_the_gate_and_positions_are_refused():
     assert attn.to_gate_low.weight.shape == (3, D) and attn.to_decay.weight.shape == (D // 2, 3)
     with pytest.raises(ValueError, match="no position encoding"):
         zoo.create_model("vanilla_lm", attention="gla", position={"name": "alibi"}, vocab_size=16, d_model=D, n_heads=H)
+
+
+def test_the_head_norm_comes_from_the_norm_axis_and_old_checkpoints_load():
+    """The per-head norm is the norm axis's rmsnorm (one weight [e] shared by the heads, as fla's); a state
+    dict written while its weight was the layer's own ``norm_weight`` loads into it."""
+    attn = layer()
+    assert type(attn.head_norm).registry_name == "rmsnorm" and attn.head_norm.weight.shape == (attn.value_dim,)
+    old = {("norm_weight" if k == "head_norm.weight" else k): v for k, v in attn.state_dict().items()}
+    fresh = zoo.create_attention("gla", d_model=D, n_heads=H, causal=True, gate_logit_normalizer=2.0).double()
+    fresh.load_state_dict(old)
+    x = torch.randn(1, 5, D, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x).out, attn(x).out, rtol=0, atol=0)

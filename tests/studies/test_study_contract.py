@@ -5,11 +5,15 @@ the app, writes rows.csv, its figures and the README block, and its report re-re
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from support.app_cli import script_main
 
 from zoo.app.compose import compose
 from zoo.app.study import run_study
@@ -17,18 +21,29 @@ from zoo.studies import STUDY
 from zoo.studies.common import REPORT_BEGIN, REPORT_END
 
 ROOT = Path(__file__).resolve().parents[2]
+COMMAND = re.compile(r"^Command: `python experiments/study\.py (?P<args>[^`]*)`$", re.M)
 
 
-def study_app(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def study_process(*args: str) -> subprocess.CompletedProcess:
+    """``python experiments/study.py ARGS`` in a process of its own, as a user runs it."""
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, str(ROOT / "experiments" / "study.py"), *args],
-        cwd=cwd,
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+@pytest.fixture
+def study_main(monkeypatch):
+    """``python experiments/study.py ARGS`` in this process (a study sets torch's threads: put them back)."""
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    yield lambda *args: script_main("study.py", list(args), monkeypatch)
+    torch.set_num_threads(threads)
 
 
 def overrides(options: dict) -> list[str]:
@@ -45,14 +60,18 @@ def block(readme: Path) -> str:
     return text[text.index(REPORT_BEGIN) : text.index(REPORT_END)]
 
 
+def committed_reports() -> list[Path]:
+    """Every committed results README holding a study's generated block."""
+    return sorted(p for p in (ROOT / "results").glob("*/README.md") if REPORT_BEGIN in p.read_text())
+
+
 @pytest.mark.parametrize("name", STUDY.list())
-def test_study_runs_at_toy_size_and_reports_from_its_rows(name, tmp_path):
+def test_study_runs_at_toy_size_and_reports_from_its_rows(name, tmp_path, study_main):
     cls = STUDY.get(name)
     assert cls.toy_options, f"study {name!r} declares no toy_options for this test"
     out, runs = tmp_path / "out", tmp_path / "runs"
     args = [f"study={name}", *overrides(cls.toy_options), f"out={out}", f"runs={runs}"]
-    done = study_app(*args)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert study_main(*args) == 0
     assert (out / "rows.csv").stat().st_size > 0
     for figure in cls.figures:
         assert (out / figure).stat().st_size > 0, figure
@@ -61,12 +80,34 @@ def test_study_runs_at_toy_size_and_reports_from_its_rows(name, tmp_path):
     (out / "rows.csv").with_suffix(".bak").write_bytes((out / "rows.csv").read_bytes())
     for figure in cls.figures:
         (out / figure).unlink()
-    again = study_app(*args, "report_only=true")
-    assert again.returncode == 0, again.stderr[-4000:]
+    assert study_main(*args, "report_only=true") == 0
     assert block(out / "README.md") == first  # the report is a function of the rows
     assert (out / "rows.csv").read_bytes() == (out / "rows.csv").with_suffix(".bak").read_bytes()  # nothing ran
     for figure in cls.figures:
         assert (out / figure).stat().st_size > 0, figure
+
+
+@pytest.mark.parametrize("readme", committed_reports(), ids=lambda p: p.parent.name)
+def test_committed_results_re_render_from_their_rows(readme, tmp_path, study_main):
+    """The committed table, figures and verdict are what the study's report makes of the committed rows:
+    re-rendered by the command the README names (into a copy), the block is the same but for where it wrote."""
+    args = COMMAND.search(block(readme)).group("args").split()
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(readme.parent / "rows.csv", out / "rows.csv")
+    assert study_main(*args, f"out={out}", "report_only=true") == 0
+    assert COMMAND.sub("", block(out / "README.md")) == COMMAND.sub("", block(readme))
+
+
+def test_the_entry_point_runs_as_its_own_process(tmp_path):
+    """One study through ``python experiments/study.py`` in a process of its own (the in-process runs above
+    share this one's imports): its committed rows re-rendered."""
+    readme = committed_reports()[0]
+    args = COMMAND.search(block(readme)).group("args").split()
+    shutil.copy(readme.parent / "rows.csv", tmp_path / "rows.csv")
+    done = study_process(*args, f"out={tmp_path}", "report_only=true")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert COMMAND.sub("", block(tmp_path / "README.md")) == COMMAND.sub("", block(readme))
 
 
 def test_unknown_study_option_is_refused_before_anything_runs(tmp_path):

@@ -21,12 +21,14 @@ TOY = [o for o in TINY if not o.startswith(("trainer.max_steps=", "trainer.eval_
 TOY += ["trainer.max_steps=2", "trainer.eval_every=0"]
 
 
-def train_main(argv: list[str], monkeypatch) -> int:
-    """experiments/train.py's main in this process; returns the exit status (0 when it returns)."""
+def script_main(script: str, argv: list[str], monkeypatch) -> int:
+    """``python experiments/SCRIPT ARGV`` run in this process (a Hydra entry point: train.py, study.py);
+    returns the exit status (0 when it returns). In-process saves the interpreter's start and torch's
+    import, about 5 s a call on this machine."""
     from hydra.core.global_hydra import GlobalHydra
 
-    module = load_script(ROOT / "experiments" / "train.py")
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    module = load_script(ROOT / "experiments" / script)
+    monkeypatch.setattr(sys, "argv", [script, *argv])
     GlobalHydra.instance().clear()
     try:
         module.main()
@@ -35,6 +37,11 @@ def train_main(argv: list[str], monkeypatch) -> int:
     finally:
         GlobalHydra.instance().clear()
     return 0
+
+
+def train_main(argv: list[str], monkeypatch) -> int:
+    """experiments/train.py's main in this process; returns the exit status (0 when it returns)."""
+    return script_main("train.py", argv, monkeypatch)
 
 
 def train_process(

@@ -11,7 +11,8 @@ Tay et al. 2020 ("Long Range Arena", arXiv:2011.04006):
   tokens, each relative to vanilla, measured after the sweep (zoo/app/lra_speed.py).
 
 Outputs in the sweep directory (or ``out_dir``): ``lra_table1.{md,csv,png}`` and
-``lra_table2.{md,csv,png}``. ``experiments/lra_tables.py`` rebuilds them from finished sweeps.
+``lra_table2.{md,csv,png}``. The studies ``lra_cpu`` and ``lra_family`` (zoo/studies/lra_tables.py) report both
+tables from their rows.
 """
 
 from __future__ import annotations

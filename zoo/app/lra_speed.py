@@ -1,7 +1,8 @@
 """LRA Table 2: training speed and memory of each mechanism on byte-level Text, relative to vanilla.
 
 Tay et al. 2020 ("Long Range Arena", arXiv:2011.04006), Table 2: steps per second and peak memory at 1K,
-2K, 3K and 4K tokens. Measured here (``sweep=lra`` after its runs, or ``experiments/lra_tables.py``): the
+2K, 3K and 4K tokens. Measured here
+(``sweep=lra`` after its runs, or the studies ``lra_cpu`` / ``lra_family``, zoo/studies/lra_tables.py): the
 model each mechanism trained on Text (its stored config) is rebuilt at each length and timed for a few
 optimiser steps on random bytes in zoo.bench's paired rounds (every mechanism once per round, order rotated),
 so machine load hits all alike. Memory is the CUDA peak allocation where there is a GPU, else the bytes

@@ -28,7 +28,7 @@ from zoo.attention.base import ATTENTION
 from zoo.data import TASK, Task, create_task
 from zoo.data.base import metric_higher_is_better
 from zoo.models.base import HEAD
-from zoo.presets.factory import build_model, create_model, model_config_for_task, preset_config
+from zoo.presets.factory import build_model, create_model, model_config_for_task, preset_config, refuse_unpackable
 from zoo.registry import import_plugins
 from zoo.train.checkpoints.format import import_recorded, load_checkpoint, seed_everything
 from zoo.train.distributed import from_env
@@ -94,7 +94,7 @@ def build(cfg: DictConfig | dict) -> tuple[dict[str, Any], Task, Any]:
     seed_everything(int(resolved.get("seed", 0)))
     task = make_task(resolved)
     preset, layers = model_layers(resolved)
-    model = build_model(model_config_for_task(preset, task, *layers))
+    model = refuse_unpackable(build_model(model_config_for_task(preset, task, *layers)), task)
     return resolved, task, model
 
 

@@ -1,8 +1,9 @@
 """Attention mechanisms: which keys each query sees and how scores are computed.
 
-``base.py`` holds the contract (:class:`Attention`, :class:`AttnOutput`), the ``ATTENTION`` registry
-and the shared helpers; every other module is one mechanism (or a helper several share) and is
-imported, so registered, when this package is.
+``base.py`` holds the contract (:class:`Attention`, :class:`AttnOutput`) and the ``ATTENTION`` registry;
+the helpers a mechanism may use sit beside it by concern (``helpers.py``: projections, head reshapes,
+positions, input checks; ``masks.py``; ``costs.py``; ``state.py``). Every other module is one mechanism
+(or a helper several share) and is imported, so registered, when this package is.
 """
 
 from zoo.attention.base import ATTENTION, Attention, AttnOutput, create_attention

@@ -35,7 +35,7 @@ this layer (detached) carries context across segments; keys and values of the cr
 projected again with the current weights each call (in a pre-norm block the cache holds the raw
 stream and the block's current LayerNorm is applied to it, see ``LayerInput``). The cache must
 hold at least S past inputs, else a head could learn a span it can never see (refused at build
-time).
+time). The cache and its handling live in ``span_cache.py``.
 
 Positions: with ``relative_keys`` (the ``adaptive_span_lm`` preset sets it, with no absolute signal)
 the model learns the paper's relative key embeddings p_x, one d_head vector per distance x = 1 ... S
@@ -74,14 +74,13 @@ with r = reach, n = ceil(t / a); spans [h] (learned/fixed) or [b, h, t] (dynamic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.append import AppendStore, append, needs_gradient, new_store, slide
 from zoo.attention.base import (
     ATTENTION,
     Attention,
@@ -100,29 +99,18 @@ from zoo.attention.span_band import (  # noqa: F401  (re-exported: the kernel's 
     soft_mask,
     span_reach,
 )
+from zoo.attention.span_cache import SpanCache, check_span_cache, next_span_cache
 from zoo.config import require
 from zoo.precision import float32
 
 MODES = ("learned", "dynamic", "fixed")
 
 
-@dataclass
-class SpanCache:
-    """Inputs of the last ``cache_size`` tokens of this layer. x: [b, m, d]; pad_mask: [b, m] or None;
-    ``next``: the absolute position of the next token (the cached inputs sit just before it)."""
-
-    x: Tensor | None = None
-    pad_mask: Tensor | None = None
-    next: int = 0
-    store: AppendStore | None = field(default=None, compare=False, repr=False)  # x views it (append.py)
-
-    @property
-    def length(self) -> int:
-        return 0 if self.x is None else self.x.shape[1]
-
-
 @ATTENTION.register("adaptive_span")
 class AdaptiveSpanAttention(Attention):
+    no_packing_reason = (
+        "crops keys by a learned span along the row and caches them; its span blocks are not masked by document yet"
+    )
     takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     projection_features = ("qk_norm",)
     no_projection_reason = (
@@ -279,16 +267,7 @@ class AdaptiveSpanAttention(Attention):
         o = self.options
         b, t, _ = x.shape
         if state is not None:
-            if not isinstance(state, SpanCache):
-                raise ValueError(
-                    "adaptive_span: state must be a SpanCache (from init_state or a previous call), got "
-                    f"{type(state).__name__}"
-                )
-            if state.x is not None and (state.x.shape[0] != b or state.x.shape[2] != self.d_model):
-                raise ValueError(
-                    f"adaptive_span: cache holds [b={state.x.shape[0]}, m, d={state.x.shape[2]}] but the input is "
-                    f"[b={b}, t, d={self.d_model}]"
-                )
+            check_span_cache(state, b, self.d_model)
         fractions = self.span_fractions(x)
         spans = fractions * o.max_span
         real = pad_mask
@@ -368,7 +347,7 @@ class AdaptiveSpanAttention(Attention):
         cache = None
         if state is not None:
             remember = to_remember(x, layer_input)
-            cache = self._next_cache(past, state.pad_mask, remember, pad_mask, start + t, state.store)
+            cache = next_span_cache(past, state.pad_mask, remember, pad_mask, start + t, o.cache_size, state.store)
         return AttnOutput(out, state=cache, aux=aux, stats=stats)
 
     # -- context parallelism (zoo/parallel) ----------------------------------------------------------
@@ -418,26 +397,3 @@ class AdaptiveSpanAttention(Attention):
         carried = chunk.carry(to_remember(x, layer_input), pad_mask, self.options.cache_size, cache.x, cache.pad_mask)
         out.state = None if state is None else SpanCache(*carried, next=cache.next + chunk.layout.length)
         return out
-
-    def _next_cache(
-        self,
-        past: Tensor | None,
-        past_pad: Tensor | None,
-        x: Tensor,
-        pad_mask: Tensor | None,
-        next_position: int,
-        store: AppendStore | None = None,
-    ) -> SpanCache:
-        """The last ``cache_size`` inputs (detached, so no gradient crosses segments). Without gradient they
-        are appended in place and the window slides over its storage (zoo/attention/append.py); in training
-        the cache is a tensor of its own, since a later segment's graph keeps views of it."""
-        keep = self.options.cache_size
-        pad = join_key_padding(past_pad, 0 if past is None else past.shape[1], pad_mask, x)
-        pad = None if pad is None else pad[:, -keep:]
-        if needs_gradient(x):
-            xs = x.detach() if past is None else torch.cat([past, x.detach()], dim=1)
-            return SpanCache(xs[:, -keep:], pad, next=next_position)
-        store, (xs,) = new_store([x], [1]) if past is None else append(store, [past], [x], [1])
-        if xs.shape[1] > keep:
-            (xs,) = slide(store, [xs], keep)
-        return SpanCache(xs, pad, next=next_position, store=store)

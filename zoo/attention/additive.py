@@ -28,6 +28,7 @@ from zoo.attention.base import (
     dense_keys,
     guard_empty_rows,
 )
+from zoo.attention.documents import packed_segments
 from zoo.attention.vanilla import KVCache, extend_cache, stream_positions
 from zoo.config import require
 
@@ -36,6 +37,7 @@ SCORES = ("dot", "general", "concat")
 
 @ATTENTION.register("additive")
 class AdditiveAttention(Attention):
+    packs_documents = True  # the document test joins its dense score mask
     takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
     projection_features = ("qk_norm",)
     no_projection_reason = (
@@ -111,9 +113,17 @@ class AdditiveAttention(Attention):
         return torch.einsum("bhtsl,hl->bhts", torch.tanh(query_part + key_part), self.v_a)
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state=None,
+        documents: Tensor | None = None,
     ) -> AttnOutput:
+        """``documents`` [b, t] (packed rows, self-attention): the document test joins the score mask."""
         self.check_inputs(x, context, pad_mask, state)
+        packed_segments(self, documents, x, state)  # refuses a state or a bad ids tensor
         source = x if context is None else context
         q = self.split_heads(self.to_q(x))
         k, v = self.split_heads(self.to_k(source)), self.split_heads(self.to_v(source))
@@ -133,6 +143,9 @@ class AdditiveAttention(Attention):
         if pad_mask is not None:
             key_ok = pad_mask[:, None, None, :]
             allowed = key_ok if allowed is None else allowed & key_ok
+        if documents is not None:
+            same = (documents[:, :, None] == documents[:, None, :])[:, None]  # [b, 1, t, t]
+            allowed = same if allowed is None else allowed & same
         scores = self.scores(q, k)
         if bias is not None:
             scores = scores + bias

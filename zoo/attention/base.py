@@ -1,4 +1,4 @@
-"""The attention contract every mechanism implements, plus the helpers they share.
+"""The attention contract every mechanism implements: what a mechanism author must learn.
 
 Shape legend (every tensor at a boundary is batch-first):
 
@@ -33,31 +33,54 @@ consumer (``describe``, the benchmark's FLOP model, the LRA tables, the data che
 protocols) asks instead of switching on its registry name: ``keys_per_query``, ``forward_flops``,
 ``memory_keys``, ``evaluation_memory``, ``check_layout``, ``lra_row``, ``memory_option``. A question
 a mechanism does not answer returns None, and consumers print "unknown", never "dense".
+
+The helpers a mechanism may use live beside it, by concern: ``helpers.py`` (projections, head reshapes,
+positions applied to computed pairs, input checks; mixed into ``Attention``), ``masks.py`` (key masks and
+the dense test reference), ``costs.py`` (``KeysPerQuery``, ``FlopCount`` and the usual rules) and
+``state.py`` (remembered layer inputs, per-row state fields). They stay importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from einops import rearrange
 from torch import Tensor, nn
 
-from zoo.attention.flex import DistanceBias
-from zoo.attention.projections import HeadNormedLinear, ProjectionOptions, expand_kv, with_projection_options
+from zoo.attention.costs import FlopCount, KeysPerQuery, at_most_segment, dense_keys
+from zoo.attention.helpers import AttentionHelpers, require_length
+from zoo.attention.masks import causal_allowed, guard_empty_rows, join_key_padding, reference_attention
+from zoo.attention.projections import ProjectionOptions, with_projection_options
+from zoo.attention.state import NOT_PER_ROW, LayerInput, remembered, to_remember
 from zoo.config import build_options, check_type, require
 from zoo.registry import Registry
 
 if TYPE_CHECKING:
     from zoo.position.base import Position
 
-
-# a state's dataclass field holding one tensor for every row (positions of the kept keys, a pinned feature
-# map): ``field(default=None, metadata=NOT_PER_ROW)``, so beam search's reorder_state leaves it as it is
-NOT_PER_ROW = {"batch": False}
+__all__ = [
+    "ATTENTION",
+    "Attention",
+    "AttnOutput",
+    "StateContract",
+    "create_attention",
+    # the helpers' homes are helpers.py, masks.py, costs.py and state.py; importable from here as before
+    "NOT_PER_ROW",
+    "FlopCount",
+    "KeysPerQuery",
+    "LayerInput",
+    "at_most_segment",
+    "causal_allowed",
+    "dense_keys",
+    "guard_empty_rows",
+    "join_key_padding",
+    "reference_attention",
+    "remembered",
+    "require_length",
+    "to_remember",
+]
 
 
 @dataclass
@@ -66,32 +89,6 @@ class AttnOutput:
     state: Any = None  # new per-layer state (detached, bounded), opaque to the block
     aux: dict[str, Tensor] = field(default_factory=dict)  # weighted scalar losses, e.g. {"span_l1": ...}
     stats: dict[str, Tensor] = field(default_factory=dict)  # logging only, e.g. {"span_mean": ...}
-
-
-@dataclass
-class LayerInput:
-    """Where a pre-normalised ``x`` came from, for mechanisms that remember their layer's inputs
-    (``remembers_inputs``): ``x = prepare(raw)`` position by position, ``raw`` [b, t, d] being the
-    residual stream entering the block. Such a mechanism stores ``raw`` and applies the current
-    ``prepare`` to what it remembers on every call, so a pre-norm layer attends over
-    LayerNorm([StopGrad(M), E]) (Parisotto et al. 2019, Section 3): the LayerNorm gets gradient
-    through memory positions, and memory made before an optimiser step is normalised with today's
-    weights. The block passes it (``prepare`` = its residual's ``sublayer_input``); ``version``
-    changes whenever ``prepare``'s weights do, for mechanisms that cache projections of it."""
-
-    raw: Tensor
-    prepare: Callable[[Tensor], Tensor]
-    version: tuple = ()
-
-
-def remembered(states: Tensor, layer_input: LayerInput | None) -> Tensor:
-    """Stored raw layer inputs [b, m, d] as this call's sub-layer sees them."""
-    return states if layer_input is None else layer_input.prepare(states)
-
-
-def to_remember(x: Tensor, layer_input: LayerInput | None) -> Tensor:
-    """What to store of this call's input x [b, t, d]: the raw stream when the block gave it."""
-    return x if layer_input is None else layer_input.raw
 
 
 @dataclass(frozen=True)
@@ -110,34 +107,14 @@ class StateContract:
     exact_length: bool = True  # state.length == min(tokens seen, bound) exactly (False: <=, e.g. block-aligned windows)
 
 
-@dataclass(frozen=True)
-class KeysPerQuery:
-    """How many keys a query attends to, averaged over a segment, and the rule that says so."""
-
-    keys: float
-    rule: str  # e.g. "memory 512 + causal segment"
-    upper_bound: bool = False  # at most this many (learned spans may be shorter, buckets may be smaller)
-
-
-@dataclass(frozen=True)
-class FlopCount:
-    """Matmul FLOPs (a multiply-add counts 2; element-wise work is not counted) of one forward call over
-    one sequence, by component. ``forward`` is differentiable work (its backward costs about twice it);
-    ``no_backward`` is work done without a gradient (LSH's hashing), which backward does not repeat."""
-
-    forward: dict[str, float]
-    no_backward: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def total(self) -> float:
-        return sum(self.forward.values()) + sum(self.no_backward.values())
-
-
-class Attention(nn.Module):
+class Attention(AttentionHelpers, nn.Module):
     """Base class: validates the arguments every mechanism shares and its own ``Options``.
 
     Subclasses declare ``Options`` (a dataclass of their hyper-parameters with defaults) and read
-    them from ``self.options``; the registry name comes from ``@ATTENTION.register``.
+    them from ``self.options``; the registry name comes from ``@ATTENTION.register``. They implement
+    ``forward(x, *, context=None, pad_mask=None, state=None) -> AttnOutput``, set the flags below and
+    answer the questions that apply; the helpers they may call on themselves (``add_projections``,
+    ``split_heads``, ``rotate``, ``check_inputs``, ...) come from :class:`~zoo.attention.helpers.AttentionHelpers`.
     """
 
     # capability flags
@@ -169,6 +146,10 @@ class Attention(nn.Module):
     position_kinds: ClassVar[tuple[str, ...]] = ()
     no_position_reason: ClassVar[str] = ""  # why a kind is missing from position_kinds, for the refusal
     numbers_cache: ClassVar[bool] = False  # applies a part's cache_positions (StreamingLLM numbering)
+    # keeps every token of a packed row inside its own document (zoo/attention/documents.py): forward takes
+    # documents= long [b, t]; False refuses data.pack with no_packing_reason
+    packs_documents: ClassVar[bool] = False
+    no_packing_reason: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -251,34 +232,6 @@ class Attention(nn.Module):
             )
         return None
 
-    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Queries or keys [..., n, k] at absolute positions long [n], rotated when the layer's position
-        part rotates (rope), else x itself."""
-        position = self.position
-        return x if position is None or not position.rotary else position.rotate(x, positions)
-
-    @property
-    def has_pair_bias(self) -> bool:
-        return self.position is not None and self.position.pair_bias
-
-    def flex_bias(self, query_positions: Tensor, key_positions: Tensor, dtype: torch.dtype) -> DistanceBias | None:
-        """The position part's pair bias as FlexAttention's score_mod (``zoo.attention.flex.DistanceBias``)
-        over the distances of these queries [t] and keys [s] (a table of t + s - 1 entries at most), or None."""
-        if not self.has_pair_bias or query_positions.numel() == 0 or key_positions.numel() == 0:
-            return None
-        low = int(query_positions.min() - key_positions.max())
-        high = int(query_positions.max() - key_positions.min())
-        table = self.pair_bias(torch.arange(low, high + 1, device=query_positions.device), dtype)
-        return DistanceBias(table, low, query_positions, key_positions)
-
-    def pair_bias(self, distance: Tensor, dtype: torch.dtype, head: Tensor | None = None) -> Tensor | None:
-        """b_h(i - j) of the layer's position part for query-minus-key distances (long [...]) ->
-        [h, ...] in ``dtype`` (or [...] with ``head``, see ``Position.distance_bias``); None when the
-        part adds no bias."""
-        if not self.has_pair_bias:
-            return None
-        return self.position.distance_bias(distance, causal=self.causal, dtype=dtype, head=head)
-
     # -- hooks for the contract suite (tests/contracts/test_attention.py) -----------------------------
     @classmethod
     def contract_options(cls) -> dict[str, Any]:
@@ -330,14 +283,6 @@ class Attention(nn.Module):
         name = self.registry_name or type(self).__name__
         return f"attention {name!r} {self.no_left_padding_reason or 'does not keep left padding out of its cache'}"
 
-    def refuse_state(self, state: Any) -> None:
-        """Raise, with the reason, when a self-attention ``state`` is given to a layer that cannot
-        continue from it (never compute without the earlier context)."""
-        if state is not None:
-            reason = self.stream_refusal()
-            if reason is not None:
-                raise ValueError(reason)
-
     def state_bound(self) -> int | None:
         """Tokens the state of this layer holds at most however long the stream (its receptive field,
         as the cache keeps it); None when it grows with the stream. Asked by the README's streaming
@@ -365,14 +310,17 @@ class Attention(nn.Module):
         sequence (the same on every rank), and the state returned is the whole sequence's too."""
         raise ValueError(self.context_refusal() or f"{type(self).__name__} does not implement attend_chunk")
 
-    def refuse_chunk_state(self, state: Any) -> None:
-        """A decoding cache is not continued over a split sequence: refuse one, naming the layer."""
-        if state is not None:
-            name = self.registry_name or type(self).__name__
-            raise ValueError(
-                f"attention {name!r} does not continue a state over a sequence split across ranks; feed the whole "
-                "sequence (state=None) or run it in one process"
-            )
+    def packing_refusal(self) -> str | None:
+        """Why this layer, built as it is, cannot keep the documents of a packed row apart, or None when its
+        ``forward`` takes ``documents=`` and no token sees another document. Default: by ``packs_documents``;
+        segment memory carried across calls would carry one document into the next row's, so it refuses too."""
+        name = self.registry_name or type(self).__name__
+        if not self.packs_documents:
+            why = self.no_packing_reason or "packs_documents=False"
+            return f"attention {name!r} cannot keep packed documents apart: {why}"
+        if self.carries_segment_memory():
+            return f"attention {name!r} carries segment memory from call to call, which would cross documents"
+        return None
 
     def carries_segment_memory(self) -> bool:
         """True when the state kept across calls is bounded segment memory that training and
@@ -432,86 +380,6 @@ class Attention(nn.Module):
         """Refuse, naming both, ``options`` that cannot read ``data`` laid out as a raster of ``rows``
         x ``width`` positions (an image). Default: the mechanism reads any sequence in 1-D order."""
 
-    # -- shared input checks -----------------------------------------------------------------
-    def check_inputs(self, x: Tensor, context: Tensor | None, pad_mask: Tensor | None, state: Any) -> None:
-        """Clear errors for wrong shapes/dtypes instead of a shape error deep inside torch."""
-        name = self.registry_name or type(self).__name__
-        if not (isinstance(x, Tensor) and x.dim() == 3 and x.is_floating_point()):
-            raise ValueError(f"{name}: x must be a float tensor [b, t, d]; got {_describe(x)}")
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"{name}: x has d={x.shape[-1]} but the attention was built with d_model={self.d_model}")
-        if x.shape[0] == 0 or x.shape[1] == 0:
-            raise ValueError(f"{name}: x is empty ({_describe(x)}): attention needs b >= 1 rows of t >= 1 positions")
-        weight = next(self.parameters(), None)
-        autocast = torch.is_autocast_enabled(x.device.type)  # mixed dtypes are autocast's business
-        if weight is not None and x.dtype != weight.dtype and not autocast:
-            raise ValueError(
-                f"{name}: x has dtype {x.dtype} but the attention's parameters are {weight.dtype}; "
-                f"convert one to the other (x.to({weight.dtype}) or attn.to({x.dtype}))"
-            )
-        if context is not None:
-            if not self.supports_cross:
-                raise ValueError(
-                    f"{name} does not support cross-attention (context=...); mechanisms that do: see "
-                    "zoo.list_attention() with supports_cross"
-                )
-            fits = isinstance(context, Tensor) and context.dim() == 3 and context.shape[0] == x.shape[0]
-            fits = fits and context.shape[1] > 0 and context.shape[-1] == self.d_model
-            if not (fits and (autocast or context.dtype == x.dtype)):
-                raise ValueError(
-                    f"{name}: context must be [b={x.shape[0]}, c >= 1, d={self.d_model}] of x's dtype {x.dtype}; "
-                    f"got {_describe(context)}"
-                )
-        if pad_mask is not None:
-            keys = context if context is not None else x
-            if not (isinstance(pad_mask, Tensor) and pad_mask.dtype == torch.bool):
-                raise ValueError(
-                    f"{name}: pad_mask must be a bool tensor (True = real token); got {_describe(pad_mask)}"
-                )
-            if tuple(pad_mask.shape) != tuple(keys.shape[:2]):
-                raise ValueError(
-                    f"{name}: pad_mask must be [b, {'c' if context is not None else 't'}] = "
-                    f"{tuple(keys.shape[:2])}; got {tuple(pad_mask.shape)}"
-                )
-        if state is not None and not self.supports_memory:
-            raise ValueError(f"{name} keeps no state (supports_memory=False) but was given one")
-        if state is not None and context is None:
-            self.refuse_state(state)
-
-    # -- projections -------------------------------------------------------------------------
-    def add_projections(self, bias: bool = True) -> None:
-        """The standard separate q/k/v/output projections, shared by every mechanism that does not tie
-        them (LSH ties q and k and builds its own): q and output d -> d, k and v d -> n_kv_heads * k
-        (grouped-query attention), q and k normalised per head under ``qk_norm`` (projections.py)."""
-        d, heads, k, norm = self.d_model, self.n_heads, self.head_dim, self.options.qk_norm
-        kv = self.n_kv_heads * k
-        if norm == "none":
-            self.to_q, self.to_k = nn.Linear(d, d, bias=bias), nn.Linear(d, kv, bias=bias)
-        else:
-            self.to_q = HeadNormedLinear(d, heads, k, bias=bias, norm=norm)
-            self.to_k = HeadNormedLinear(d, self.n_kv_heads, k, bias=bias, norm=norm)
-        self.to_v = nn.Linear(d, kv, bias=bias)
-        self.to_out = nn.Linear(d, d, bias=bias)
-
-    def expand_kv(self, *tensors: Tensor) -> Tensor | tuple[Tensor, ...]:
-        """Grouped keys/values [b, n_kv_heads, ..., k] widened to every query head [b, h, ..., k] (as
-        they are when n_kv_heads = n_heads): where a mechanism scores, after it has cached them."""
-        out = tuple(expand_kv(x, self.n_heads) for x in tensors)
-        return out[0] if len(out) == 1 else out
-
-    # -- head reshapes -----------------------------------------------------------------------
-    def split_heads(self, x: Tensor) -> Tensor:
-        """[b, t, h*k] -> [b, h, t, k]: h = n_kv_heads for grouped keys and values (width n_kv_heads * head_dim),
-        else n_heads. Split by the head count, not the head width: a mechanism whose per-head width is its own
-        (Based's feature_dim, RetNet's and GLA's expand_k / expand_v) keeps n_heads heads."""
-        grouped = self.n_kv_heads != self.n_heads and x.shape[-1] == self.n_kv_heads * self.head_dim
-        return rearrange(x, "b t (h k) -> b h t k", h=self.n_kv_heads if grouped else self.n_heads)
-
-    @staticmethod
-    def merge_heads(x: Tensor) -> Tensor:
-        """[b, h, t, k] -> [b, t, h*k]"""
-        return rearrange(x, "b h t k -> b t (h k)")
-
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}, options={self.options}"
 
@@ -525,78 +393,3 @@ def create_attention(name: str, *, d_model: int, n_heads: int, causal: bool = Fa
     ``options`` are the mechanism's own (see its ``Options``) plus ``dropout`` and ``layer_index``.
     Called as ``attn(x, *, context=None, pad_mask=None, state=None) -> AttnOutput``."""
     return ATTENTION.get(name)(d_model, n_heads, causal=causal, **options)
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, Tensor):
-        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
-    return type(value).__name__
-
-
-def require_length(max_len: int, name: str) -> None:
-    """Refuse a length-sized mechanism built on its own with ``max_len`` left 0 (only a model knows its length)."""
-    require(
-        max_len >= 1,
-        f"{name}: max_len=0 means the model's max_len, filled in when a model is built; built on its own, give "
-        "max_len (the longest sequence it will take)",
-    )
-
-
-def dense_keys(t: int, causal: bool, memory: int = 0) -> KeysPerQuery:
-    """Every key: (t + 1) / 2 on average over a causal segment (query i sees i + 1), t otherwise,
-    plus ``memory`` keys carried from earlier segments."""
-    keys = (t + 1) / 2 if causal else float(t)
-    rule = "dense causal" if causal else "dense"
-    return KeysPerQuery(memory + keys, f"memory {memory} + {rule}" if memory else rule)
-
-
-def at_most_segment(keys: float, t: int, causal: bool) -> float:
-    """A pattern's keys per query, capped at what a segment of t holds: (t + 1) / 2 on average when
-    causal, t otherwise (a window wider than the segment sees every earlier key)."""
-    return min(keys, (t + 1) / 2 if causal else float(t))
-
-
-def guard_empty_rows(allowed: Tensor) -> Tensor:
-    """Let a query that may see no key (a padded query, an all-padding row) see every key.
-
-    Its output is never used by a real position, but a fully masked softmax row is NaN, and NaN
-    leaks into gradients. ``allowed``: bool [..., t, s]."""
-    return allowed | ~allowed.any(dim=-1, keepdim=True)
-
-
-def join_key_padding(cached: Tensor | None, cached_length: int, new: Tensor | None, x: Tensor) -> Tensor | None:
-    """The key-padding mask of [cache ; segment] -> bool [b, cached_length + t] (True = real key),
-    or None when neither part has padding (so the fused no-mask kernels stay available).
-
-    ``cached``: [b, cached_length] or None (every cached key real); ``new``: [b, t] or None;
-    ``x``: the segment [b, t, ...] (batch size, length and device)."""
-    if cached is None and new is None:
-        return None
-    b, t = x.shape[:2]
-    if cached is None:
-        cached = torch.ones(b, cached_length, dtype=torch.bool, device=x.device)
-    if new is None:
-        new = torch.ones(b, t, dtype=torch.bool, device=x.device)
-    return torch.cat([cached, new], dim=1)
-
-
-def causal_allowed(t: int, s: int, device: torch.device | None = None) -> Tensor:
-    """bool [t, s]: query i (at absolute position s - t + i) may see key j iff j <= s - t + i."""
-    offset = s - t
-    q = torch.arange(t, device=device)[:, None] + offset
-    return torch.arange(s, device=device)[None, :] <= q
-
-
-def reference_attention(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None
-) -> Tensor:
-    """Naive softmax(q k^T * scale) v with a boolean ``allowed`` mask ([..., t, s]).
-
-    The plain reference maths the efficient mechanisms are tested against; never used by them.
-    q: [..., t, k], k/v: [..., s, k]."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = torch.einsum("...tk,...sk->...ts", q, k) * scale
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return torch.einsum("...ts,...sk->...tk", weights, v)

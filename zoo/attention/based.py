@@ -102,6 +102,9 @@ class BasedState:
 
 @ATTENTION.register("based")
 class Based(Attention):
+    no_packing_reason = (
+        "its Taylor-feature prefix sums and sliding window (blocked.py) do not restart at a document boundary yet"
+    )
     causal_only = True
     supports_memory = True
     # read by the projection options of the modern block (n_kv_heads, qk_norm, softcap) where they exist

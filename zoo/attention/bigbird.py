@@ -44,6 +44,7 @@ from zoo.config import require
 
 @ATTENTION.register("bigbird")
 class BigBirdAttention(Attention):
+    no_packing_reason = "has global and random keys that reach across the whole row"
     projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
     no_projection_reason = "its scores go through fused SDPA kernels and are never written out to cap"
     # rope: q and k rotated at their positions before the blocks are gathered; a pair bias from the gathered

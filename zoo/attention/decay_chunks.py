@@ -80,9 +80,21 @@ def read_state(q: Tensor, log_decay: Tensor, state: Tensor) -> Tensor:
 
 
 def chunk_decay_attention(
-    q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chunk_size: int, state: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    *,
+    chunk_size: int,
+    state: Tensor | None = None,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The chunkwise-parallel form: (o [b, h, t, e], S after the last position [b, h, f, e])."""
+    """The chunkwise-parallel form: (o [b, h, t, e], S after the last position [b, h, f, e]). ``segments``
+    long [b, t] (packed documents, ``documents.segment_ids``): the state is emptied where a segment starts,
+    as if its decay were 0, by masks rather than a log decay of -inf (whose differences would be NaN): inside
+    a chunk a query reads only keys of its segment, a query reads the state from before its chunk only if
+    no segment started in between, a key writes into the chunk's state only if no segment starts after it,
+    and the state passes a chunk only if no segment starts in it."""
     dtype = q.dtype
     work = compute_dtype(q)
     q, k, v, log_decay = (x.to(work) for x in (q, k, v, log_decay))
@@ -97,20 +109,31 @@ def chunk_decay_attention(
         g = rearrange(F.pad(log_decay, (0, 0, 0, grow)), "b h (n c) f -> b h n c f", c=c).cumsum(3)
     else:
         g = rearrange(F.pad(log_decay, (0, grow)), "b h (n c) -> b h n c", c=c).cumsum(3)
+    seg = None
+    if segments is not None:  # [b, n, c], the tail past t continuing the last segment
+        seg = rearrange(torch.cat([segments, segments[:, -1:].expand(b, grow)], 1), "b (n c) -> b n c", c=c)
     if diagonal:
-        out = diagonal_chunk_values(qc, kc, vc, g)
+        out = diagonal_chunk_values(qc, kc, vc, g, seg=seg)
         last = g[:, :, :, -1:]  # [b, h, n, 1, f]
         read, write = qc * g.exp(), kc * (last - g).exp()
     else:
         later = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)  # j > i: masked before exp
+        if seg is not None:  # [b, 1, n, c, c]: keys of another segment are masked too
+            later = later | (seg[:, None, :, :, None] != seg[:, None, :, None, :])
         gap = (g[..., :, None] - g[..., None, :]).masked_fill(later, float("-inf"))
         scores = torch.einsum("bhnif,bhnjf->bhnij", qc, kc) * gap.exp()
         out = torch.einsum("bhnij,bhnje->bhnie", scores, vc)
         last = g[..., -1:]  # [b, h, n, 1]
         read, write = qc * g.exp()[..., None], kc * (last - g).exp()[..., None]
+    passed = last.squeeze(3).exp()  # [b, h, n(, f)]
+    if seg is not None:
+        before_chunk = torch.cat([seg[:, :1, :1], seg[:, :-1, -1:]], dim=1)  # [b, n, 1]: the segment entering it
+        read = read * (seg == before_chunk)[:, None, :, :, None]
+        write = write * (seg == seg[..., -1:])[:, None, :, :, None]
+        open_chunk = seg[..., -1] == before_chunk[..., 0]  # [b, n]: no segment starts inside
+        passed = passed * (open_chunk[:, None, :, None] if diagonal else open_chunk[:, None])
     # what each chunk adds to the state, and how much of the state it lets through
     added = torch.einsum("bhncf,bhnce->bhnfe", write, vc)
-    passed = last.squeeze(3).exp()  # [b, h, n(, f)]
     passed = passed[..., None] if diagonal else passed[..., None, None]
     running = q.new_zeros(b, h, f, e) if state is None else state.to(work)
     before = []
@@ -124,18 +147,25 @@ def chunk_decay_attention(
     return out.to(dtype), running
 
 
-def diagonal_chunk_values(qc: Tensor, kc: Tensor, vc: Tensor, g: Tensor, sub: int = SUB_CHUNK) -> Tensor:
+def diagonal_chunk_values(
+    qc: Tensor, kc: Tensor, vc: Tensor, g: Tensor, sub: int = SUB_CHUNK, seg: Tensor | None = None
+) -> Tensor:
     """Inside each chunk, o_i = sum_{j <= i} (sum_f q_if k_jf exp(G_if - G_jf)) v_j, with G [b, h, n, c, f] the
     cumulative log decays of the chunk. The chunk is cut again into blocks of ``sub`` (the GLA paper's secondary
     level, Section 4.3): between blocks the decay factors through the position r before the query's block,
     (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) (j <= r < i: both exponents <= 0) and runs as a matmul; only
-    inside a block are the [sub, sub, f] exponents formed. qc, kc [b, h, n, c, f], vc [b, h, n, c, e]."""
+    inside a block are the [sub, sub, f] exponents formed. qc, kc [b, h, n, c, f], vc [b, h, n, c, e].
+    ``seg`` [b, n, c] (packed documents): j reaches i only inside one segment, which factors through r too
+    (query i keeps r's segment, key j keeps r's segment)."""
     c = qc.shape[3]
     sub = sub if c % sub == 0 else c  # a chunk that sub does not divide is one block
     blocks = c // sub
     qs, ks, vs, gs = (rearrange(x, "b h n (m s) f -> b h n m s f", s=sub) for x in (qc, kc, vc, g))
     # inside a block: the exponents themselves, the upper triangle masked before exp (never overflows)
     later = torch.ones(sub, sub, dtype=torch.bool, device=qc.device).triu(1)[:, :, None]
+    if seg is not None:  # [b, 1, n, m, s, s, 1]
+        segs = rearrange(seg, "b n (m s) -> b 1 n m s", s=sub)
+        later = later | (segs[..., :, None] != segs[..., None, :])[..., None]
     gap = (gs[..., :, None, :] - gs[..., None, :, :]).masked_fill(later, float("-inf"))
     inside = (qs[..., :, None, :] * ks[..., None, :, :] * gap.exp()).sum(-1)  # [b, h, n, m, s, s]
     out = torch.einsum("bhnmij,bhnmje->bhnmie", inside, vs)
@@ -145,6 +175,10 @@ def diagonal_chunk_values(qc: Tensor, kc: Tensor, vc: Tensor, g: Tensor, sub: in
         earlier = torch.arange(c, device=qc.device)[None, :] < (torch.arange(blocks, device=qc.device) * sub)[:, None]
         exponent = (before[..., None, :] - g[:, :, :, None]).masked_fill(~earlier[..., None], float("-inf"))
         keys = kc[:, :, :, None] * exponent.exp()  # [b, h, n, m, c, f]: k_j exp(G_r - G_j), j before block m
+        if seg is not None:  # r's segment [b, 1, n, m, 1] (r = the position before block m), kept on both sides
+            at_r = F.pad(segs[..., :-1, -1], (1, 0))[..., None]
+            query = query * (segs == at_r)[..., None]
+            keys = keys * (seg[:, None, :, None, :] == at_r)[..., None]
         scores = torch.einsum("bhnmif,bhnmjf->bhnmij", query, keys)
         out = out + torch.einsum("bhnmij,bhnje->bhnmie", scores, vc)
     return rearrange(out, "b h n m s e -> b h n (m s) e")
@@ -169,12 +203,20 @@ def recurrent_decay_attention(
 
 
 def decay_attention(
-    q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, chunk_size: int, state: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    *,
+    chunk_size: int,
+    state: Tensor | None = None,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The form a call runs: recurrent for one token (decoding), chunkwise-parallel otherwise."""
+    """The form a call runs: recurrent for one token (decoding; a single token starts no segment),
+    chunkwise-parallel otherwise."""
     if q.shape[2] == 1:
         return recurrent_decay_attention(q, k, v, log_decay, state=state)
-    return chunk_decay_attention(q, k, v, log_decay, chunk_size=chunk_size, state=state)
+    return chunk_decay_attention(q, k, v, log_decay, chunk_size=chunk_size, state=state, segments=segments)
 
 
 def state_before_rank(chunk, added: Tensor, log_decay: Tensor) -> Tensor:

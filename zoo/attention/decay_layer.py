@@ -13,7 +13,6 @@ remembers no token (``state_bound`` 0) and threading it through segments equals 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, FlopCount, KeysPerQuery, StateContract, dense_keys
@@ -25,12 +24,14 @@ from zoo.attention.decay_chunks import (
     read_state,
     state_before_rank,
 )
+from zoo.attention.documents import packed_segments
 from zoo.config import require
 
 
 class DecayAttention(Attention):
     causal_only = True
     supports_memory = True  # the decayed sum, constant size
+    packs_documents = True  # the chunk kernel empties the state at each document's first token
     score_terms = 2
     # read by the projection options of the modern block (n_kv_heads, qk_norm, softcap) where they exist
     no_projection_reason = (
@@ -98,15 +99,25 @@ class DecayAttention(Attention):
         return memory
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state=None,
+        documents: Tensor | None = None,
     ) -> AttnOutput:
+        """``documents`` [b, t] (packed rows): the decayed sum starts empty at every document's first token
+        (``segments`` of the chunk kernel); the rotation keeps the row's positions (it depends on i - j only)."""
         self.check_inputs(x, context, pad_mask, state)
+        segments = packed_segments(self, documents, x, state)
         memory = self.checked_state(state, x)
         seen = 0 if state is None else state.seen
         positions = torch.arange(seen, seen + x.shape[1], device=x.device)
         q, k, v, log_decay = self.project(x, positions)
         k, log_decay = mask_padding(k, log_decay, pad_mask)
-        out, final = decay_attention(q, k, v, log_decay, chunk_size=self.options.chunk_size, state=memory)
+        chunk_size = self.options.chunk_size
+        out, final = decay_attention(q, k, v, log_decay, chunk_size=chunk_size, state=memory, segments=segments)
         new_state = None if state is None else DecayState(final.detach(), seen + x.shape[1])
         return AttnOutput(self.finish(x, out), state=new_state)
 
@@ -126,12 +137,3 @@ class DecayAttention(Attention):
         before = state_before_rank(chunk, added, log_decay)
         out = out + read_state(q, log_decay, before).to(out.dtype)
         return AttnOutput(self.finish(x, out))
-
-
-def head_norm(out: Tensor, kind: str, eps: float, weight: Tensor | None = None) -> Tensor:
-    """Each head's output normalised on its own (the papers' GroupNorm with one group per head):
-    out [b, h, t, e], ``kind`` "layernorm" or "rmsnorm", an optional affine ``weight`` [e]."""
-    e = out.shape[-1]
-    if kind == "layernorm":
-        return F.layer_norm(out, (e,), weight, None, eps)
-    return F.rms_norm(out, (e,), weight, eps)

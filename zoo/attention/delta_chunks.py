@@ -71,6 +71,14 @@ def float32_island(form: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., 
     return run
 
 
+def times(x: Tensor, *factors: Tensor | None) -> Tensor:
+    """``x`` times each factor that is given (a missing decay or segment mask multiplies by nothing)."""
+    for factor in factors:
+        if factor is not None:
+            x = x * factor
+    return x
+
+
 @float32_island
 def chunk_delta_rule(
     q: Tensor,
@@ -80,41 +88,57 @@ def chunk_delta_rule(
     g: Tensor | None,
     state: Tensor | None = None,
     chunk_size: int = 64,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunkwise-parallel form (module docstring) -> (o [b, h, t, e], state after the last position
-    [b, h, k, e]). ``beta`` None: no delta rule (u = v); ``g`` None: no decay; ``state`` None: zeros."""
+    [b, h, k, e]). ``beta`` None: no delta rule (u = v); ``g`` None: no decay; ``state`` None: zeros.
+    ``segments`` [b, t] (packed documents, ``documents.segment_ids``): the state is emptied where a segment
+    starts: Gamma is 0 between segments (so the triangular solve stays inside each), a position reads (and its
+    W corrects) the chunk's start state only if no segment started before it in the chunk, a key writes into
+    the end state only if none starts after it, and the start state passes only a chunk no segment starts in."""
     b, h, t, dk = k.shape
     dv = v.shape[-1]
     c = min(chunk_size, t)  # one token (decoding) costs no C x C block
     pad = -t % c  # zeros past the end: k = 0 adds nothing, g = 0 decays nothing
     q, k, v = (rearrange(F.pad(x, (0, 0, 0, pad)), "b h (n c) f -> b h n c f", c=c) for x in (q, k, v))
     lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    if g is None:  # no decay: Gamma is the lower triangle, and nothing decays (no exp, no products by ones)
-        gamma, decayed, cum = lower, None, None
+    plain = g is None and segments is None  # Gamma is the lower triangle: masks, not products
+    decayed = to_end = end = None  # no decay: nothing decays (no exp, no products by ones)
+    if g is None:
+        gamma = lower if segments is None else lower.to(q.dtype)
     else:
         cum = rearrange(F.pad(g, (0, pad)), "b h (n c) -> b h n c", c=c).cumsum(-1)  # G within each chunk
         # Gamma_ij = exp(G_i - G_j) on and below the diagonal; above it -inf before exp (no overflow), so 0
         gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
         decayed = cum.exp()[..., None]  # exp(G_i): [b, h, n, c, 1]
+        to_end = (cum[..., -1:] - cum).exp()[..., None]  # exp(G_C - G_i)
+        end = cum[..., -1].exp()[..., None, None]  # exp(G_C): [b, h, n, 1, 1]
+    read = write = None
+    if segments is not None:
+        seg = rearrange(torch.cat([segments, segments[:, -1:].expand(b, pad)], 1), "b (n c) -> b 1 n c", c=c)
+        entering = torch.cat([seg[..., :1, :1], seg[..., :-1, -1:]], dim=2)  # [b, 1, n, 1]
+        gamma = gamma * (seg[..., :, None] == seg[..., None, :])
+        read, write = (seg == entering)[..., None].to(q.dtype), (seg == seg[..., -1:])[..., None].to(q.dtype)
+        passes = (seg[..., -1:] == entering)[..., None].to(q.dtype)  # [b, 1, n, 1, 1]
+        end = passes if end is None else end * passes
     if beta is None:
         u, w = v, None
     else:
         beta = rearrange(F.pad(beta, (0, pad)), "b h (n c) -> b h n c 1", c=c)
         kb = k * beta
         strict = kb @ k.transpose(-1, -2)
-        strict = strict.tril(-1) if g is None else (strict * gamma).tril(-1)
-        rhs = torch.cat([v * beta, kb if decayed is None else kb * decayed], -1)
+        strict = strict.tril(-1) if plain else (strict * gamma).tril(-1)
+        rhs = torch.cat([v * beta, times(kb, decayed, read)], -1)
         # (I + A)^-1 rhs as rhs^T (I + A)^-T: the transposes are in LAPACK's layout (about 2x faster here)
         solved = torch.linalg.solve_triangular(strict.mT, rhs.mT, upper=True, left=False, unitriangular=True).mT
         u, w = solved[..., :dv], solved[..., dv:]
     scores = q @ k.transpose(-1, -2)
-    scores = scores.tril() if g is None else scores * gamma  # lower-triangular: gamma is 0 above the diagonal
-    q_decayed = q if decayed is None else q * decayed
-    k_to_end = k if cum is None else k * (cum[..., -1:] - cum).exp()[..., None]
+    scores = scores.tril() if plain else scores * gamma  # lower-triangular: gamma is 0 above the diagonal
+    q_decayed, k_to_end = times(q, decayed, read), times(k, to_end, write)
     s = q.new_zeros(b, h, dk, dv) if state is None else state
     # the chunks are unbound once (indexing inside the loop would make backward write a full-size zero
     # gradient per chunk: O(t^2 / C) memory traffic)
-    end_decay = [None] * q.shape[2] if cum is None else cum[..., -1].exp()[..., None, None].unbind(2)
+    end_decay = [None] * q.shape[2] if end is None else end.unbind(2)
     if w is None:
         # no delta rule: the state's chain is S_C = exp(G_C) S_0 + K_end^T V, its increments batched before the
         # loop; the outputs read the stacked chunk-start states in one batched product
@@ -144,14 +168,21 @@ def recurrent_delta_rule(
     beta: Tensor | None,
     g: Tensor | None,
     state: Tensor | None = None,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The recurrent form, token by token (module docstring): what decoding runs, constant state
-    [b, h, k, e]. Same arguments and result as :func:`chunk_delta_rule`."""
+    [b, h, k, e]. Same arguments and result as :func:`chunk_delta_rule` (the state emptied where a segment
+    starts)."""
     b, h, t, dk = k.shape
     s = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state
     outs = []
     steps = [x.unbind(2) if x is not None else [None] * t for x in (q, k, v, beta, g)]  # unbound once, as above
-    for q_i, k_i, v_i, beta_i, g_i in zip(*steps):
+    kept = [None] * t
+    if segments is not None:  # 0 where a segment starts (the state before it is forgotten), else 1
+        kept = F.pad((segments[:, 1:] == segments[:, :-1]).to(q.dtype), (1, 0), value=1.0).unbind(1)
+    for q_i, k_i, v_i, beta_i, g_i, kept_i in zip(*steps, kept):
+        if kept_i is not None:
+            s = s * kept_i[:, None, None, None]
         if g_i is not None:
             s = s * g_i[..., None, None].exp()
         u = v_i
@@ -163,13 +194,20 @@ def recurrent_delta_rule(
 
 
 def delta_rule(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, state: Tensor | None, chunk_size: int
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    state: Tensor | None,
+    chunk_size: int,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunk form for a segment of at least one chunk (training, a prompt), the recurrent form for
-    shorter ones (decoding): equal results, the cheaper form for the length."""
+    shorter ones (decoding): equal results, the cheaper form for the length. ``segments``: packed documents."""
     if q.shape[2] >= chunk_size:
-        return chunk_delta_rule(q, k, v, beta, g, state, chunk_size)
-    return recurrent_delta_rule(q, k, v, beta, g, state)
+        return chunk_delta_rule(q, k, v, beta, g, state, chunk_size, segments)
+    return recurrent_delta_rule(q, k, v, beta, g, state, segments)
 
 
 # -- context parallelism: the state before this rank's part, from the earlier ranks' transitions ---------

@@ -19,8 +19,9 @@ Shapes: x [b, t, d] -> q, k, log α [b, h, t, f] (f = expand_k d / h), v, r [b, 
 expand_v 1, 4 heads, gate_low_rank_dim 16, τ = 16, no biases but b_α.
 
 Deviations and details:
-- The per-head norm is fla's RMSNorm with a learned weight (``FusedRMSNormGated``, eps ``norm_eps``);
-  the paper writes LayerNorm. ``use_output_gate=False`` drops r (y = Norm(o) W_O).
+- The per-head norm is fla's RMSNorm with a learned weight (``FusedRMSNormGated``, eps ``norm_eps``), one
+  weight [e] shared by the heads, built by the norm axis (``zoo/norm``: ``rmsnorm`` over e); the paper
+  writes LayerNorm. ``use_output_gate=False`` drops r (y = Norm(o) W_O).
 - No short convolution (fla's ``use_short_conv`` defaults off, the paper has none) and no feature map.
 - Positions: none; rope, alibi and t5_bias are refused: the decays are the model's only notion of order.
 
@@ -38,8 +39,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.attention.base import ATTENTION
-from zoo.attention.decay_layer import DecayAttention, head_norm
+from zoo.attention.decay_layer import DecayAttention
 from zoo.config import require
+from zoo.norm import create_norm
 
 
 @ATTENTION.register("gla")
@@ -80,7 +82,9 @@ class GatedLinearAttention(DecayAttention):
         self.to_gate_low = nn.Linear(d_model, o.gate_low_rank_dim, bias=False)  # W_α1
         self.to_decay = nn.Linear(o.gate_low_rank_dim, h * self.key_dim, bias=True)  # W_α2, b_α
         self.to_output_gate = nn.Linear(d_model, h * self.value_dim, bias=False) if o.use_output_gate else None
-        self.norm_weight = nn.Parameter(torch.ones(self.value_dim))
+        # fla's per-head RMSNorm: one weight [e] shared by the heads (the norm acts on the last dim of [b, h, t, e])
+        self.head_norm = create_norm({"name": "rmsnorm", "eps": o.norm_eps}, self.value_dim)
+        self.register_load_state_dict_pre_hook(_renamed_norm_weight)
         self.to_out = nn.Linear(h * self.value_dim, d_model, bias=False)
 
     def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -91,7 +95,14 @@ class GatedLinearAttention(DecayAttention):
         return q * self.key_dim**-0.5, k, v, log_decay / self.options.gate_logit_normalizer
 
     def finish(self, x: Tensor, out: Tensor) -> Tensor:
-        normed = self.merge_heads(head_norm(out, "rmsnorm", self.options.norm_eps, self.norm_weight.to(out.dtype)))
+        normed = self.merge_heads(self.head_norm(out))
         if self.to_output_gate is not None:
             normed = F.silu(self.to_output_gate(x)) * normed.to(x.dtype)
         return self.to_out(normed)
+
+
+def _renamed_norm_weight(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Checkpoints written before the per-head norm came from the norm axis hold its weight as
+    ``norm_weight``; it is ``head_norm.weight`` now."""
+    if prefix + "norm_weight" in state_dict:
+        state_dict[prefix + "head_norm.weight"] = state_dict.pop(prefix + "norm_weight")

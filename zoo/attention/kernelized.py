@@ -41,6 +41,7 @@ from einops import rearrange
 from torch import Tensor
 
 from zoo.attention.base import NOT_PER_ROW, Attention, AttnOutput, KeysPerQuery, StateContract, dense_keys
+from zoo.attention.documents import packed_segments
 
 CHUNK = 64  # causal chunk length C: the intra-chunk products are C x C, the carried sums one per chunk
 
@@ -100,11 +101,13 @@ def causal_kernel_attention(
     state: KernelState | None = None,
     rotated: Rotated | None = None,
     chunk_size: int = CHUNK,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Causal: query i sees keys j <= i (and everything summed into ``state``). phi_q, phi_k [b, h, t, f],
     v [b, h, t, e] -> (out [b, h, t, e], kv [b, h, f, e], z [b, h, f]): the output and the sums after
     the last position, for the next call; ``rotated``: the numerator's features when rope rotates them;
-    ``chunk_size``: C."""
+    ``chunk_size``: C; ``segments`` long [b, t] (packed documents, ``documents.segment_ids``): query i sees
+    keys j <= i of its own segment only (:func:`segment_sums`)."""
     b, h, t, f = phi_q.shape
     e = v.shape[-1]
     chunk = min(chunk_size, t)  # one token at a time (decoding) costs one product, not a C x C block
@@ -112,21 +115,49 @@ def causal_kernel_attention(
     pad = (0, 0, 0, length - t)  # zero features past the end: they add nothing
     qc, kc, vc = (rearrange(F.pad(x, pad), "b h (n c) f -> b h n c f", c=chunk) for x in (phi_q, phi_k, v))
     nqc, nkc = (rearrange(F.pad(x, pad), "b h (n c) f -> b h n c f", c=chunk) for x in rotated) if rotated else (qc, kc)
-    # per-chunk sums and their exclusive prefix: what every chunk inherits from the chunks before it
-    chunk_kv = torch.einsum("bhncf,bhnce->bhnfe", nkc, vc)
-    chunk_z = kc.sum(3)
     kv0 = phi_q.new_zeros(b, h, f, e) if state is None or state.kv is None else state.kv
     z0 = phi_q.new_zeros(b, h, f) if state is None or state.z is None else state.z
-    kv_before = kv0[:, :, None] + torch.cumsum(chunk_kv, dim=2) - chunk_kv  # [b, h, n, f, e]
-    z_before = z0[:, :, None] + torch.cumsum(chunk_z, dim=2) - chunk_z  # [b, h, n, f]
     # inside a chunk: the C x C similarities, lower-triangular (a query sees itself and earlier keys)
     lower = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).tril()
+    if segments is not None:
+        seg = rearrange(torch.cat([segments, segments[:, -1:].expand(b, length - t)], 1), "b (n c) -> b n c", c=chunk)
+        lower = lower & (seg[:, None, :, :, None] == seg[:, None, :, None, :])  # [b, 1, n, c, c]
+        (kv_before, z_before), (kv_last, z_last), read = segment_sums(nkc, kc, vc, kv0, z0, seg)
+        qc_read, nqc_read = qc * read, nqc * read
+    else:
+        # per-chunk sums and their exclusive prefix: what every chunk inherits from the chunks before it
+        chunk_kv = torch.einsum("bhncf,bhnce->bhnfe", nkc, vc)
+        chunk_z = kc.sum(3)
+        kv_before = kv0[:, :, None] + torch.cumsum(chunk_kv, dim=2) - chunk_kv  # [b, h, n, f, e]
+        z_before = z0[:, :, None] + torch.cumsum(chunk_z, dim=2) - chunk_z  # [b, h, n, f]
+        kv_last, z_last, qc_read, nqc_read = kv0 + chunk_kv.sum(2), z0 + chunk_z.sum(2), qc, nqc
     sim = torch.einsum("bhncf,bhndf->bhncd", qc, kc) * lower
     num_sim = torch.einsum("bhncf,bhndf->bhncd", nqc, nkc) * lower if rotated else sim
-    num = torch.einsum("bhncd,bhnde->bhnce", num_sim, vc) + torch.einsum("bhncf,bhnfe->bhnce", nqc, kv_before)
-    den = sim.sum(-1) + torch.einsum("bhncf,bhnf->bhnc", qc, z_before)
+    num = torch.einsum("bhncd,bhnde->bhnce", num_sim, vc) + torch.einsum("bhncf,bhnfe->bhnce", nqc_read, kv_before)
+    den = sim.sum(-1) + torch.einsum("bhncf,bhnf->bhnc", qc_read, z_before)
     out = rearrange(num / denominator(den, eps)[..., None], "b h n c e -> b h (n c) e")[:, :, :t]
-    return out, kv0 + chunk_kv.sum(2), z0 + chunk_z.sum(2)
+    return out, kv_last, z_last
+
+
+def segment_sums(nkc: Tensor, kc: Tensor, vc: Tensor, kv0: Tensor, z0: Tensor, seg: Tensor):
+    """The running sums over packed segments, emptied where a segment starts (``seg`` [b, n, c] per chunk): a key
+    enters its chunk's sums only if no segment starts after it in the chunk, the sums pass a chunk only if none
+    starts inside it, and a query reads the sums from before its chunk only if no segment started in between.
+    -> ((S, z) before each chunk [b, h, n, f, e] / [b, h, n, f], (S, z) after the last, the read mask
+    [b, 1, n, c, 1] for the queries' state terms). Only the n = t / C chunk sums are stepped in order."""
+    entering = torch.cat([seg[:, :1, :1], seg[:, :-1, -1:]], dim=1)  # [b, n, 1]: the segment entering each chunk
+    write = (seg == seg[..., -1:])[:, None, :, :, None].to(kc.dtype)
+    chunk_kv = torch.einsum("bhncf,bhnce->bhnfe", nkc * write, vc)
+    chunk_z = (kc * write).sum(3)
+    passes = (seg[..., -1] == entering[..., 0])[:, None].to(kc.dtype)  # [b, 1, n]
+    kv_run, z_run, kv_before, z_before = kv0, z0, [], []
+    for m in range(seg.shape[1]):
+        kv_before.append(kv_run)
+        z_before.append(z_run)
+        kv_run = passes[..., m, None, None] * kv_run + chunk_kv[:, :, m]
+        z_run = passes[..., m, None] * z_run + chunk_z[:, :, m]
+    read = (seg == entering)[:, None, :, :, None].to(kc.dtype)
+    return (torch.stack(kv_before, 2), torch.stack(z_before, 2)), (kv_run, z_run), read
 
 
 def kernel_keys(t: int, causal: bool) -> KeysPerQuery:
@@ -148,6 +179,8 @@ class KernelizedAttention(Attention):
     """Base of ``linear`` and ``performer``: q/k/v/output projections around the kernelised product. A
     subclass gives its feature map (``feature_maps``) and an ``eps`` option (added to the denominator);
     this class sums (bidirectional) or prefix-sums (causal) and carries the constant-size stream state."""
+
+    packs_documents = True  # causal: the running sums restart at each document (segment_sums); bidirectional refuses
 
     takes_left_padding = True  # padding never enters the running sums (tests/contracts/test_generate.py)
     projection_features = ("qk_norm",)
@@ -234,10 +267,26 @@ class KernelizedAttention(Attention):
         out, _, _ = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, carried, rotated)
         return AttnOutput(self.to_out(self.merge_heads(out)))
 
+    def packing_refusal(self) -> str | None:
+        if not self.causal:
+            return (
+                f"attention {self.registry_name!r} cannot keep packed documents apart: bidirectional, every query "
+                "reads one sum over the whole row"
+            )
+        return super().packing_refusal()
+
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state=None,
+        documents: Tensor | None = None,
     ) -> AttnOutput:
+        """``documents`` [b, t] (packed rows, causal): the running sums restart at every document."""
         self.check_inputs(x, context, pad_mask, state)
+        segments = packed_segments(self, documents, x, state)
         q, k, v = (self.split_heads(proj(x)) for proj in (self.to_q, self.to_k, self.to_v))
         phi_q, phi_k, pinned = self.feature_maps(q, k, pad_mask, state)
         phi_k, v = mask_keys(phi_k, v, pad_mask)
@@ -251,7 +300,7 @@ class KernelizedAttention(Attention):
                 raise ValueError(
                     f"{self.registry_name}: the state holds batch size {state.kv.shape[0]}, the input has {x.shape[0]}"
                 )
-            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state, rotated)
+            out, kv, z = causal_kernel_attention(phi_q, phi_k, v, self.options.eps, state, rotated, segments=segments)
             if state is not None:
                 new_state = KernelState(kv.detach(), z.detach(), pinned, state.seen + x.shape[1])
         return AttnOutput(self.to_out(self.merge_heads(out)), state=new_state)

@@ -43,6 +43,7 @@ SHARING = ("none", "headwise", "kv", "layerwise")
 
 @ATTENTION.register("linformer")
 class LinformerAttention(Attention):
+    no_packing_reason = "projects the whole row's keys onto k summaries, which mixes every document of the row"
     projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
     no_projection_reason = "its scores go through fused SDPA kernels and are never written out to cap"
     position_kinds = ()

@@ -93,6 +93,7 @@ from zoo.precision import float32
 
 @ATTENTION.register("lsh")
 class LSHAttention(SharedQKProjections):
+    no_packing_reason = "its sorted buckets do not mask keys of another document yet"
     takes_left_padding = True  # the bucket cache never keeps padding (lsh_stream.py)
     supports_memory = True  # a bucket cache continues a stream exactly (lsh_stream.py), given n_buckets
     content_routed = True  # the buckets (hence each query's key set) depend on the content

@@ -59,6 +59,7 @@ def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
 
 @ATTENTION.register("nystromformer")
 class NystromAttention(Attention):
+    no_packing_reason = "its landmarks average segments of the whole row, which mixes documents"
     projection_features = ("grouped_kv", "qk_norm")  # keeps no state: keys widened once projected
     no_projection_reason = "its three kernels are softmaxes over landmark means, not one score per pair to cap"
     position_kinds = ()

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from zoo.attention.base import ATTENTION, FlopCount
 from zoo.attention.kernelized import KernelizedAttention, KernelState, kernel_flops
+from zoo.attention.recompute import recomputing
 from zoo.config import require
 
 
@@ -125,7 +126,9 @@ class PerformerAttention(KernelizedAttention):
         """FAVOR+ features of q and k under this call's random features: a stream's pinned ones (its first
         call pins the layer's current draw), else the layer's, redrawn on schedule in training."""
         if self.training:
-            self.calls += 1
+            if not recomputing():  # backward running this forward again (zoo.attention.recompute) is no new call
+                self.calls += 1
+            # recomputed: the same draw again (the generator is replayed), so the same features
             if self.options.redraw_interval and int(self.calls) % self.options.redraw_interval == 0:
                 self.redraw()
         features = self.features

@@ -29,7 +29,9 @@ Deviations and details:
   scales one head's output at one position by one number, which the group norm removes (up to its eps).
   flash-linear-attention leaves them out too.
 - GroupNorm with one group per head is a LayerNorm over each head's e features without affine weights
-  (torchscale's ``LayerNorm(head_dim, elementwise_affine=False)``), eps ``norm_eps``.
+  (torchscale's ``LayerNorm(head_dim, elementwise_affine=False)``), eps ``norm_eps``. Not built by the
+  norm axis (``zoo/norm``): its ``layernorm`` always learns a weight (only the bias is optional), which
+  would add a parameter the paper's layer does not have.
 - Positions: the decay and the rotation are RetNet's own relative positions; rope, alibi and t5_bias
   are refused (adding a second scheme is not the paper's model).
 
@@ -47,7 +49,7 @@ from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from zoo.attention.base import ATTENTION
-from zoo.attention.decay_layer import DecayAttention, head_norm
+from zoo.attention.decay_layer import DecayAttention
 from zoo.config import require
 
 
@@ -118,5 +120,6 @@ class Retention(DecayAttention):
         return q, k, v, log_gamma[None, :, None].expand(b, self.n_heads, t)
 
     def finish(self, x: Tensor, out: Tensor) -> Tensor:
-        normed = self.merge_heads(head_norm(out, "layernorm", self.options.norm_eps))
+        # the group norm: no affine weight, which the norm axis's layernorm cannot leave out (module docstring)
+        normed = self.merge_heads(nn.functional.layer_norm(out, out.shape[-1:], eps=self.options.norm_eps))
         return self.to_out(nn.functional.silu(self.to_gate(x)) * normed.to(x.dtype))

@@ -30,11 +30,14 @@ from zoo.attention.base import (
     dense_keys,
     guard_empty_rows,
 )
+from zoo.attention.documents import packed_segments
 from zoo.attention.vanilla import KVCache, extend_cache, stream_positions
 
 
 class SharedQKProjections(Attention):
     """The parameters shared by ``lsh`` and ``shared_qk`` (same names, so weights transfer)."""
+
+    no_packing_reason = "does not mask keys of another document yet"
 
     no_projection_reason = (
         "queries and keys are one shared projection (to_qk, Kitaev et al. 2020), so keys cannot have fewer "
@@ -76,6 +79,7 @@ class SharedQKAttention(SharedQKProjections):
     Dense, O(t^2), through fused SDPA."""
 
     takes_left_padding = True  # left-padded rows decode as alone (tests/contracts/test_generate.py)
+    packs_documents = True  # its dense [b, 1, t, t] mask takes the document test too
 
     supports_memory = True  # a KV cache of unit keys and values: a stream continues exactly (causal use)
     # rotation keeps |q|, so the unit keys of rotated queries are the rotated unit keys; the bias joins
@@ -105,9 +109,18 @@ class SharedQKAttention(SharedQKProjections):
         return dense_keys(t, self.causal)
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: KVCache | None = None,
+        documents: Tensor | None = None,
     ) -> AttnOutput:
+        """``documents`` [b, t] (packed rows): the dense mask keeps each query to its own document (a query sees
+        itself when nothing else of its document is visible, as at a stream's start)."""
         self.check_inputs(x, context, pad_mask, state)
+        packed_segments(self, documents, x, state)  # refuses a state or a bad ids tensor
         positions, key_positions = stream_positions(state, x.shape[1], x.device)
         q = self.rotate(self.split_heads(self.to_qk(x)), positions)
         keys, v = F.normalize(q, dim=-1), self.split_heads(self.to_v(x))
@@ -121,6 +134,8 @@ class SharedQKAttention(SharedQKProjections):
         allowed = (allowed & ~eye)[None, None]  # [1, 1, t, s]
         if pad_mask is not None:
             allowed = allowed & pad_mask[:, None, None, :]
+        if documents is not None:
+            allowed = allowed & (documents[:, :, None] == documents[:, None, :])[:, None]
         allowed = allowed | (eye & ~allowed.any(-1, keepdim=True))  # oneself, when nothing else is visible
         mask = guard_empty_rows(allowed)
         bias = self.pair_bias(positions[:, None] - key_positions[None, :], q.dtype)  # [h, t, s] or None

@@ -29,14 +29,24 @@ class ShortConv(nn.Module):
         self.size, self.activation = size, activation
         self.conv = nn.Conv1d(channels, channels, size, groups=channels, bias=bias)
 
-    def forward(self, x: Tensor, tail: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, tail: Tensor | None = None, documents: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x [b, t, c] and the inputs before it ([b, size - 1, c], None: zeros) -> (y [b, t, c], the last
-        size - 1 inputs of [tail ; x], for the next call)."""
+        size - 1 inputs of [tail ; x], for the next call). ``documents`` [b, t] (packed rows, no tail): a tap
+        reads only inputs of its output's own document, as if each document started a stream."""
         keep = self.size - 1
         if tail is None:
             tail = x.new_zeros(x.shape[0], keep, x.shape[2])
         full = torch.cat([tail.to(x.dtype), x], dim=1)
-        y = self.conv(full.transpose(1, 2)).transpose(1, 2)  # [b, t, c]: 'valid' over the tail-extended input
+        if documents is None:
+            y = self.conv(full.transpose(1, 2)).transpose(1, 2)  # [b, t, c]: 'valid' over the tail-extended input
+        else:  # the taps one at a time (size of them), each input masked where it lies in another document
+            t, ids = x.shape[1], F.pad(documents, (keep, 0), value=-1)
+            weight = self.conv.weight[:, 0]  # [c, size]: tap j reads input t - keep + j
+            y = sum(
+                full[:, j : j + t] * weight[:, j] * (ids[:, j : j + t] == documents)[..., None]
+                for j in range(self.size)
+            )
+            y = y if self.conv.bias is None else y + self.conv.bias
         y = F.silu(y) if self.activation else y
         return y, full[:, full.shape[1] - keep :]
 

@@ -96,6 +96,7 @@ class SinkhornCache:
 
 @ATTENTION.register("sinkhorn")
 class SinkhornAttention(Attention):
+    no_packing_reason = "sorts blocks of the whole row against each other, which mixes documents"
     projection_features = ("grouped_kv", "qk_norm")  # the stream keeps grouped keys; widened where scored
     no_projection_reason = (
         "it sorts blocks by a learned network and scores them through SDPA, writing no score out to cap"

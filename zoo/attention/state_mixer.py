@@ -31,6 +31,7 @@ from torch import Tensor
 
 from zoo.attention.base import Attention, AttnOutput, KeysPerQuery, StateContract, dense_keys
 from zoo.attention.delta_chunks import delta_rule, delta_rule_over_ranks
+from zoo.attention.documents import packed_segments
 from zoo.attention.short_conv import ShortConv, conv_over_ranks
 
 
@@ -82,6 +83,8 @@ class StateMixer(Attention):
     """Base of the matrix-state mechanisms (module docstring). Subclasses set ``self.conv`` (a
     :class:`ShortConv` or None) and implement ``project``, ``recurrence_inputs`` and ``read_out``; their
     Options carry ``chunk_size`` and ``conv_size``."""
+
+    packs_documents = True  # the short convolution and the state both restart at every document
 
     causal_only = True  # the papers give these recurrences causal forms only
     supports_memory = True
@@ -137,9 +140,18 @@ class StateMixer(Attention):
         return mixed, rest
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state=None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state=None,
+        documents: Tensor | None = None,
     ) -> AttnOutput:
+        """``documents`` [b, t] (packed rows): the convolution's taps and the matrix state stay inside each
+        document (``ShortConv``'s masked taps, the kernels' ``segments``)."""
         self.check_inputs(x, context, pad_mask, state)
+        segments = packed_segments(self, documents, x, state)
         if state is not None and state.memory is not None and state.memory.shape[0] != x.shape[0]:
             raise ValueError(
                 f"{self.registry_name}: the state holds batch size {state.memory.shape[0]}, the input has {x.shape[0]}"
@@ -147,10 +159,11 @@ class StateMixer(Attention):
         mixed, rest = self.conv_input(x, pad_mask)
         tail = None
         if self.conv is not None:
-            mixed, tail = self.conv(mixed, None if state is None else state.conv)
+            mixed, tail = self.conv(mixed, None if state is None else state.conv, documents)
         inputs = self.recurrence_inputs(mixed, rest).masked(pad_mask)
         memory = None if state is None else state.memory
-        o, memory = delta_rule(inputs.q, inputs.k, inputs.v, inputs.beta, inputs.g, memory, self.options.chunk_size)
+        q, k, v, beta, g = inputs.q, inputs.k, inputs.v, inputs.beta, inputs.g
+        o, memory = delta_rule(q, k, v, beta, g, memory, self.options.chunk_size, segments)
         new_state = None
         if state is not None:
             tail = None if tail is None else tail.detach()

@@ -83,6 +83,7 @@ def joined(old: Tensor | None, new: Tensor) -> Tensor:
 
 @ATTENTION.register("synthesizer")
 class SynthesizerAttention(Attention):
+    no_packing_reason = "synthesises score rows over the row's absolute positions, not each document's"
     no_projection_reason = (
         "its scores are synthesized per position from a network (Tay et al. 2020), with no keys to group or normalise"
     )

@@ -44,6 +44,7 @@ from zoo.attention.base import (
     guard_empty_rows,
     join_key_padding,
 )
+from zoo.attention.document_attention import DocumentAttention
 from zoo.attention.flex import DistanceBias, check_backend, flex_attend, use_flex
 from zoo.attention.pair_bias import biased_sdpa
 from zoo.attention.projections import softcapped_attention
@@ -116,7 +117,7 @@ def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tup
 
 
 @ATTENTION.register("vanilla")
-class VanillaAttention(Attention):
+class VanillaAttention(DocumentAttention, Attention):
     takes_left_padding = True  # the cache keeps its key padding; sinks excepted (left_padding_refusal)
     supports_memory = True  # KV cache for incremental decoding
     supports_cross = True
@@ -125,6 +126,7 @@ class VanillaAttention(Attention):
     position_kinds = ("rotary", "pair_bias")
     numbers_cache = True  # position.cache_positions: StreamingLLM's numbering inside the cache
     projection_features = ("grouped_kv", "qk_norm", "softcap")  # the KV cache keeps the grouped heads
+    packs_documents = True  # documents=: attend_documents (document_attention.py) on every path
 
     @dataclass
     class Options:
@@ -179,9 +181,17 @@ class VanillaAttention(Attention):
         return dense_keys(t, self.causal, self.memory_keys())
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, pad_mask: Tensor | None = None, state: KVCache | None = None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        pad_mask: Tensor | None = None,
+        state: KVCache | None = None,
+        documents: Tensor | None = None,
     ) -> AttnOutput:
         self.check_inputs(x, context, pad_mask, state)
+        if documents is not None:  # packed rows (zoo/attention/document_attention.py)
+            return self.attend_documents(x, pad_mask, documents)
         q = self.split_heads(self.to_q(x))  # [b, h, t, k]
         dropout = self.dropout if self.training else 0.0
         q_pos = k_pos = None

@@ -31,10 +31,11 @@ Memory (``XLMemory``): the layer's input hidden states of the last ``mem_len`` p
 detached, plus their padding mask. In a pre-norm block (TrXL-I, GTrXL) the memory holds the raw
 residual stream and the block's current LayerNorm is applied to it on every call, the paper's
 LayerNorm([StopGrad(M), E]) (Parisotto et al. 2019): the norm gets gradient through memory
-positions and never normalises with stale weights (``LayerInput`` in attention/base.py).
+positions and never normalises with stale weights (``LayerInput`` in attention/state.py).
 ``eval_mem_len`` (> 0) keeps a longer memory in eval mode: the paper trains with attention length
 784 and evaluates with 3,800 on enwik8. Every call returns the memory (bounded by mem_len), so
-``model(tokens, state=out.state)`` continues a stream segment by segment or token by token.
+``model(tokens, state=out.state)`` continues a stream segment by segment or token by token. The memory
+and its handling live in ``xl_memory.py``.
 
 Reference-code options: ``same_length`` (every released eval script) gives each query the last L =
 memory-length keys up to and including itself (i - L < j <= i), the same number for every query;
@@ -71,27 +72,9 @@ from zoo.attention.base import (
     remembered,
     to_remember,
 )
+from zoo.attention.xl_memory import XLMemory, XLMemoryKeeper
 from zoo.config import require
 from zoo.position.base import sinusoid_table
-
-
-@dataclass
-class XLMemory:
-    """Hidden states that entered the layer in earlier segments. states: [b, m, d] (detached);
-    pad_mask: [b, m] bool (True = real) or None when every remembered position is real."""
-
-    states: Tensor | None = None
-    pad_mask: Tensor | None = None
-    # evaluation only: the states' projected keys/values [b, h, m, k], valid while the weights
-    # are unchanged (``version``), so a segment projects only its own tokens. Training recomputes
-    # them from ``states`` (the weights move every step), as the paper does.
-    keys: Tensor | None = None
-    values: Tensor | None = None
-    version: tuple | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.states is None else self.states.shape[1]
 
 
 def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
@@ -114,7 +97,8 @@ def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
 
 
 @ATTENTION.register("xl_rel")
-class XLRelativeAttention(Attention):
+class XLRelativeAttention(XLMemoryKeeper, Attention):
+    no_packing_reason = "carries segment memory and its relative-shift scores are not masked by document yet"
     takes_left_padding = True  # relative distances; the memory keeps its padding mask
     no_projection_reason = (
         "its keys and values come from one fused projection of remembered layer inputs, scored with relative "
@@ -216,75 +200,6 @@ class XLRelativeAttention(Attention):
         finally:
             self.options.eval_mem_len, self.options.clamp_len, self.options.same_length = saved
             self._r_cache = None
-
-    @property
-    def memory_length(self) -> int:
-        """How many states the next segment will see: eval_mem_len in eval mode when set."""
-        if not self.training and self.options.eval_mem_len:
-            return self.options.eval_mem_len
-        return self.options.mem_len
-
-    def _check_memory(self, memory: XLMemory, x: Tensor) -> None:
-        if not isinstance(memory, XLMemory):
-            raise ValueError(
-                "xl_rel: state must be the XLMemory this attention returned (or init_state()); got "
-                f"{type(memory).__name__}"
-            )
-        if memory.states is None:
-            return
-        got = memory.states
-        if got.dim() != 3 or got.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"xl_rel: memory holds batch size {got.shape[0]} but the input has batch size {x.shape[0]}; start "
-                f"fresh with state=None or init_state({x.shape[0]})"
-            )
-        if got.shape[-1] != self.d_model:
-            raise ValueError(
-                f"xl_rel: memory has d={got.shape[-1]} but this attention has d_model={self.d_model}: it comes from "
-                "a different model"
-            )
-        if got.dtype != x.dtype or got.device != x.device:
-            raise ValueError(
-                f"xl_rel: memory is {got.dtype} on {got.device} but the input is {x.dtype} on {x.device}; convert "
-                "the state (zoo.models.base.map_tensors) or start fresh"
-            )
-
-    def _next_memory(self, keys_in: Tensor, key_pad: Tensor | None, cache: tuple | None) -> XLMemory:
-        keep = self.memory_length
-        if keep == 0:
-            return XLMemory()
-        # float32: the memory keeps the layer's inputs as they are, float32 under bf16 autocast (only
-        # their projections run in bf16), so carried from segment to segment it is never rounded to bf16
-        states = keys_in[:, -keep:].detach()
-        memory = XLMemory(states, None if key_pad is None else key_pad[:, -keep:])
-        if cache is not None:
-            k, v, memory.version = cache
-            memory.keys, memory.values = k[:, :, -keep:], v[:, :, -keep:]
-        return memory
-
-    def _keys_values(
-        self, x: Tensor, keys_in: Tensor, memory: XLMemory, norm_version: tuple = ()
-    ) -> tuple[Tensor, Tensor, tuple | None]:
-        """Keys/values of [memory ; x] -> (k, v [b, h, s, k], what to cache for evaluation or None).
-
-        With gradients on, everything is projected from the states (the paper). Without, the
-        memory's projections from the previous call are reused if the weights are unchanged."""
-        if torch.is_grad_enabled() and self.to_qkv.weight.requires_grad:
-            k, v = (self.split_heads(y) for y in self.to_kv(keys_in))
-            return k, v, None
-        w = self.to_qkv.weight
-        version = (w.data_ptr(), w._version, norm_version)  # norm_version: the block's LayerNorm that made them
-        if (
-            memory.length
-            and memory.version == version
-            and memory.keys is not None
-            and memory.keys.shape[2] == memory.length
-        ):
-            k_new, v_new = (self.split_heads(y) for y in self.to_kv(x))
-            k, v = torch.cat([memory.keys, k_new], dim=2), torch.cat([memory.values, v_new], dim=2)
-        else:
-            k, v = (self.split_heads(y) for y in self.to_kv(keys_in))
-        return k, v, (k, v, version)
 
     # -- positional keys ---------------------------------------------------------------------
     def _positional_keys(self, top: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:

@@ -3,7 +3,8 @@ budget holds, and the time of a training step with N ranks (gloo) beside one pro
 
 Every measurement runs in fresh processes (:func:`zoo.parallel.launch.run_ranks`, one thread each): N = 1
 is the plain model in one process, N > 1 the model under :class:`~zoo.parallel.context.ContextParallel`
-with each sequence split over the N ranks. The command line is ``experiments/context_parallel.py``.
+with each sequence split over the N ranks. The study ``context_parallel`` (``zoo/studies/context_parallel.py``)
+runs them.
 
 - Bytes: the tensors one forward saves for backward on each rank (``ActivationMeter``, the trainer's
   ``act_mib``: exact on CPU), the received halo and ring blocks included; buffers that live only inside

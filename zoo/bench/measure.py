@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -137,6 +138,7 @@ def run(
                     threads=threads,
                     device=str(device),
                     precision=variant.precision,
+                    checkpointing=variant.checkpointing,
                 )
                 if stop_reason[variant.label]:
                     rows.append({**row, "status": f"skipped ({stop_reason[variant.label]})"})
@@ -248,7 +250,13 @@ def run_paired(
                 device=str(device),
                 threads=threads,
                 precision=next(v.precision for v in variants if v.label == label),
+                checkpointing=next(v.checkpointing for v in variants if v.label == label),
             )
+            plain = re.sub(r"\+ac=[^+]+", "", label)  # --activation-checkpointing: the twin against its plan-less self
+            if label != plain and plain in built:
+                own = paired_ratios(recorded, plain)[label]
+                entry.update(ac_of=plain, ac_speedup=own["ratio"], ac_speedup_min=own["ratio_min"])
+                entry.update(ac_speedup_max=own["ratio_max"], ac_act_mib_without=acts[plain])
             for twin in TWINS:  # --compile, --precision fp32,bf16: the twin against its own plain run
                 plain = label.removesuffix(f"+{twin}")
                 if label != plain and plain in built:

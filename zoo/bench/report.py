@@ -86,6 +86,18 @@ def paired_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                     f"{s[twin + '_speedup_min']:.2f}-{s[twin + '_speedup_max']:.2f} |"
                     for s in twins
                 ]
+        twins = [s for s in summary if s["length"] == length and "ac_speedup" in s]
+        if twins:
+            lines += ["", "Activation checkpointing against the first mode (its time / the twin's time per round; "
+                      "MiB saved for backward):", "",
+                      "| variant | checkpointing | speed-up (min-max) | activation MiB | without | kept |",
+                      "|---|---|---|---|---|---|"]  # fmt: skip
+            lines += [
+                f"| {s['ac_of']} | {s['checkpointing']} | {s['ac_speedup']:.2f}x ({s['ac_speedup_min']:.2f}-"
+                f"{s['ac_speedup_max']:.2f}) | {s['act_mib']:,.2f} | {s['ac_act_mib_without']:,.2f} | "
+                f"{s['act_mib'] / max(s['ac_act_mib_without'], 1e-12):.0%} |"
+                for s in twins
+            ]
         for s in (s for s in summary if s["length"] == length and "gflop" in s):
             lines += [
                 "",

@@ -6,7 +6,9 @@ Variants come from the command line: ``--attention a,b`` (mechanisms in a skelet
 overrides, the app's syntax, merged by :func:`zoo.config.merge_config`), ``--peers`` (other
 libraries, :data:`zoo.bench.peers.PEER`); ``--compile`` adds each one under ``torch.compile``;
 ``--precision bf16`` steps every variant under bf16 autocast (:mod:`zoo.precision`), and
-``--precision fp32,bf16`` measures each one beside its bf16 twin (``<label>+bf16``).
+``--precision fp32,bf16`` measures each one beside its bf16 twin (``<label>+bf16``);
+``--activation-checkpointing none,full,selective:attention`` measures each zoo variant beside its twins under
+activation checkpointing (:mod:`zoo.stacks.checkpointing`), labelled ``<label>+ac=<mode>``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import Tensor, nn
 from zoo.bench.peers import PEER
 from zoo.precision import PRECISIONS, autocast
 from zoo.presets.factory import build_model, resolve_preset
+from zoo.stacks.checkpointing import CheckpointPlan
 from zoo.train.steps import total_loss
 
 
@@ -38,6 +41,7 @@ class Variant:
     overrides: dict[str, Any] = field(default_factory=dict)
     compile: bool = False  # the step runs the module under torch.compile (label "<label>+compile")
     precision: str = "fp32"  # the forward runs under autocast at this precision (zoo/precision.py)
+    checkpointing: str = "none"  # activation checkpointing (CheckpointPlan.parse: none, full, selective:<k|attention>)
 
 
 def _literal(text: str) -> Any:
@@ -116,6 +120,8 @@ def build(
     ``variant.precision``: its forward (the loss included) runs under that autocast, as the trainer's."""
     torch.manual_seed(0)
     if variant.kind == "peer":
+        if variant.checkpointing != "none":
+            raise ValueError(f"{variant.label}: activation checkpointing applies to zoo stacks, not a peer's model")
         module = PEER.get(variant.name)(length, shape).to(device)
         forward = torch.compile(module) if variant.compile else module
 
@@ -138,7 +144,7 @@ def build(
         max_len=max(length, 16),
     )
     config = resolve_preset(variant.name, sizing, variant.overrides, overrides)  # resolved once
-    module = build_model(config).to(device)
+    module = CheckpointPlan.parse(variant.checkpointing).apply(build_model(config).to(device))
     forward = torch.compile(module) if variant.compile else module
 
     def zoo_loss(tokens: Tensor) -> Tensor:
@@ -179,6 +185,13 @@ def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp32, or bf16 (every step under bf16 autocast, on CUDA and CPU), or fp32,bf16: every variant "
         "beside its bf16 twin, labelled <label>+bf16 (with --paired: the bf16 speed-up per round)",
     )
+    parser.add_argument(
+        "--activation-checkpointing",
+        default="none",
+        help="none, full, selective (every 2nd block), selective:<k> or selective:attention (each block's "
+        "attention sub-layer); several, comma-separated: every zoo variant beside its twins, labelled "
+        "<label>+ac=<mode> (with --paired: each twin's time and activation MiB against the first mode's)",
+    )
 
 
 def variants_from_args(args: argparse.Namespace) -> list[Variant]:
@@ -197,6 +210,12 @@ def variants_from_args(args: argparse.Namespace) -> list[Variant]:
     labels = [v.label for v in variants]
     if len(set(labels)) < len(labels):
         raise SystemExit(f"two variants share a label: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}")
+    modes = checkpointing_list(getattr(args, "activation_checkpointing", "none"))
+    plain, variants = [replace(v, checkpointing=modes[0]) for v in variants], []
+    for v in plain:  # each zoo variant beside its twins under the other plans (a peer has no zoo stack)
+        variants.append(v)
+        if v.kind == "zoo":
+            variants += [replace(v, label=f"{v.label}+ac={mode}", checkpointing=mode) for mode in modes[1:]]
     precisions = precision_list(getattr(args, "precision", "fp32"))
     variants = [replace(v, precision=precisions[0]) for v in variants]
     for precision in precisions[1:]:  # each one beside its twin at another precision
@@ -213,3 +232,11 @@ def precision_list(text: str) -> list[str]:
     if bad or not precisions or len(set(precisions)) < len(precisions):
         raise ValueError(f"--precision takes {', '.join(PRECISIONS)} or fp32,bf16 (no repeats); got {text!r}")
     return precisions
+
+
+def checkpointing_list(text: str) -> list[str]:
+    """``--activation-checkpointing``: plans (:meth:`CheckpointPlan.parse`), the first unlabelled, as specs."""
+    modes = [CheckpointPlan.parse(m).spec for m in text.split(",") if m.strip()]
+    if not modes or len(set(modes)) < len(modes):
+        raise ValueError(f"--activation-checkpointing takes one or more distinct modes; got {text!r}")
+    return modes

@@ -16,8 +16,8 @@ Vocabulary (shared by source and target, so the encoder-decoder can tie all thre
 
 ``data=algorithmic data.problem=addition`` trains an encoder-decoder on them through the app (the
 metric: token accuracy given the true prefix, the answer's eos included); experiments/ut_length.py
-and universal_algorithmic.py draw batches with :func:`algorithmic_batch` and add sequence accuracy
-and greedy decoding.
+and the study ``universal_algorithmic`` draw batches with :func:`algorithmic_batch` and add sequence
+accuracy and greedy decoding.
 """
 
 from __future__ import annotations

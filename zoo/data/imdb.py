@@ -6,7 +6,9 @@ unpacked or copied). LRA (Tay et al. 2020, arXiv:2011.04006) reads each review a
 to a fixed length (4K in the paper) and classifies positive / negative.
 
 Layout used: byte ``x`` -> token ``x + 1`` (0 is padding), so the vocabulary is 257. Validation is
-a fixed, seeded ``val_size`` reviews held out of the training set (LRA reports test accuracy).
+a fixed, seeded ``val_size`` reviews held out of the training set (LRA reports test accuracy). With
+``pack=true`` whole reviews are packed several to a row (``zoo/data/packing.py``): a batch then carries
+``documents`` and one class per review (targets [n reviews], row-major).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from zoo.config import require
 from zoo.data.base import TASK, Task, check_split, resolve_path, seeded_generator
+from zoo.data.packing import Rows, lay_out
 
 _MEMBER = re.compile(r"(?:^|/)aclImdb/(train|test)/(pos|neg)/\d+_\d+\.txt$")
 
@@ -68,6 +71,7 @@ class IMDbTask(Task):
     class Options:
         path: str = ""  # aclImdb_v1*.tar.gz
         val_size: int = 1000  # reviews held out of train for validation
+        pack: bool = False  # several whole reviews per row, kept apart by documents= (zoo/data/packing.py)
 
         def __post_init__(self) -> None:
             require(self.val_size >= 1, f"data.val_size must be >= 1, got {self.val_size}")
@@ -95,6 +99,16 @@ class IMDbTask(Task):
             tokens, labels = self.splits[split]  # a partial evaluation (trainer.eval_batches) sees both classes
             order = torch.randperm(len(labels), generator=seeded_generator(self.seed, f"imdb-{split}-order"))
             self.splits[split] = (tokens[order], labels[order])
+        self.packed: dict[str, Rows] = {}
+        if self.options.pack:  # whole reviews, packed in a seeded order; a row then holds several classes
+            for split, (tokens, labels) in self.splits.items():
+                order = torch.randperm(len(labels), generator=seeded_generator(self.seed, f"imdb-{split}-pack"))
+                reviews = [tokens[i][tokens[i] != 0] for i in order.tolist()]
+                self.packed[split] = lay_out(reviews, self.seq_len, pack=True, labels=labels[order].tolist())
+
+    def rows(self, split: str) -> int:
+        """Rows of the split: reviews, or packed rows of several."""
+        return len(self.packed[split]) if self.options.pack else len(self.splits[split][1])
 
     def _encode(self, texts: list[bytes], labels: list[int]) -> tuple[Tensor, Tensor]:
         tokens = torch.zeros(len(texts), self.seq_len, dtype=torch.long)
@@ -105,15 +119,14 @@ class IMDbTask(Task):
 
     def num_batches(self, split: str, world_size: int = 1) -> int | None:
         check_split(split, world_size=world_size)
-        n = len(self.splits[split][1]) // (self.batch_size * world_size)
+        n = self.rows(split) // (self.batch_size * world_size)
         if split == "train":
             return None  # training samples with replacement per epoch-less step
         return max(1, n)
 
     def batch(self, split: str, index: int, *, rank: int = 0, world_size: int = 1) -> dict[str, Tensor]:
         check_split(split, index=index, rank=rank, world_size=world_size)
-        tokens, labels = self.splits[split]
-        n, rows = len(labels), self.batch_size * world_size
+        n, rows = self.rows(split), self.batch_size * world_size
         if split == "train":  # a fresh seeded permutation per epoch; batch index walks through it
             per_epoch = max(1, n // rows)
             epoch, position = divmod(index, per_epoch)
@@ -122,6 +135,9 @@ class IMDbTask(Task):
         else:
             start = (index * rows + rank * self.batch_size) % n
             pick = (torch.arange(self.batch_size) + start) % n
+        if self.options.pack:
+            return self.packed[split].batch(pick)
+        tokens, labels = self.splits[split]
         batch_tokens = tokens[pick]
         return {"tokens": batch_tokens, "targets": labels[pick], "pad_mask": batch_tokens != 0}
 

@@ -87,7 +87,7 @@ class ZooCache(Cache):
 
 def tensors(state: Any, *, rows_only: bool = False) -> list[torch.Tensor]:
     """Every tensor inside a (nested) zoo state (``rows_only``: those a cache keeps one row per batch row of,
-    leaving out the fields it marks as shared by every row: ``zoo.attention.base.NOT_PER_ROW``)."""
+    leaving out the fields it marks as shared by every row: ``zoo.attention.state.NOT_PER_ROW``)."""
     found: list[torch.Tensor] = []
     map_tensors(state, lambda t: found.append(t) or t, rows_only=rows_only)
     return found

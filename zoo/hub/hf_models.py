@@ -15,7 +15,6 @@ no pickles, weights that do not fit, another library's config) and ``save_pretra
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
 
@@ -33,6 +31,7 @@ from zoo.hub import from_pretrained as zoo_from_pretrained
 from zoo.hub.folder import build_from, write_folder
 from zoo.hub.hf_cache import ZooCache
 from zoo.hub.hf_config import ZooConfig
+from zoo.stacks.checkpointing import CheckpointPlan, set_activation_checkpointing, stacks_of
 
 # from_pretrained keywords that change nothing for a zoo folder (Hub plumbing, what Auto classes and
 # pipelines add); anything else a caller sets is refused rather than ignored
@@ -140,11 +139,7 @@ class ZooPreTrainedModel(PreTrainedModel):
             raise TypeError(f"save_pretrained of a zoo model does not take {refused}; it writes the zoo's folder")
         return write_folder(self.model, save_directory, training)
 
-    # -- gradient checkpointing: each block recomputed in backward ------------------------------------
-    def blocks(self) -> list[nn.Module]:
-        """Every block of every stack (:func:`stack_blocks`)."""
-        return [block for stack in self.stacks() for block in stack_blocks(stack)]
-
+    # -- gradient checkpointing: the zoo's activation checkpointing (zoo.stacks.checkpointing) ---------------
     def stacks(self) -> list[nn.Module]:
         return [self.model.stack]
 
@@ -155,15 +150,18 @@ class ZooPreTrainedModel(PreTrainedModel):
         every_n_layers: int = 1,
     ) -> None:
         """What ``activation_checkpointing_enable`` / ``gradient_checkpointing_enable`` (and ``_disable``)
-        call: every ``every_n_layers``-th block's forward runs under ``gradient_checkpointing_func``."""
-        gradient_checkpointing_func = gradient_checkpointing_func or functools.partial(checkpoint, use_reentrant=False)
-        for i, block in enumerate(self.blocks()):
-            block.__dict__.pop("forward", None)  # back to the class's forward
-            on = enable and i % every_n_layers == 0
-            if on:
-                forward = type(block).forward.__get__(block)
-                block.forward = functools.partial(checkpointed, forward, gradient_checkpointing_func)
-            block.gradient_checkpointing = on  # what PreTrainedModel.is_activation_checkpointing looks for
+        call: the zoo's activation checkpointing of every stack (what ``trainer.activation_checkpointing``
+        applies: :func:`zoo.stacks.checkpointing.set_activation_checkpointing`), every ``every_n_layers``-th
+        block's forward run again in backward through ``gradient_checkpointing_func`` (torch's non-reentrant
+        checkpoint, HF's ``gradient_checkpointing_kwargs`` bound). A stack that cannot is refused (reversible)."""
+        plan = CheckpointPlan()
+        if enable:
+            plan = CheckpointPlan("full") if every_n_layers == 1 else CheckpointPlan.selective(every_n_layers)
+        func = gradient_checkpointing_func
+        chosen = {id(block) for block in set_activation_checkpointing(self.model, plan, checkpoint_fn=func)}
+        for stack in stacks_of(self.model):
+            for block in stack.block_applications() or []:  # what PreTrainedModel.is_activation_checkpointing reads
+                block.gradient_checkpointing = id(block) in chosen
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed
@@ -216,22 +214,14 @@ def attention_projections(model: nn.Module) -> list[str]:
 
 def stack_blocks(stack: nn.Module) -> list[nn.Module]:
     """A stack's blocks, each called once per forward; refused with the stack's name when it does not call
-    its blocks one by one (universal re-applies one block; reversible recomputes in backward already)."""
+    its blocks one by one (universal re-applies one block; reversible runs each as two branches)."""
     blocks = stack.layer_blocks()
     if blocks is None:
         raise ValueError(
             f"stack {stack.registry_name!r} does not call one block per layer (Stack.layer_blocks() is None): "
-            "gradient checkpointing and per-layer hidden states need the 'sequential' stack"
+            "per-layer hidden states need the 'sequential' stack"
         )
     return blocks
-
-
-def checkpointed(forward: Any, checkpoint_func: Callable[..., Any], x: Tensor, **kwargs: Any) -> Any:
-    """A block's forward, recomputed in backward when training without a state (a decoding call keeps
-    its cache and runs as it is)."""
-    if kwargs.get("state") is not None or not torch.is_grad_enabled():
-        return forward(x, **kwargs)
-    return checkpoint_func(forward, x, **kwargs)
 
 
 def zoo_cache(cache: Any, past_key_values: Any) -> ZooCache | None:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.attention.documents import check_documents, positions_in_documents
 from zoo.blocks import Block
 from zoo.config import ModelConfig, part_label, split_part
 from zoo.models.inputs import (
@@ -72,7 +73,7 @@ def map_tensors(state: Any, fn: Callable[[Tensor], Tensor], *, rows_only: bool =
     """Apply ``fn`` to every tensor inside a (nested) state: lists, tuples, dicts, dataclasses.
     Used to reorder caches in beam search and to move states between devices. ``rows_only``: skip
     the dataclass fields a cache marks as shared by every row (``field(metadata={"batch": False})``,
-    ``zoo.attention.base.NOT_PER_ROW``: the kept keys' positions, a pinned feature map)."""
+    ``zoo.attention.state.NOT_PER_ROW``: the kept keys' positions, a pinned feature map)."""
     if isinstance(state, Tensor):
         return fn(state)
     if isinstance(state, list):
@@ -131,6 +132,7 @@ class ZooModel(nn.Module):
     # how its self-attention runs: "causal" (a decoder) and/or "bidirectional" (an encoder); empty = either
     # (the mechanism's own flags choose). A sweep over mechanisms asks it (``takes_attention``).
     attention_directions: ClassVar[tuple[str, ...]] = ()
+    packs_documents: ClassVar[bool] = False  # forward takes documents= (packed rows): packing_refusal
 
     @classmethod
     def takes_attention(cls, attention: type) -> bool:
@@ -263,6 +265,41 @@ class ZooModel(nn.Module):
         if stack is not None and (state.offset or state.layers is not None):
             # continuing needs every layer's cache of the earlier tokens: never compute without them
             self.refuse_stream()
+
+    # -- packed rows (data.pack; zoo/attention/documents.py) -------------------------------------
+    def packing_refusal(self) -> str | None:
+        """Why this model cannot take packed rows (``documents=`` [b, t]: several documents per row, each kept
+        apart), asked of its parts by their flags: the head (``packs_documents``), the stack, the position
+        part, every layer's attention (``Attention.packing_refusal``) and feed-forward (``position_wise``).
+        None when every part keeps each token inside its own document."""
+        if not self.packs_documents:
+            return f"a {self.config.kind} model takes no packed rows (only the lm and classifier heads do)"
+        stack = self.stack
+        if not stack.packs_documents:
+            return f"stack {stack.registry_name!r} {stack.no_packing_reason}"
+        reason = self.position.packing_refusal()
+        if reason is not None:
+            return reason
+        for i, block in enumerate(m for m in stack.modules() if isinstance(m, Block)):
+            reason = block.attention.packing_refusal()
+            if reason is None and not block.feed_forward.position_wise:
+                name = block.feed_forward.registry_name
+                reason = f"feed-forward {name!r} reads neighbouring positions, which would cross documents"
+            if reason is not None:
+                return f"layer {i}: {reason}"
+        return None
+
+    def packed_positions(self, documents: Tensor, x: Tensor, state: Any) -> Tensor:
+        """Check a packed call (``documents`` long [b, t] for x [b, t, ...]) and return each token's place in its
+        document, long [b, t], for the position part. Refuses, with the reason, a model that cannot keep the
+        documents apart and a state (a packed row is a fresh stream of whole documents)."""
+        reason = self.packing_refusal()
+        if reason is not None:
+            raise ValueError(f"{self.config.name} cannot take packed documents (documents=): {reason}")
+        if state is not None:
+            raise ValueError("packed documents (documents=) start fresh in every row: pass state=None")
+        check_documents(documents, x, self.config.name)
+        return positions_in_documents(documents)
 
     @property
     def num_parameters(self) -> int:

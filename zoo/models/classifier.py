@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.attention.documents import segment_ids
 from zoo.config import ModelConfig
 from zoo.models.base import HEAD, ModelOutput, TokenEmbedding, ZooModel
 from zoo.models.inputs import (
@@ -55,9 +56,30 @@ def pool(h: Tensor, pad_mask: Tensor | None, mode: str, length: int = 0) -> Tens
     return (h * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
+def pool_documents(h: Tensor, pad_mask: Tensor | None, documents: Tensor, mode: str, length: int = 0) -> Tensor:
+    """``pool`` per packed document: h [b, t, d] -> [n, d], one vector per document that holds a real position,
+    in row-major order. ``first``: its first position; ``mean``: the mean over its positions; ``padded_mean``:
+    the sum over its positions divided by ``length`` where given (the length one document would be padded to)."""
+    real = torch.ones_like(documents, dtype=torch.bool) if pad_mask is None else pad_mask
+    key = segment_ids(documents) + torch.arange(h.shape[0], device=h.device)[:, None] * h.shape[1]
+    _, index = torch.unique(key[real], return_inverse=True)  # 0 ... n - 1, row-major (the keys are sorted)
+    n = int(index.max()) + 1 if index.numel() else 0
+    vectors = h[real]  # [r, d]: the real positions, row-major
+    if mode == "first":
+        first = torch.full((n,), vectors.shape[0], dtype=torch.long, device=h.device)
+        first = first.scatter_reduce(0, index, torch.arange(index.numel(), device=h.device), "amin")
+        return vectors[first]
+    sums = vectors.new_zeros(n, h.shape[-1]).index_add(0, index, vectors)
+    if mode == "padded_mean" and length:
+        return sums / length
+    counts = torch.zeros(n, dtype=h.dtype, device=h.device).index_add(0, index, torch.ones_like(index, dtype=h.dtype))
+    return sums / counts[:, None]
+
+
 @HEAD.register("classifier")
 class SequenceClassifier(ZooModel):
     attention_directions = ("bidirectional",)
+    packs_documents = True  # documents=: one class per packed document, pooled over its own positions
     output_heads = ("linear", "mlp", "none")  # head="mlp": the PyTorch LRA code's classifier MLP
 
     def __init__(self, config: ModelConfig):
@@ -87,20 +109,31 @@ class SequenceClassifier(ZooModel):
         embeds: Tensor | None = None,
         pad_mask: Tensor | None = None,
         state: Any = None,
+        documents: Tensor | None = None,
     ) -> ModelOutput:
-        """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one); targets [b] classes."""
+        """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one); targets [b] classes. ``documents``
+        long [b, t]: packed rows (zoo/attention/documents.py): logits and targets are then one per document
+        [n, C] / [n], documents in row-major order (row 0's in order, then row 1's, ...)."""
         if state is not None:
             raise ValueError("the classifier reads a whole sequence per call and takes no state")
         self.refuse_without_head(targets)
         x = self.input_vectors(self.embed, tokens, embeds)
         check_pad_mask(pad_mask, x[..., 0])
-        out = self.stack(self.drop(self.position(x)), pad_mask=pad_mask)
-        h = self.norm(out.x)  # [b, t, d]
-        logits = self.output_head(pool(h, pad_mask, self.config.pooling, self.config.pool_length))
+        if documents is None:
+            out = self.stack(self.drop(self.position(x)), pad_mask=pad_mask)
+            h = self.norm(out.x)  # [b, t, d]
+            pooled = pool(h, pad_mask, self.config.pooling, self.config.pool_length)
+        else:
+            positions = self.packed_positions(documents, x, state)
+            out = self.stack(self.drop(self.position(x, positions)), pad_mask=pad_mask, documents=documents)
+            h = self.norm(out.x)
+            pooled = pool_documents(h, pad_mask, documents, self.config.pooling, self.config.pool_length)
+        logits = self.output_head(pooled)
         loss, stats = None, out.stats
         if targets is not None:
             n_classes = self.config.n_classes
-            check_targets(targets, (x.shape[0],), n_classes, "classifier targets", what="n_classes", ignore=False)
+            rows = pooled.shape[0]
+            check_targets(targets, (rows,), n_classes, "classifier targets", what="n_classes", ignore=False)
             loss = F.cross_entropy(logits.float(), targets.long(), label_smoothing=self.config.label_smoothing)
             stats = {**stats, "scored": torch.tensor(targets.numel(), device=logits.device)}
         return ModelOutput(logits, loss, out.aux, None, stats, h)

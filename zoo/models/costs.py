@@ -7,8 +7,9 @@ Every figure comes from the parts that know it: each attention's ``forward_flops
 part that does not answer makes the figure unknown (None), never a dense guess.
 
 - A training step = forward + backward (about twice the forward) + the stack's recomputation of
-  its differentiable work; work a part does without gradient (LSH's hashing) runs once per forward
-  pass, the recomputation's included. The output layer costs 3 x its forward.
+  its differentiable work, and one more forward of each block (or attention sub-layer) that activation
+  checkpointing recomputes (``zoo.stacks.checkpointing.recomputed``); work a part does without gradient (LSH's
+  hashing) runs once per forward pass, the recomputation's included. The output layer costs 3 x its forward.
 - Activation memory: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
   Transformer Models", arXiv:2205.05198), bf16 with a fused attention kernel: (18 d_model + the
   feed-forward's own) bytes per token per kept layer, the feed-forward answering its d_ff-wide
@@ -26,6 +27,7 @@ from torch import nn
 
 from zoo.blocks import Block
 from zoo.stacks.base import Stack
+from zoo.stacks.checkpointing import recomputed
 
 
 @dataclass(frozen=True)
@@ -89,15 +91,17 @@ def step_flops(model: nn.Module, t: int, batch: int = 1) -> dict[str, float] | N
     def add(name: str, value: float) -> None:
         flops[name] = flops.get(name, 0.0) + value * batch
 
-    for block in blocks:
+    applications = [(i, block) for stack in stacks(model) for i, block in enumerate(stack.block_applications())]
+    for layer, block in applications:
         attention, feed_forward = block.attention.forward_flops(t), feed_forward_flops(block, t)
         if attention is None or feed_forward is None:
             return None
+        again = recomputed(block, layer)  # activation checkpointing: one more forward of the block or its attention
         for name, value in attention.forward.items():
-            add(name, (3.0 + recompute) * value)
-        add("feed_forward", (3.0 + recompute) * feed_forward)
+            add(name, (3.0 + recompute + (again is not None)) * value)
+        add("feed_forward", (3.0 + recompute + (again == "block")) * feed_forward)
         for name, value in attention.no_backward.items():
-            add(name, (1.0 + recompute) * value)
+            add(name, (1.0 + recompute + (again is not None)) * value)
     add("output_layer", 3.0 * output[0])
     flops["total"] = sum(flops.values())
     return flops
@@ -122,8 +126,8 @@ def activation_bytes_per_token(model: nn.Module, t: int, d_model: int) -> tuple[
     """(bytes of activations kept per token of a training step, the rule), or None when unknown."""
     blocks = applied_blocks(model)
     kept = [stack.kept_layers() for stack in stacks(model)]
-    if blocks is None or any(k is None for k in kept):
-        return None
+    if blocks is None or any(k is None for k in kept) or any(recomputed(b, 0, any_layer=True) for b in blocks):
+        return None  # activation checkpointing keeps less than this model says: measured by zoo.bench instead
     memory = [block.attention.memory_keys() for block in blocks]
     feed_forward = [feed_forward_bytes(block) for block in blocks]
     if any(m is None for m in memory) or any(f is None for f in feed_forward):

@@ -27,6 +27,7 @@ from zoo.stacks.build import build_stack, create_position
 @HEAD.register("lm")
 class CausalLM(ZooModel):
     attention_directions = ("causal",)
+    packs_documents = True  # documents=: targets are cut per document before packing (zoo/data/packing.py)
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
@@ -88,8 +89,11 @@ class CausalLM(ZooModel):
         embeds: Tensor | None = None,
         pad_mask: Tensor | None = None,
         state: ModelState | None = None,
+        documents: Tensor | None = None,
     ) -> ModelOutput:
-        """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one)."""
+        """tokens [b, t] ids, or embeds [b, t, d_model] vectors (exactly one). ``documents`` long [b, t]: packed
+        rows, each position's document in its row (zoo/attention/documents.py); no token sees another document,
+        positions count from each document's start, and ``targets`` must already be cut per document."""
         self.refuse_without_head(targets)
         x = self.input_vectors(self.embed, tokens, embeds)
         b, t = x.shape[:2]
@@ -97,12 +101,16 @@ class CausalLM(ZooModel):
         self.check_state(state, b, stack=self.stack)
         offset = state.offset if state is not None else 0
         shift = state.shift if state is not None else None
+        if documents is not None:  # per-token positions [b, t], each document from 0
+            shift, offset = None, self.packed_positions(documents, x, state)
         # a left-padded row's positions count from its first real token ([b] starts; generation.py)
         x = self.drop(self.position(x, offset if shift is None else offset - shift))
         auxiliary = self.aux_heads is not None and self.training and targets is not None
         if self.aux_heads is not None:
             self.aux_heads.start(auxiliary)
-        out = self.stack(x, pad_mask=pad_mask, state=state.layers if state is not None else None)
+        layers = state.layers if state is not None else None
+        packed = {} if documents is None else {"documents": documents}
+        out = self.stack(x, pad_mask=pad_mask, state=layers, **packed)
         hidden = self.norm(out.x)
         if auxiliary:
             out.aux.update(self.aux_heads.losses(hidden, targets, pad_mask, self.config.label_smoothing))
@@ -119,9 +127,14 @@ class CausalLM(ZooModel):
                 loss, scored = token_loss(logits, targets, pad_mask, self.config.label_smoothing)
                 stats = {**stats, "scored": scored}
         new_state = None
-        if out.state is not None or state is not None:
+        if documents is None and (out.state is not None or state is not None):
             new_state = ModelState(out.state, offset + t, b, self.signature, shift)
         return ModelOutput(logits, loss, out.aux, new_state, stats, hidden)
+
+    def packing_refusal(self) -> str | None:
+        if self.aux_heads is not None:  # Al-Rfou et al.'s multiple targets predict tokens further ahead
+            return "aux_losses predict several tokens ahead from targets that are cut per document only once"
+        return super().packing_refusal()
 
     def left_padding_refusal(self) -> str | None:
         """Why this model cannot decode left-padded prompts through its caches, or None: it must

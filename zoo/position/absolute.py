@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import require
-from zoo.position.base import POSITION, Position, check_random_offset_max, last_offset, sinusoid_table
+from zoo.position.base import POSITION, Position, check_random_offset_max, position_end, sinusoid_table
 
 
 @POSITION.register("sinusoidal")
@@ -113,7 +113,7 @@ class LearnedPosition(Position):
             "learned positions with every_layer=true need a model that attaches them to its stack (kind lm)",
         )
         shift_max = self.options.random_offset_max if self.training else 0
-        end = last_offset(offset) + self.sequence_length(x) + shift_max
+        end = position_end(offset, self.sequence_length(x)) + shift_max
         if end > self.max_len:
             shifted = f" with random_offset_max={shift_max}" if shift_max else ""
             raise ValueError(

@@ -135,6 +135,16 @@ class Position(nn.Module):
         chunk = active_chunk()
         return x.shape[1] if chunk is None else chunk.length
 
+    def packing_refusal(self) -> str | None:
+        """Why this part cannot number each document of a packed row from 0 (``forward`` with per-token
+        positions [b, t]), or None. Default: it can, unless training starts positions at random offsets."""
+        if getattr(self.options, "random_offset_max", 0):
+            return (
+                f"position {self.registry_name!r} has random_offset_max={self.options.random_offset_max}: packed "
+                "documents are numbered from 0 each; set it to 0 to pack"
+            )
+        return None
+
     def length_limit(self) -> int | None:
         """The most positions a sequence may reach in evaluation (a learned table's ``max_len``); None
         when the signal has no limit (sinusoids, no signal). Decoding asks before it starts."""
@@ -146,8 +156,12 @@ class Position(nn.Module):
         a sequence is split over ranks (``zoo.parallel``), index = this rank's positions in it.
 
         ``offset`` long [b] (a left-padded batch decoded row by row, zoo/models/generation.py): [b, t],
-        row i from offset[i]; the pad positions before a row's start read position 0 (never attended)."""
+        row i from offset[i]; the pad positions before a row's start read position 0 (never attended).
+        ``offset`` long [b, t] (packed rows, zoo/attention/documents.py): each token's own position, its place
+        in its document, returned as it is."""
         b, t = x.shape[:2]
+        if isinstance(offset, Tensor) and offset.dim() == 2:
+            return offset.to(x.device)
         chunk = active_chunk()
         index = torch.arange(t, device=x.device) if chunk is None else chunk.positions(x.device)
         if isinstance(offset, Tensor):
@@ -163,6 +177,14 @@ class Position(nn.Module):
 def last_offset(offset: int | Tensor) -> int:
     """The furthest start among the rows of ``offset`` (an int, or long [b] per row)."""
     return offset if isinstance(offset, int) else int(offset.max())
+
+
+def position_end(offset: int | Tensor, length: int) -> int:
+    """One past the furthest position a call reaches: ``length`` positions from ``offset`` (an int or long
+    [b] of starts), or the largest of per-token positions (long [b, t], packed rows) plus one."""
+    if isinstance(offset, Tensor) and offset.dim() == 2:
+        return int(offset.max()) + 1
+    return last_offset(offset) + length
 
 
 def check_random_offset_max(value: int) -> None:

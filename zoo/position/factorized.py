@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.config import require
-from zoo.position.base import POSITION, Position, last_offset
+from zoo.position.base import POSITION, Position, position_end
 
 
 @POSITION.register("factorized")
@@ -54,7 +54,7 @@ class FactorizedPosition(Position):
         return self.max_len
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        end = last_offset(offset) + self.sequence_length(x)
+        end = position_end(offset, self.sequence_length(x))
         if end > self.max_len:
             raise ValueError(
                 f"factorized positions: sequence reaches position {end} but the block table covers max_len="

@@ -109,8 +109,19 @@ def model_config_for_task(preset: str, task: Task, *layers: dict[str, Any]) -> M
 
 
 def build_model_for_task(preset: str, task: Task, **overrides: Any) -> ZooModel:
-    """``zoo.create_model(preset, **overrides)`` bound to ``task`` (:func:`model_config_for_task`)."""
-    return build_model(model_config_for_task(preset, task, overrides))
+    """``zoo.create_model(preset, **overrides)`` bound to ``task`` (:func:`model_config_for_task`); a task that
+    packs documents (``data.pack``) refuses, with the reason, a model that cannot keep them apart."""
+    return refuse_unpackable(build_model(model_config_for_task(preset, task, overrides)), task)
+
+
+def refuse_unpackable(model: ZooModel, task: Task) -> ZooModel:
+    """``model`` itself, once it is known to keep the documents of a packing task (``data.pack=true``) apart;
+    else a refusal with the reason (``ZooModel.packing_refusal``) before any step runs."""
+    if getattr(task.options, "pack", False):
+        reason = model.packing_refusal()
+        if reason is not None:
+            raise ValueError(f"data.pack=true: model {model.config.name!r} cannot take packed documents: {reason}")
+    return model
 
 
 def list_models(pattern: str = "*") -> list[str]:

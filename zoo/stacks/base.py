@@ -49,6 +49,8 @@ class Stack(nn.Module):
     no_state_reason: ClassVar[str] = ""  # why keeps_state is False, for the refusal a model gives
     supports_cross: ClassVar[bool] = True  # can hold blocks with cross-attention (seq2seq decoder)
     needs_additive: ClassVar[bool] = False  # needs additive residuals (reversible: subtracts the branches)
+    packs_documents: ClassVar[bool] = False  # passes a packed row's documents= to every block (data.pack)
+    no_packing_reason: ClassVar[str] = "does not pass a packed row's document ids to its blocks"
 
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__()
@@ -104,6 +106,12 @@ class Stack(nn.Module):
         return f"stack {self.registry_name!r} keeps no state between calls" + (
             f": {self.no_state_reason}" if self.no_state_reason else ""
         )
+
+    def checkpoint_refusal(self) -> str | None:
+        """Why activation checkpointing (``zoo.stacks.checkpointing``: each block's forward, or its attention
+        sub-layer, run again in backward) cannot apply to this stack, or None when it can: the stack then calls
+        each block of ``block_applications`` through ``Block.forward``."""
+        return None
 
     def context_refusal(self) -> str | None:
         """Why this stack cannot run on a chunk of a sequence split over ranks (``zoo.parallel``), or None

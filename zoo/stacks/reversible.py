@@ -17,7 +17,8 @@ gradients one layer at a time. So the activations held for backward do not grow 
 - Dropout (and anything else drawing random numbers) repeats exactly: the CPU/CUDA RNG state at
   the start of each branch is recorded in forward and restored for its recomputation.
 - Mixed precision repeats too: backward recomputes each branch under the autocast state the
-  forward ran in (:class:`zoo.precision.AutocastState`); recomputed in float32, a bf16 forward's
+  forward ran in (:class:`zoo.precision.AutocastState`, replayed by :class:`zoo.attention.recompute.Replaying`, as
+  every recomputation in the zoo is); recomputed in float32, a bf16 forward's
   inputs would be rebuilt from other branch values and the gradients taken of another function.
 - Chunked feed-forward: G is position-wise (a part that is not is refused), so when ``chunk_size`` is set it is
   applied chunk by chunk along the sequence in forward *and* recomputed and differentiated chunk
@@ -51,8 +52,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.attention.recompute import Replaying
 from zoo.blocks import Block, merge_into, prefixed
-from zoo.parallel.chunk import active_chunk, splitting
+from zoo.parallel.chunk import active_chunk
 from zoo.precision import AutocastState
 from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 
@@ -118,6 +120,7 @@ class ReversibleStack(Stack):
     keeps_state = True
     supports_cross = False
     needs_additive = True
+    packs_documents = True  # the forward and the recomputing backward give every branch the same documents
 
     @dataclass
     class Options:
@@ -145,6 +148,13 @@ class ReversibleStack(Stack):
     def recompute_passes(self) -> float:
         return 1.0 if self.options.recompute else 0.0  # backward runs every layer's branches again
 
+    def checkpoint_refusal(self) -> str:
+        return (
+            "stack 'reversible' recomputes every layer in backward already (it keeps one layer's activations "
+            "and rebuilds each layer's input from its output), running its blocks as two branches inside its own "
+            "autograd function, so there is nothing for activation checkpointing to recompute"
+        )
+
     def context_refusal(self) -> None:
         return None  # backward recomputes each layer's attention over the forward's chunk (kept with its RNG)
 
@@ -156,7 +166,9 @@ class ReversibleStack(Stack):
         state: list[Any] | None = None,
         context: Tensor | None = None,
         context_pad_mask: Tensor | None = None,
+        documents: Tensor | None = None,
     ) -> StackOutput:
+        masks = {"pad_mask": pad_mask, "documents": documents}  # what every attention branch is called with
         states = self.check_state(state)
         threading = any(s is not None for s in states)
         if threading and self.options.recompute and torch.is_grad_enabled():
@@ -172,13 +184,13 @@ class ReversibleStack(Stack):
         new_states: list[Any] = []
         if self.options.recompute and torch.is_grad_enabled():
             aux_names: list[str] = []  # filled by the forward: the name of each extra output
-            y1, y2, *aux_values = _ReversibleFunction.apply(x, x, self, pad_mask, stats, aux_names, *self.parameters())
+            y1, y2, *aux_values = _ReversibleFunction.apply(x, x, self, masks, stats, aux_names, *self.parameters())
             for name, value in zip(aux_names, aux_values):
                 merge_into(aux, {name: value})
         else:
             y1, y2 = x, x
             for i, (block, layer_state) in enumerate(zip(self.blocks, states)):
-                f, layer_aux, layer_stats, new_state = block.attention_branch(y2, pad_mask=pad_mask, state=layer_state)
+                f, layer_aux, layer_stats, new_state = block.attention_branch(y2, state=layer_state, **masks)
                 y1 = y1 + f
                 y2 = y2 + feed_forward_branch(block, y1)
                 merge_into(aux, layer_aux)
@@ -201,7 +213,7 @@ class _ReversibleFunction(torch.autograd.Function):
         x1: Tensor,
         x2: Tensor,
         stack: ReversibleStack,
-        pad_mask: Tensor | None,
+        masks: dict[str, Tensor | None],
         stats: dict,
         aux_names: list[str],
         *params: Tensor,
@@ -212,7 +224,7 @@ class _ReversibleFunction(torch.autograd.Function):
         with torch.no_grad():
             for i, block in enumerate(stack.blocks):
                 f_rng = _RNG(x1.device)
-                f, layer_aux, layer_stats, _ = block.attention_branch(x2, pad_mask=pad_mask)
+                f, layer_aux, layer_stats, _ = block.attention_branch(x2, **masks)
                 x1 = x1 + f
                 g_rng = _RNG(x1.device)
                 x2 = x2 + feed_forward_branch(block, x1)
@@ -221,7 +233,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 aux_names.extend(layer_aux)
                 aux_values.extend(layer_aux.values())
                 layer_aux_counts.append(len(layer_aux))
-        ctx.stack, ctx.pad_mask, ctx.rng, ctx.layer_aux_counts = stack, pad_mask, rng, layer_aux_counts
+        ctx.stack, ctx.masks, ctx.rng, ctx.layer_aux_counts = stack, masks, rng, layer_aux_counts
         ctx.chunk = active_chunk()  # a sequence split over ranks (zoo/parallel): recomputed over the same chunk
         ctx.autocast = AutocastState.now(x1.device)  # backward runs outside autocast: replayed there
         ctx.save_for_backward(x1, x2)  # the only activations kept: the last layer's outputs
@@ -254,7 +266,7 @@ class _ReversibleFunction(torch.autograd.Function):
                 for part in block.feed_forward_slices(y1.shape[1]):
                     with torch.enable_grad():
                         y1_piece = y1[:, part].detach().requires_grad_(True)
-                        with ctx.autocast.replay():
+                        with Replaying(ctx.autocast):
                             g = block.feed_forward_branch(y1_piece)
                         d = torch.autograd.grad(g, [y1_piece, *g_params], dy2[:, part], allow_unused=True)
                     x2_pieces.append(y2[:, part] - g.detach())
@@ -269,8 +281,8 @@ class _ReversibleFunction(torch.autograd.Function):
                 f_rng.restore()
                 with torch.enable_grad():
                     x2_in = x2.detach().requires_grad_(True)
-                    with ctx.autocast.replay(), splitting(ctx.chunk):
-                        f, layer_aux, _, _ = block.attention_branch(x2_in, pad_mask=ctx.pad_mask)
+                    with Replaying(ctx.autocast, ctx.chunk):
+                        f, layer_aux, _, _ = block.attention_branch(x2_in, **ctx.masks)
                     outputs, upstream = [f], [dy1]
                     for value, d_value in zip(layer_aux.values(), d_layer_aux):
                         if value.requires_grad:

@@ -14,6 +14,8 @@ from zoo.stacks.base import STACK, BlockFactory, Stack, StackOutput
 
 @STACK.register("sequential")
 class SequentialStack(Stack):
+    packs_documents = True  # blocks one after another: each keeps a packed row's documents apart itself
+
     def __init__(self, make_block: BlockFactory, n_layers: int, d_model: int, **options):
         super().__init__(make_block, n_layers, d_model, **options)
         self.blocks = nn.ModuleList(make_block(i) for i in range(n_layers))
@@ -45,11 +47,19 @@ class SequentialStack(Stack):
         state: list[Any] | None = None,
         context: Tensor | None = None,
         context_pad_mask: Tensor | None = None,
+        documents: Tensor | None = None,
     ) -> StackOutput:
         states = self.check_state(state)
         new_states, aux, stats = [], {}, {}
         for i, (block, layer_state) in enumerate(zip(self.blocks, states)):
-            out = block(x, pad_mask=pad_mask, state=layer_state, context=context, context_pad_mask=context_pad_mask)
+            out = block(
+                x,
+                pad_mask=pad_mask,
+                state=layer_state,
+                context=context,
+                context_pad_mask=context_pad_mask,
+                documents=documents,
+            )
             x = out.x
             new_states.append(out.state)
             merge_into(aux, out.aux)

@@ -98,6 +98,11 @@ class UniversalState:
 class UniversalStack(Stack):
     """``n_layers`` is T, the number of steps (and the step limit under ACT unless ``max_steps``)."""
 
+    no_packing_reason = (
+        "adds its own position and timestep signal at every step, numbered along the row rather than from each "
+        "packed document's start"
+    )
+
     def stream_refusal(self) -> str | None:
         """Fixed depth streams (one cache per step); ACT refuses (module notes)."""
         if self.options.act:

@@ -7,14 +7,16 @@ Intervals over seeds come from :mod:`zoo.app.aggregate` (the sweep summary's), p
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from zoo.app.compose import compose
 from zoo.app.csv_rows import append_rows, read_rows
+from zoo.app.run import run
 from zoo.bench.machine import describe_machine
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -24,30 +26,32 @@ REPORT_END = "<!-- end of study report -->"
 
 
 def train(overrides: Sequence[str], run_dir: Path, *, threads: int = 1, echo: Callable[[str], None] = print) -> Path:
-    """One training run through the app (``experiments/train.py``), into ``run_dir``.
+    """One training run through the app (``experiments/train.py``'s composition and run), into ``run_dir``.
 
     Every setting is on the command line (set == runs); ``trainer.resume=auto`` continues a stopped run
-    from its ``last.pt``, and a finished run (``result.json``) is not trained again. The app's output goes
-    to ``<run_dir>.log``. Returns the run directory."""
+    from its ``last.pt``, and a finished run (``result.json``) is not trained again. It runs in this
+    process (a new interpreter per run cost about 5 s of start-up, most of a toy study); the app's output
+    goes to ``<run_dir>.log``. Returns the run directory."""
     run_dir = Path(run_dir).resolve()
     if (run_dir / "result.json").exists():
         return run_dir
-    command = [
-        sys.executable,
-        str(TRAIN_APP),
-        *overrides,
-        f"trainer.threads={threads}",
-        "trainer.resume=auto",
-        f"hydra.run.dir={run_dir}",
-    ]
-    echo(" ".join(command[1:]))
+    app_overrides = [*overrides, f"trainer.threads={threads}", "trainer.resume=auto"]
+    echo(" ".join([str(TRAIN_APP.relative_to(PROJECT_ROOT)), *app_overrides, f"hydra.run.dir={run_dir}"]))
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as handle:
-        done = subprocess.run(command, cwd=PROJECT_ROOT, stdout=handle, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise RuntimeError(f"training run failed (exit {done.returncode}): see {log}")
+    with open(log, "a") as handle, redirect_stdout(handle), redirect_stderr(handle):
+        try:
+            run(compose(app_overrides), run_dir=run_dir)
+        except Exception as exc:
+            raise RuntimeError(f"training run failed ({type(exc).__name__}: {exc}): see {log}") from exc
     return run_dir
+
+
+def run_outcome(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """A finished training run's ``result.json`` (final and best metric, steps, parameters, wall seconds) and
+    its ``metrics.csv`` rows (``logger=csv``: one per logged step and per evaluation)."""
+    run_dir = Path(run_dir)
+    return json.loads((run_dir / "result.json").read_text()), read_rows(run_dir / "metrics.csv")
 
 
 class Rows:
@@ -95,6 +99,23 @@ def write_report(readme: Path, block: str, title: str) -> None:
     readme.write_text(text)
 
 
+def markdown_table(header: Sequence[str], body: Iterable[Sequence[Any]]) -> list[str]:
+    """The lines of a markdown table: ``header`` then one line per row of ``body`` (cells as given)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in body]
+
+
+def load_now() -> float:
+    """The 1-minute load average now, to one decimal: each measured row carries the load it ran under."""
+    return round(os.getloadavg()[0], 1)
+
+
+def load_range(rows: Sequence[dict[str, str]], key: str = "load_1min") -> str:
+    """``"1.2-7.3"``: the range of the 1-minute load average the rows were measured under ("not recorded" if none)."""
+    loads = [float(row[key]) for row in rows if row.get(key)]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "not recorded"
+
+
 def number(row: dict[str, str], key: str) -> float:
     return float(row[key])
 
@@ -102,6 +123,25 @@ def number(row: dict[str, str], key: str) -> float:
 def spread(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, min, max) of a non-empty list."""
     return sum(values) / len(values), min(values), max(values)
+
+
+@contextmanager
+def saved_figure(path: Path, *args: Any, dpi: int = 100, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """``(fig, axes)`` of ``plt.subplots(*args, **kwargs)`` (headless), laid out, written as PNG at ``path`` and
+    closed when the block ends: every study's figure is drawn inside one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
 
 
 def panels_figure(
@@ -115,26 +155,48 @@ def panels_figure(
 ) -> None:
     """A panel per key of ``series``, in each a line per variant through (x, mean, low, high) points with the
     low-high band shaded (seeds' min-max or an interval); written as PNG at ``path``."""
-    import matplotlib
+    width = max(len(series), 1)
+    with saved_figure(path, 1, width, figsize=(5.5 * width, 4), sharey=True, squeeze=False, dpi=110) as (_, axes):
+        for axis, (title, lines) in zip(axes[0], series.items()):
+            for label, points in lines.items():
+                points = sorted(points)
+                x = [p[0] for p in points]
+                axis.plot(x, [p[1] for p in points], marker="o", label=label)
+                axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.2)
+            if vline is not None:
+                axis.axvline(vline, color="grey", lw=0.8, ls=":")
+            if logx:
+                axis.set_xscale("log", base=2)
+            axis.set(xlabel=xlabel, title=title)
+        axes[0][0].set_ylabel(ylabel)
+        axes[0][-1].legend()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, max(len(series), 1), figsize=(5.5 * max(len(series), 1), 4), sharey=True, squeeze=False)
-    for axis, (title, lines) in zip(axes[0], series.items()):
-        for label, points in lines.items():
-            points = sorted(points)
-            x = [p[0] for p in points]
-            axis.plot(x, [p[1] for p in points], marker="o", label=label)
-            axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.2)
-        if vline is not None:
-            axis.axvline(vline, color="grey", lw=0.8, ls=":")
-        if logx:
-            axis.set_xscale("log", base=2)
-        axis.set(xlabel=xlabel, title=title)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def typed(rows: Iterable[dict[str, str]]) -> list[dict[str, Any]]:
+    """Rows read back from CSV with their numbers as numbers (ints stay ints; empty cells dropped), so code
+    written for the measured rows (``zoo.bench.report``'s tables, slopes, plots) reads them unchanged."""
+
+    def value(text: str) -> Any:
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    return [{key: value(text) for key, text in row.items() if text != ""} for row in rows]
+
+
+def bars_figure(path: Path, bars: dict[str, tuple[float, float, float]], *, ylabel: str, title: str = "",
+                reference: float | None = None) -> None:
+    """One bar per label at its median with the (low, high) range as an error bar, a dotted line at
+    ``reference`` (1.0 for a ratio); written as PNG at ``path``."""
+    labels = list(bars)
+    middle = [bars[k][0] for k in labels]
+    errors = [[m - bars[k][1] for k, m in zip(labels, middle)], [bars[k][2] - m for k, m in zip(labels, middle)]]
+    with saved_figure(path, figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.6), dpi=110) as (_, axis):
+        axis.bar(range(len(labels)), middle, yerr=errors, capsize=4, color="tab:blue", alpha=0.8)
+        if reference is not None:
+            axis.axhline(reference, color="grey", lw=0.8, ls=":")
+        axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+        axis.set(ylabel=ylabel, title=title)

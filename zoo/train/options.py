@@ -11,6 +11,7 @@ from torch import nn
 
 from zoo.config import require
 from zoo.precision import PRECISIONS, check_precision
+from zoo.stacks.checkpointing import CheckpointPlan
 from zoo.train.adagrad import ParameterClippedAdagrad
 from zoo.train.steps import adam, schedule
 
@@ -53,6 +54,11 @@ class TrainerOptions:
     # attention layer runs on, zigzag for dense causal attention), contiguous or zigzag
     context_parallel: int = 1
     context_layout: str = "auto"
+    # activation checkpointing (zoo/stacks/checkpointing.py): none | full (every block recomputed in backward) |
+    # selective, which recomputes every k-th block (selective_checkpointing=k; left empty: 2) or every block's
+    # attention sub-layer (selective_checkpointing=attention)
+    activation_checkpointing: str = "none"
+    selective_checkpointing: str = ""
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "batch_size", "seq_len", "accumulate", "log_every"):
@@ -81,9 +87,18 @@ class TrainerOptions:
             "trainer.compile is not supported with trainer.context_parallel > 1 (the exchanges between ranks run "
             "eagerly); set one of them back",
         )
+        require(
+            self.checkpoint_plan().mode == "none" or self.context_parallel == 1,
+            "trainer.activation_checkpointing with trainer.context_parallel > 1 is not supported yet: recomputing a "
+            "layer in backward would run its exchanges between ranks again, which no test covers; set one of them back",
+        )
         require(self.precision in PRECISIONS, f"trainer.precision must be fp32 or bf16, got {self.precision!r}")
         require(self.eval_split in ("val", "test"), f"trainer.eval_split must be val or test, got {self.eval_split!r}")
         require(self.clip >= 0 and self.max_time_s >= 0, "trainer.clip and trainer.max_time_s must be >= 0")
+
+    def checkpoint_plan(self) -> CheckpointPlan:
+        """What backward recomputes (``activation_checkpointing``, ``selective_checkpointing``); refuses a bad pair."""
+        return CheckpointPlan.from_options(self.activation_checkpointing, self.selective_checkpointing)
 
 
 @dataclass

@@ -44,13 +44,7 @@ from zoo.train.debug import StepProfiler, anomaly_detection
 from zoo.train.options import OptimOptions, TrainerOptions, make_optimizer, make_schedule, run_device
 from zoo.train.rundir import write_text
 from zoo.train.scoring import evaluate_model, scalar_stats
-from zoo.train.steps import (
-    TrainingDiverged,
-    forward_backward,
-    initial_state,
-    optimizer_step,
-    set_training_progress,
-)
+from zoo.train.steps import TrainingDiverged, forward_backward, initial_state, optimizer_step, set_training_progress
 from zoo.train.stop import ImmediateInterrupt, StopSignals
 
 log = logging.getLogger(__name__)
@@ -113,7 +107,7 @@ class Trainer(CheckpointedRun):
             torch.cuda.set_device(self.device)
         self.dist = distributed.setup(self.device, trainer.context_parallel)
         self.loggers = list(loggers) if self.dist.is_main else []
-        self.model = model.to(self.device)
+        self.model = trainer.checkpoint_plan().apply(model.to(self.device))  # blocks recomputed (before DDP / FSDP)
         self.net: nn.Module = self.model
         self.context: ContextParallel | None = None
         if trainer.context_parallel > 1:  # N ranks share each sequence; gradients synced by sync_gradients

@@ -16,7 +16,8 @@ checkpoint has a SHA-256 sidecar (``last.pt.sha256``, ``sha256sum`` format), che
 file is read: a corrupt file is refused naming it and the newest sound checkpoint beside it. A
 checkpoint copied without its sidecar is checked against the CRC-32 its zip container (``torch.save``'s
 format) records for every entry: a mismatch is refused naming the file and the entry; a file that
-passes loads, with a warning that its SHA-256 was never checked (it is never called sound).
+passes loads, with a warning that its SHA-256 was never checked (it is never called sound). The checksums
+live in ``checksums.py``.
 
 Writes are atomic and a failed write removes its temp files. A checkpoint and its sidecar are two
 files, so they cannot be renamed into place at once: the new sidecar is written in full (as a temp
@@ -30,13 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import os
 import random
 import shutil
 import sys
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +44,60 @@ import torch
 from torch import Tensor
 
 from zoo.registry import import_plugins
+from zoo.train.checkpoints.checksums import (
+    CHECKSUM_SUFFIX,
+    checksum_path,
+    complete_saves,
+    newest_sound_checkpoint,
+    pending_checksum_path,
+    pending_checksums,
+    recorded_digest,
+    sha256_of,
+    verify_checksum,
+    write_checksum,
+    write_checksum_file,
+    zip_entry_problem,
+)
 from zoo.train.output_checks import file_size_limit
 from zoo.train.rundir import open_exclusive, safe_path
 
 CHECKPOINT_FORMAT = "transformer-zoo/checkpoint/v2"
-CHECKSUM_SUFFIX = ".sha256"
 STATE_TAG = "__dataclass__"
 # modules whose state classes moved when zoo/ was laid out as a folder per axis: format v2 checkpoints
 # written before that name the old module (``zoo.models:ModelState``) and still load
 MOVED_STATE_MODULES = {"zoo.models": "zoo.models.base"}
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "STATE_TAG",
+    "MOVED_STATE_MODULES",
+    "CheckpointError",
+    "UncheckedCheckpointWarning",
+    "seed_everything",
+    "rng_state",
+    "set_rng_state",
+    "state_to_data",
+    "state_class",
+    "state_from_data",
+    "is_temp_file",
+    "sweep_temp_files",
+    "save_checkpoint",
+    "import_recorded",
+    "load_checkpoint",
+    # the checksums' home is checksums.py; importable from here as before
+    "CHECKSUM_SUFFIX",
+    "checksum_path",
+    "complete_saves",
+    "newest_sound_checkpoint",
+    "pending_checksum_path",
+    "pending_checksums",
+    "recorded_digest",
+    "sha256_of",
+    "verify_checksum",
+    "write_checksum",
+    "write_checksum_file",
+    "zip_entry_problem",
+]
 
 
 class CheckpointError(RuntimeError):
@@ -153,121 +197,6 @@ def state_from_data(data: Any, device: torch.device | str = "cpu") -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(state_from_data(d, device) for d in data)
     return data
-
-
-# -- checksums ---------------------------------------------------------------------------------------
-
-
-def checksum_path(path: str | Path) -> Path:
-    path = Path(path)
-    return path.with_name(path.name + CHECKSUM_SUFFIX)
-
-
-def sha256_of(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def pending_checksum_path(path: str | Path) -> Path:
-    """Where a save writes the new sidecar before the checkpoint is renamed into place."""
-    sidecar = checksum_path(path)
-    return sidecar.with_name(f".{sidecar.name}.tmp{os.getpid()}")
-
-
-def pending_checksums(path: str | Path) -> list[Path]:
-    """Sidecars of saves killed between their two renames (any process's)."""
-    sidecar = checksum_path(path)
-    return sorted(sidecar.parent.glob(f".{sidecar.name}.tmp*"))
-
-
-def recorded_digest(sidecar: Path) -> str | None:
-    words = sidecar.read_text().split()[:1] if sidecar.is_file() else []
-    return words[0] if words else None
-
-
-def write_checksum_file(target: Path, checkpoint_name: str, digest: str) -> Path:
-    """A ``sha256sum``-format line for ``checkpoint_name``, written to ``target`` (a fresh file, synced)."""
-    with open_exclusive(target, "w") as f:
-        f.write(f"{digest}  {checkpoint_name}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return target
-
-
-def write_checksum(path: str | Path, digest: str | None = None) -> Path:
-    """Write ``<path>.sha256`` (``sha256sum -c`` reads it) for an existing checkpoint file."""
-    path = Path(path)
-    sidecar, tmp = checksum_path(path), pending_checksum_path(path)
-    try:
-        write_checksum_file(tmp, path.name, digest or sha256_of(path))
-        os.replace(tmp, sidecar)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-    return sidecar
-
-
-def verify_checksum(path: str | Path) -> str | None:
-    """None when ``path`` matches its sidecar (or the pending sidecar of a save killed between its
-    two renames), else what is wrong."""
-    path = Path(path)
-    sidecar = checksum_path(path)
-    pending = pending_checksums(path)
-    if not sidecar.is_file() and not pending:
-        return f"it has no checksum file {sidecar.name} beside it"
-    actual = sha256_of(path)
-    if any(recorded_digest(p) == actual for p in [sidecar, *pending]):
-        return None
-    expected = recorded_digest(sidecar)
-    return f"its SHA-256 is {actual} but {sidecar.name} records {expected or 'nothing'}"
-
-
-def zip_entry_problem(path: str | Path) -> str | None:
-    """What is wrong with the zip container ``torch.save`` wrote at ``path``, by the CRC-32 it records
-    for every entry (a bit flip in any tensor's bytes shows), or None. A file that is not a zip (a legacy
-    torch file, a truncated one) is left to the reader, which refuses what it cannot read."""
-    if not zipfile.is_zipfile(path):
-        return None
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()  # reads every entry, comparing its bytes with the recorded CRC-32
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        return f"its zip container cannot be read ({type(exc).__name__}: {exc})"
-    return None if bad is None else f"entry {bad!r} of its zip container does not match the CRC-32 recorded for it"
-
-
-def complete_saves(directory: str | Path) -> list[Path]:
-    """Finish the saves killed between their two renames: a pending sidecar whose digest is the
-    checkpoint's becomes its sidecar (one that matches nothing is left for the temp-file sweep).
-    Returns the checkpoints repaired."""
-    directory = Path(directory)
-    repaired = []
-    for checkpoint in sorted(directory.glob("*.pt")) if directory.is_dir() else []:
-        pending = pending_checksums(checkpoint)
-        if not pending or verify_checksum(checkpoint) is not None:
-            continue
-        actual, sidecar = sha256_of(checkpoint), checksum_path(checkpoint)
-        if recorded_digest(sidecar) == actual:
-            continue
-        os.replace(next(p for p in pending if recorded_digest(p) == actual), sidecar)
-        repaired.append(checkpoint)
-    return repaired
-
-
-def newest_sound_checkpoint(directory: str | Path, exclude: str | Path | None = None) -> Path | None:
-    """The most recently written checkpoint in ``directory`` whose checksum holds."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    excluded = Path(exclude).resolve() if exclude else None
-    candidates = [p for p in directory.glob("*.pt") if p.is_file() and p.resolve() != excluded]
-    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
-        if verify_checksum(candidate) is None:
-            return candidate
-    return None
 
 
 # -- writing and reading -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 ``results/generate`` (issue 40 item 3; issue 38 item 6's decoding rates of the gated linear family).
 
 For every causal mechanism (``attention``, each in the 2-layer ``vanilla_lm`` skeleton), every extra variant
-(``variants``: dotted ``key=value`` items, space-separated, as ``zoo.bench --variant`` takes them) and every
+(``variants``: dotted ``key=value`` items joined by ``:``, as ``zoo.bench --variant`` takes them space-separated;
+labelled with spaces, as the bench labels them) and every
 peer (``peers``: HF's ``LlamaForCausalLM.generate`` with its dynamic and its static cache, x-transformers'
 cached decoding, all of the same shape), at each context and batch: tokens/s decoding ``new_tokens`` greedy
 tokens from a prefilled state, in paired rounds (:func:`zoo.bench.generate.run_generate`, the timing of
@@ -40,9 +41,9 @@ CAUSAL = [
     "mamba2",
 ]
 EXTRA = [
-    "attention=additive attention.score=general",  # score=concat materialises [t, s, d_head] by design
-    "attention=lsh attention.n_buckets=64",
-    "attention=vanilla attention.max_cache=1024 attention.sinks=4",
+    "attention=additive:attention.score=general",  # score=concat materialises [t, s, d_head] by design
+    "attention=lsh:attention.n_buckets=64",
+    "attention=vanilla:attention.max_cache=1024:attention.sinks=4",
 ]
 NUMBERS = (
     "tokens_per_s",
@@ -105,9 +106,10 @@ class Generate(Study):
     def variants(self) -> list[Variant]:
         o = self.options
         out = [Variant(name, "zoo", "vanilla_lm", {"attention": name}) for name in o.attention]
-        for items in o.variants:
-            overrides = parse_set(items.split())
-            out.append(Variant(items, "zoo", str(overrides.pop("model", "vanilla_lm")), overrides))
+        for joined in o.variants:  # ':' joins a variant's items so that a command line holds it as one word
+            items = joined.split(":")
+            overrides = parse_set(items)
+            out.append(Variant(" ".join(items), "zoo", str(overrides.pop("model", "vanilla_lm")), overrides))
         return out + [peer_variant(name) for name in o.peers]
 
     def run(self) -> None:

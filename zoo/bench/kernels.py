@@ -20,10 +20,8 @@ causal half of Q K^T and P V, x3. Outputs in ``--out``: ``kernels.csv``, ``kerne
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +37,7 @@ from zoo.attention.decay_chunks import chunk_decay_attention
 from zoo.attention.decay_layer import DecayAttention
 from zoo.attention.delta_chunks import chunk_delta_rule
 from zoo.attention.state_mixer import StateMixer
+from zoo.bench.peers import module_from_file
 from zoo.bench.report import write_csv
 from zoo.bench.timing import clocked, matmul_probe, paired_rounds
 
@@ -84,14 +83,7 @@ def fla_naive(op: str) -> ModuleType | None:
     None when it is absent."""
     root = Path(os.environ.get("ZOO_REFERENCES", "../ref")) / "flash-linear-attention" / "fla" / "ops"
     path, key = root / op / "naive.py", f"zoo_bench_fla_naive_{op}"
-    if not path.is_file():
-        return None
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[key] = module
-    return sys.modules[key]
+    return module_from_file(path, key) if path.is_file() else None
 
 
 def to_fla(*xs: Tensor) -> list[Tensor]:

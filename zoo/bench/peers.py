@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -111,6 +112,17 @@ class _CheckoutFinder(importlib.abc.MetaPathFinder):
         if path is not None:  # a submodule: its package's own __path__ finds it
             return None
         return importlib.machinery.PathFinder.find_spec(name, [self.folder])
+
+
+def module_from_file(path: str | Path, key: str) -> ModuleType:
+    """The Python file at ``path`` (a reference we did not write, e.g. fla's ``naive.py``) as module ``key``,
+    loaded once; nothing is added to ``sys.path``."""
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[key] = module
+    return sys.modules[key]
 
 
 def import_checkout(folder: str | Path, *modules: str) -> list[ModuleType]:

@@ -85,7 +85,7 @@ def test_variant_and_set_values_reach_the_built_model():
 
 
 def test_peers_live_in_a_registry():
-    assert PEER.list() == ["hf_llama", "local_attention", "reformer_pytorch", "x_transformers"]
+    assert PEER.list() == ["hf_llama", "hf_llama_static", "local_attention", "reformer_pytorch", "x_transformers"]
     assert bench.peer_variant("x-transformers").name == bench.peer_variant("x_transformers").name == "x_transformers"
     assert bench.named_variant("peer:x-transformers") == bench.Variant("peer:x-transformers", "peer", "x_transformers")
     assert all(PEER.get(name).__doc__ for name in PEER.list())  # the description tables and --help show

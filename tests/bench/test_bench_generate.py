@@ -59,19 +59,35 @@ def test_the_command_line_writes_the_table_plot_and_csv(tmp_path):
     assert (tmp_path / "generate.png").stat().st_size > 0 and "tokens/s" in (tmp_path / "generate.md").read_text()
 
 
-def test_hf_llama_generate_is_timed_beside_ours_with_the_bandwidth_bound():
-    """HF's LlamaForCausalLM.generate() decodes from its DynamicCache (cropped back to the prompt every
-    round), and every row carries the bound: batch x copy bandwidth / the state's bytes."""
+def test_peers_decode_beside_ours_with_the_bandwidth_bound():
+    """HF's LlamaForCausalLM.generate() from its DynamicCache and from a StaticCache (cropped back to the prompt
+    every round) and x-transformers' cached decoding, of the same shape as ours; every row carries the bound:
+    batch x copy bandwidth / the state's bytes, and the step time at that bound."""
     pytest.importorskip("transformers")
-    variants = [Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}), peer_variant("hf_llama")]
-    _, summary = tiny_run(variants, [32, 64], new_tokens=3, rounds=2)
+    pytest.importorskip("x_transformers")
+    peers = [peer_variant(name) for name in ("hf_llama", "hf_llama_static", "x_transformers")]
+    variants = [Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}), *peers]
+    _, summary = tiny_run(variants, [32, 64], new_tokens=3, rounds=1, batch=2)
     rows = {(r["variant"], r["context"]): r for r in summary}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in summary), [r["status"] for r in summary]
     hf_32, hf_64 = rows["peer:hf_llama", 32], rows["peer:hf_llama", 64]
-    assert hf_64["cache_mib"] == pytest.approx(
-        hf_32["cache_mib"] * 63 / 31
-    )  # one K and V per prompt token but the last
+    assert hf_64["cache_mib"] == pytest.approx(hf_32["cache_mib"] * 63 / 31)  # K and V per prompt token but the last
+    static = rows["peer:hf_llama_static", 64]  # sized once for the prompt and the new tokens
+    assert static["cache_mib"] == pytest.approx(hf_32["cache_mib"] * (64 + 3) / 31)
+    x_32, ours_32 = rows["peer:x_transformers", 32], rows["vanilla", 32]
+    assert x_32["cache_mib"] == pytest.approx(ours_32["cache_mib"])  # the same shape: one K and V per token
     for row in summary:
         bytes_read = row["cache_mib"] * 2**20
-        assert row["bound_tokens_per_s"] == pytest.approx(row["bandwidth_gib_s"] * 2**30 / bytes_read)
-    assert "bandwidth bound" in generate_markdown(summary, META)
+        assert row["bound_tokens_per_s"] == pytest.approx(2 * row["bandwidth_gib_s"] * 2**30 / bytes_read)
+        assert row["bound_ms_per_step"] == pytest.approx(bytes_read / (row["bandwidth_gib_s"] * 2**30) * 1e3)
+        assert row["batch"] == 2
+    table = generate_markdown(summary, {**META, "batch": 2})
+    assert "bandwidth bound tokens/s (ms/step)" in table and "| peer:x_transformers | 2 | 64 |" in table
+
+
+def test_the_command_line_decodes_at_each_batch(tmp_path):
+    argv = "--generate --attention local_1d --lengths 24 --batch 1,2 --d-model 16 --heads 2 --vocab 32 "
+    argv += f"--new-tokens 2 --rounds 1 --threads 1 --out {tmp_path}"
+    assert main(argv.split()) == 0
+    with open(tmp_path / "generate.csv") as f:
+        assert [(r["batch"], r["status"]) for r in csv.DictReader(f)] == [("1", "ok"), ("2", "ok")]

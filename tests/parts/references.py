@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,8 @@ from types import ModuleType
 
 import pytest
 import torch
+
+from zoo.bench.peers import module_from_file
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 REFERENCES = Path(os.environ.get("ZOO_REFERENCES", PROJECT_ROOT.parent / "ref"))
@@ -61,9 +62,4 @@ def module_at(path: Path, key: str, what: str) -> ModuleType:
     """The Python file at ``path`` as module ``key`` (loaded once); skips the test when it is missing."""
     if not path.is_file():
         pytest.skip(f"{what} not fetched: {path} is missing (set ZOO_REFERENCES)")
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[key] = module
-    return sys.modules[key]
+    return module_from_file(path, key)

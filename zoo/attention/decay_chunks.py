@@ -137,9 +137,11 @@ def chunk_decay_attention(
     passed = passed[..., None] if diagonal else passed[..., None, None]
     running = q.new_zeros(b, h, f, e) if state is None else state.to(work)
     before = []
-    for index in range(n):  # n = t / C steps of the chunk-level recurrence
+    # n = t / C steps of the chunk-level recurrence, over chunks unbound once: indexing inside the loop would
+    # make backward write a full-size zero gradient per chunk (O(t^2 / C) memory traffic)
+    for passed_i, added_i in zip(passed.unbind(2), added.unbind(2), strict=True):
         before.append(running)
-        running = passed[:, :, index] * running + added[:, :, index]
+        running = passed_i * running + added_i
     out = out + torch.einsum("bhncf,bhnfe->bhnce", read, torch.stack(before, dim=2))
     out = rearrange(out, "b h n c e -> b h (n c) e")[:, :, :t]
     return out.to(dtype), running

@@ -16,7 +16,8 @@ and Gamma_ij = exp(G_i - G_j) (i >= j),
 
     (I + A) [U | W] = [diag(beta) V | diag(beta exp(G)) K],   A = strict_lower(diag(beta) K K^T * Gamma)
 
-(the WY representation, solved as a unit lower-triangular system: the UT transform), then from the chunk's
+(the WY representation, solved as a unit lower-triangular system: the UT transform; solved from the right on
+the transposes, LAPACK's column-major layout, which spares torch a copy of each block), then from the chunk's
 start state S_0
 
     V_new = U - W S_0
@@ -25,7 +26,8 @@ start state S_0
 
 Without beta, U = V and W = 0 (the SSD's diagonal and off-diagonal blocks). Cost per chunk O(C^2 (k + e)
 + C k e), O(t C (k + e) + t k e) in all; only C x C matrices, never t x t. The state passes from chunk to
-chunk in a loop over t / C chunks.
+chunk in a loop over t / C chunks (without beta the loop only adds each chunk's batched increment). Without
+g the decays are skipped, not multiplied by ones.
 
 Shapes: q, k [b, h, t, k]; v [b, h, t, e]; beta, g [b, h, t]; state [b, h, k, e]; ``n`` chunks of ``c``.
 Padding: a position with k = 0 and g = 0 leaves the state as it was (u is added times k); callers zero
@@ -69,6 +71,14 @@ def float32_island(form: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., 
     return run
 
 
+def times(x: Tensor, *factors: Tensor | None) -> Tensor:
+    """``x`` times each factor that is given (a missing decay or segment mask multiplies by nothing)."""
+    for factor in factors:
+        if factor is not None:
+            x = x * factor
+    return x
+
+
 @float32_island
 def chunk_delta_rule(
     q: Tensor,
@@ -91,46 +101,62 @@ def chunk_delta_rule(
     c = min(chunk_size, t)  # one token (decoding) costs no C x C block
     pad = -t % c  # zeros past the end: k = 0 adds nothing, g = 0 decays nothing
     q, k, v = (rearrange(F.pad(x, (0, 0, 0, pad)), "b h (n c) f -> b h n c f", c=c) for x in (q, k, v))
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    plain = g is None and segments is None  # Gamma is the lower triangle: masks, not products
+    decayed = to_end = end = None  # no decay: nothing decays (no exp, no products by ones)
     if g is None:
-        cum = q.new_zeros(q.shape[:-1])
+        gamma = lower if segments is None else lower.to(q.dtype)
     else:
         cum = rearrange(F.pad(g, (0, pad)), "b h (n c) -> b h n c", c=c).cumsum(-1)  # G within each chunk
-    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    # Gamma_ij = exp(G_i - G_j) on and below the diagonal; above it -inf before exp (no overflow), so 0
-    gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-    read = write = passes = 1.0
+        # Gamma_ij = exp(G_i - G_j) on and below the diagonal; above it -inf before exp (no overflow), so 0
+        gamma = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+        decayed = cum.exp()[..., None]  # exp(G_i): [b, h, n, c, 1]
+        to_end = (cum[..., -1:] - cum).exp()[..., None]  # exp(G_C - G_i)
+        end = cum[..., -1].exp()[..., None, None]  # exp(G_C): [b, h, n, 1, 1]
+    read = write = None
     if segments is not None:
         seg = rearrange(torch.cat([segments, segments[:, -1:].expand(b, pad)], 1), "b (n c) -> b 1 n c", c=c)
         entering = torch.cat([seg[..., :1, :1], seg[..., :-1, -1:]], dim=2)  # [b, 1, n, 1]
         gamma = gamma * (seg[..., :, None] == seg[..., None, :])
         read, write = (seg == entering)[..., None].to(q.dtype), (seg == seg[..., -1:])[..., None].to(q.dtype)
         passes = (seg[..., -1:] == entering)[..., None].to(q.dtype)  # [b, 1, n, 1, 1]
+        end = passes if end is None else end * passes
     if beta is None:
         u, w = v, None
     else:
         beta = rearrange(F.pad(beta, (0, pad)), "b h (n c) -> b h n c 1", c=c)
         kb = k * beta
-        strict = (kb @ k.transpose(-1, -2) * gamma).tril(-1)
-        rhs = torch.cat([v * beta, kb * cum.exp()[..., None] * read], -1)
-        solved = torch.linalg.solve_triangular(strict, rhs, upper=False, unitriangular=True)  # (I + A)^-1
+        strict = kb @ k.transpose(-1, -2)
+        strict = strict.tril(-1) if plain else (strict * gamma).tril(-1)
+        rhs = torch.cat([v * beta, times(kb, decayed, read)], -1)
+        # (I + A)^-1 rhs as rhs^T (I + A)^-T: the transposes are in LAPACK's layout (about 2x faster here)
+        solved = torch.linalg.solve_triangular(strict.mT, rhs.mT, upper=True, left=False, unitriangular=True).mT
         u, w = solved[..., :dv], solved[..., dv:]
-    scores = q @ k.transpose(-1, -2) * gamma  # lower-triangular: gamma is 0 above the diagonal
-    q_decayed = q * cum.exp()[..., None] * read
-    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None] * write
-    end_decay = cum[..., -1].exp()[..., None, None] * passes  # [b, h, n, 1, 1]
+    scores = q @ k.transpose(-1, -2)
+    scores = scores.tril() if plain else scores * gamma  # lower-triangular: gamma is 0 above the diagonal
+    q_decayed, k_to_end = times(q, decayed, read), times(k, to_end, write)
     s = q.new_zeros(b, h, dk, dv) if state is None else state
-    outs = []
-    # the state passes from chunk to chunk; the chunks are unbound once (indexing inside the loop would make
-    # backward write a full-size zero gradient per chunk: O(t^2 / C) memory traffic)
-    w_chunks = [None] * q.shape[2] if w is None else w.unbind(2)
-    per_chunk = zip(
-        u.unbind(2), w_chunks, q_decayed.unbind(2), scores.unbind(2), k_to_end.unbind(2), end_decay.unbind(2)
-    )
-    for u_i, w_i, q_i, scores_i, k_i, decay_i in per_chunk:
-        v_new = u_i if w_i is None else u_i - w_i @ s
-        outs.append(q_i @ s + scores_i @ v_new)
-        s = s * decay_i + k_i.transpose(-1, -2) @ v_new
-    out = rearrange(torch.stack(outs, 2), "b h n c e -> b h (n c) e")[:, :, :t]
+    # the chunks are unbound once (indexing inside the loop would make backward write a full-size zero
+    # gradient per chunk: O(t^2 / C) memory traffic)
+    end_decay = [None] * q.shape[2] if end is None else end.unbind(2)
+    if w is None:
+        # no delta rule: the state's chain is S_C = exp(G_C) S_0 + K_end^T V, its increments batched before the
+        # loop; the outputs read the stacked chunk-start states in one batched product
+        starts = []
+        for added_i, decay_i in zip((k_to_end.transpose(-1, -2) @ u).unbind(2), end_decay):
+            starts.append(s)
+            s = (s if decay_i is None else s * decay_i) + added_i
+        out = q_decayed @ torch.stack(starts, 2) + scores @ u  # [b, h, n, c, e]
+    else:
+        outs = []
+        for w_i, u_i, q_i, scores_i, k_i, decay_i in zip(
+            w.unbind(2), u.unbind(2), q_decayed.unbind(2), scores.unbind(2), k_to_end.unbind(2), end_decay
+        ):
+            v_new = u_i - w_i @ s
+            outs.append(q_i @ s + scores_i @ v_new)
+            s = (s if decay_i is None else s * decay_i) + k_i.transpose(-1, -2) @ v_new
+        out = torch.stack(outs, 2)
+    out = rearrange(out, "b h n c e -> b h (n c) e")[:, :, :t]
     return out, s
 
 

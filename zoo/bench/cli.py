@@ -26,6 +26,8 @@ bf16 twin ``<label>+bf16`` (with ``--paired``: the bf16 speed-up per round). ``-
 decoding instead: tokens per second and the state's MiB at each context (:mod:`zoo.bench.generate`).
 ``--fsdp-ranks 1,2,4`` measures the parameter and optimiser bytes per rank with the model sharded by FSDP
 over that many gloo processes (:mod:`zoo.bench.sharding`).
+``--kernels a,b`` times the gated linear family's chunk kernels alone beside causal SDPA and flash-linear-
+attention's naive references, with the share of the matmul FLOP bound each reaches (:mod:`zoo.bench.kernels`).
 
 Variants: ``--attention a,b`` (mechanisms in a skeleton preset), ``--model p,q`` (presets),
 ``--variant key=value ...`` (one variant per flag, as dotted config overrides, the app's syntax,
@@ -41,6 +43,8 @@ first (:func:`zoo.registry.import_plugins`), so the parts they register can be m
     python -m zoo.bench --imports my_research.attention --attention vanilla,my_attention --lengths 1024
     python -m zoo.bench --paired --flops --model reformer,vanilla_lm --peers reformer-pytorch \
         --baseline peer:reformer-pytorch --lengths 8192 --rounds 5
+    python -m zoo.bench --kernels deltanet,gated_deltanet,mamba2,retention,gla --lengths 1024,4096,16384 \
+        --rounds 3 --threads 1 --out results/kernels
     python -m zoo.bench --generate --attention vanilla,local_1d,sparse_fixed --variant attention=lsh \
         attention.n_buckets=64 --lengths 1024,4096,16384,65536 --new-tokens 16 --rounds 3
 """
@@ -54,6 +58,7 @@ from pathlib import Path
 import torch
 
 from zoo.bench.generate import run_generate, write_generate
+from zoo.bench.kernels import run_kernels, write_kernels
 from zoo.bench.machine import describe_machine, load_average
 from zoo.bench.measure import rss_child, run, run_paired
 from zoo.bench.report import write_csv, write_outputs, write_paired
@@ -85,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--d-ff", type=int, default=0, help="feed-forward width (default 4 * d_model)")
     parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument(
+        "--batch", default="1", help="sequences per step; --generate takes several (1,8): each context at each batch"
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -109,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         "time --new-tokens greedy tokens one at a time in alternating rounds; tokens/s and the state's MiB "
         "(generate.csv, generate_rounds.csv, generate.md, generate.png)",
     )
+    parser.add_argument(
+        "--kernels",
+        default="",
+        help="comma-separated chunk-kernel mechanisms (deltanet, gated_deltanet, mamba2, retention, gla): each "
+        "kernel's training step alone beside causal SDPA and fla's naive reference ($ZOO_REFERENCES), with the "
+        "share of the matmul FLOP bound (kernels.csv, kernels_rounds.csv, kernels.md)",
+    )
+    parser.add_argument("--no-naive", action="store_true", help="--kernels: leave out fla's naive references")
     parser.add_argument("--new-tokens", type=int, default=16, help="--generate: tokens decoded per round")
     parser.add_argument(
         "--prefill-chunk",
@@ -163,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     imports = [name.strip() for name in args.imports.split(",") if name.strip()]
+    if args.kernels:
+        return kernels_main(args, argv)
     try:
         import_plugins(imports)
         variants = variants_from_args(args)
@@ -174,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     layers = [int(x) for x in args.layers.split(",") if x.strip()]
+    batches = [int(x) for x in str(args.batch).split(",") if x.strip()]
+    if len(batches) != 1 and not args.generate:
+        parser.error(f"--batch takes one value except with --generate; got {args.batch}")
     command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     meta = dict(
         title=args.title or "zoo.bench: one training step",
@@ -192,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         d_model=args.d_model,
         heads=args.heads,
         vocab=args.vocab,
-        batch=args.batch,
+        batch=batches[0],
         d_ff=args.d_ff or None,
         overrides=overrides,
         threads=args.threads,
@@ -224,16 +244,19 @@ def main(argv: list[str] | None = None) -> int:
         if len(layers) != 1 or args.rounds < 1 or args.new_tokens < 1:
             parser.error(f"--generate needs one --layers value, --rounds >= 1 and --new-tokens >= 1; got {args.layers}")
         meta.update(title=args.title, layers=layers[0], new_tokens=args.new_tokens, load_before=load_average())
-        round_rows, summary = run_generate(
-            variants,
-            lengths,
-            new_tokens=args.new_tokens,
-            rounds=args.rounds,
-            layers=layers[0],
-            max_seconds=args.max_seconds,
-            prefill_chunk=args.prefill_chunk,
-            **sizes,
-        )
+        round_rows, summary = [], []
+        for batch in batches:
+            rounds_b, summary_b = run_generate(
+                variants,
+                lengths,
+                new_tokens=args.new_tokens,
+                rounds=args.rounds,
+                layers=layers[0],
+                max_seconds=args.max_seconds,
+                prefill_chunk=args.prefill_chunk,
+                **{**sizes, "batch": batch},
+            )
+            round_rows, summary = round_rows + rounds_b, summary + summary_b
         meta.update(load=load_average())
         paths = write_generate(round_rows, summary, Path(args.out), meta)
         print(paths["md"].read_text())
@@ -277,6 +300,41 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_outputs(rows, Path(args.out), meta, args.baseline)
     print(paths["md"].read_text())
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
+    return 0
+
+
+def kernels_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``--kernels``: the chunk kernels alone (zoo.bench.kernels)."""
+    import_plugins([name.strip() for name in args.imports.split(",") if name.strip()])
+    names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    batches = [int(x) for x in str(args.batch).split(",") if x.strip()]
+    command = "python -m zoo.bench " + " ".join(_quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    meta = dict(
+        command=command,
+        machine=describe_machine(),
+        torch=torch.__version__,
+        threads=args.threads,
+        batch=args.batch,
+        d_model=args.d_model,
+        heads=args.heads,
+        load_before=load_average(),
+    )
+    round_rows, summary = run_kernels(
+        names,
+        [int(x) for x in args.lengths.split(",") if x.strip()],
+        rounds=args.rounds,
+        d_model=args.d_model,
+        heads=args.heads,
+        batch=batches[0],
+        d_ff=args.d_ff or None,
+        threads=args.threads,
+        max_seconds=args.max_seconds,
+        naive=not args.no_naive,
+    )
+    meta.update(load=load_average())
+    paths = write_kernels(round_rows, summary, Path(args.out), meta)
+    print(paths["md"].read_text())
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from zoo.attention.base import Attention
+from zoo.bench.peer_decoding import PEER_DECODING
 from zoo.bench.report import write_csv
 from zoo.bench.timing import clocked, paired_rounds
 from zoo.bench.variants import Variant, build
@@ -74,17 +75,18 @@ def run_generate(
     device = torch.device(device)
     shape = dict(d_model=d_model, heads=heads, layers=layers, vocab=vocab, batch=batch, d_ff=d_ff or 4 * d_model)
     stop = {v.label: "" for v in variants}
-    bandwidth = copy_bandwidth(device)  # bytes/s: the state read per token over it bounds tokens/s
-    progress(f"measured copy bandwidth {bandwidth / 2**30:,.1f} GiB/s")
     round_rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
     for context in contexts:
+        bandwidth = copy_bandwidth(device)  # bytes/s: the state read per token over it bounds tokens/s
+        progress(f"context {context:,}: measured copy bandwidth {bandwidth / 2**30:,.1f} GiB/s")
         prompt = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(context))
         prompt = prompt.to(device)
         steps, rows = {}, {}
         for variant in variants:
             row: dict[str, Any] = dict(
                 variant=variant.label,
+                batch=batch,
                 context=context,
                 new_tokens=new_tokens,
                 device=str(device),
@@ -97,8 +99,8 @@ def run_generate(
             try:
                 model, _ = build(variant, context + new_tokens + 1, shape, overrides or {}, device)
                 model.eval()
-                hf = variant.kind == "peer" and hasattr(model, "generate")  # an HF model: its generate()
-                reason = "" if hf else peer_refusal(variant) or model.stream_refusal()
+                peer = PEER_DECODING.get(variant.name) if variant.kind == "peer" else None
+                reason = "" if peer else peer_refusal(variant) or model.stream_refusal()
                 if reason:
                     row["status"] = f"refused: {reason}"
                     stop[variant.label] = "cannot continue a sequence"
@@ -106,21 +108,24 @@ def run_generate(
                 with torch.no_grad(), autocast(device, variant.precision):
                     synchronize(device)
                     start = time.perf_counter()
-                    out = hf_prefill(model, prompt) if hf else prefill_state(model, prompt, prefill_chunk)
+                    out = (
+                        peer.prefill(model, prompt, new_tokens) if peer else prefill_state(model, prompt, prefill_chunk)
+                    )
                     synchronize(device)
                     prefill = time.perf_counter() - start
-                cache = hf_cache_tensors(out) if hf else out.state
+                cache_bytes = state_bytes(peer.tensors(out) if peer else out.state)
                 row.update(
                     status="ok",
                     prefill_s=prefill,
-                    cache_mib=state_bytes(cache) / 2**20,
-                    state_bound=None if hf else layer_bound(model),
-                    bound_tokens_per_s=batch * bandwidth / max(state_bytes(cache), 1),
+                    cache_mib=cache_bytes / 2**20,
+                    state_bound=None if peer else layer_bound(model),
+                    bound_tokens_per_s=batch * bandwidth / max(cache_bytes, 1),
+                    bound_ms_per_step=cache_bytes / bandwidth * 1e3,
                     bandwidth_gib_s=bandwidth / 2**30,
                 )
                 decoder = (
-                    _hf_decoder(model, out, prompt, new_tokens)
-                    if hf
+                    peer.decoder(model, out, prompt, new_tokens)
+                    if peer
                     else _decoder(model, out, new_tokens, variant.precision)
                 )
                 steps[variant.label] = clocked(decoder, device)
@@ -136,6 +141,7 @@ def run_generate(
                 for label, value in seconds.items():
                     round_rows.append(
                         dict(
+                            batch=batch,
                             context=context,
                             round=index,
                             variant=label,
@@ -177,39 +183,17 @@ def _decoder(model: torch.nn.Module, prefilled: Any, new_tokens: int, precision:
 
 def peer_refusal(variant: Variant) -> str:
     if variant.kind == "peer":
-        return f"peer {variant.name!r} is timed in training steps only (no cached decoding adapter here)"
+        return (
+            f"peer {variant.name!r} is timed in training steps only (cached decoding adapters: "
+            f"{', '.join(PEER_DECODING)})"
+        )
     return ""
 
 
-def hf_prefill(model: torch.nn.Module, prompt: torch.Tensor) -> Any:
-    """An HF model's DynamicCache after all but the last prompt token (its generate() feeds that one)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    model(prompt[:, :-1], cache=cache, use_cache=True)
-    return cache
-
-
-def hf_cache_tensors(cache: Any) -> list[torch.Tensor]:
-    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
-
-
-def _hf_decoder(model: torch.nn.Module, cache: Any, prompt: torch.Tensor, new_tokens: int) -> Callable[[], None]:
-    """HF's generate() (greedy, exactly ``new_tokens`` tokens, as many forward calls as ours) from the
-    prefilled cache, cropped back to the prompt first (DynamicCache grows in place: states are not values)."""
-    context = prompt.shape[1] - 1
-
-    def decode() -> None:
-        if cache.get_seq_length() > context:
-            cache.crop(context - cache.get_seq_length())
-        options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-        model.generate(input_ids=prompt, cache=cache, **options)
-
-    return decode
-
-
-def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
-    """Bytes per second of a large tensor copy (read + write counted), the best of ``repeats``."""
+def copy_bandwidth(device: torch.device, mib: int = 64, repeats: int = 5) -> float:
+    """Bytes per second of a tensor copy larger than the caches (read + write counted), the best of ``repeats``;
+    measured at each context, under the load of the moment (a figure from another load makes a bound a
+    measured rate can beat)."""
     source = torch.empty(mib * 2**20, dtype=torch.uint8, device=device).fill_(1)
     target = torch.empty_like(source)
     best = float("inf")
@@ -238,7 +222,7 @@ def write_generate(
 
 
 def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    bandwidth = next((r["bandwidth_gib_s"] for r in summary if "bandwidth_gib_s" in r), 0.0)
+    measured = [r["bandwidth_gib_s"] for r in summary if "bandwidth_gib_s" in r] or [0.0]
     lines = [
         f"# {meta.get('title') or 'zoo.bench --generate: decoding through the cache'}",
         "",
@@ -252,10 +236,13 @@ def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> st
         "rotated each round, after one unrecorded warm-up round. cache MiB: every tensor of the model's state "
         "after the prefill (all layers); bound: the tokens a layer's state holds at most (none = grows). bandwidth "
         "bound: batch x measured copy bandwidth / the state's bytes, the tokens/s a step that only reads its "
-        f"state once could reach (weights not counted; copy bandwidth {bandwidth:,.1f} GiB/s).",
+        "state once could reach, and that step's ms (the state's bytes / the bandwidth; weights not counted; copy "
+        f"bandwidth {min(measured):,.1f}-{max(measured):,.1f} GiB/s, measured at each context); ms/step: one "
+        "measured decoding step of the whole batch.",
         "",
-        "| variant | context | tokens/s (min-max) | bandwidth bound | cache MiB | bound | prefill s | status |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | batch | context | tokens/s (min-max) | ms/step | bandwidth bound tokens/s (ms/step) | cache MiB "
+        "| bound | prefill s | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in summary:
         rate = (
@@ -268,10 +255,13 @@ def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> st
             "" if "cache_mib" not in row else ("none" if row.get("state_bound") is None else f"{row['state_bound']:,}")
         )
         prefill = f"{row['prefill_s']:,.2f}" if "prefill_s" in row else ""
-        limit = f"{row['bound_tokens_per_s']:,.0f}" if "bound_tokens_per_s" in row else ""
+        limit = (
+            f"{row['bound_tokens_per_s']:,.0f} ({row['bound_ms_per_step']:.3f})" if "bound_ms_per_step" in row else ""
+        )
+        step = f"{row.get('batch', 1) * 1e3 / row['tokens_per_s']:,.2f}" if "tokens_per_s" in row else ""
         lines.append(
-            f"| {row['variant']} | {row['context']:,} | {rate} | {limit} | {cache} | {bound} | {prefill} | "
-            f"{row['status']} |"
+            f"| {row['variant']} | {row.get('batch', 1)} | {row['context']:,} | {rate} | {step} | {limit} | {cache} | "
+            f"{bound} | {prefill} | {row['status']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -283,10 +273,12 @@ def plot_generate(summary: list[dict[str, Any]], path: Path, meta: dict[str, Any
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
-    labels = list(dict.fromkeys(r["variant"] for r in summary))
+    for r in summary:  # one line per variant and batch
+        r.setdefault("line", r["variant"] if r.get("batch", 1) == 1 else f"{r['variant']} (batch {r['batch']})")
+    labels = list(dict.fromkeys(r["line"] for r in summary))
     colours = plt.get_cmap("tab20")(range(len(labels)))
     for index, label in enumerate(labels):
-        points = [r for r in summary if r["variant"] == label and "tokens_per_s" in r]
+        points = [r for r in summary if r["line"] == label and "tokens_per_s" in r]
         if not points:
             continue
         x = [r["context"] for r in points]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,14 +29,17 @@ PEER: Registry[Any] = Registry("peer")
 
 @PEER.register("x_transformers")
 def _peer_x_transformers(length: int, shape: dict[str, int]) -> nn.Module:
-    """x-transformers Decoder, attn_flash=True (SDPA)"""
+    """x-transformers Decoder, attn_flash=True (SDPA), heads of d_model / heads; --generate: its cached decoding"""
     from x_transformers import Decoder, TransformerWrapper
 
-    return TransformerWrapper(
-        num_tokens=shape["vocab"],
-        max_seq_len=length,
-        attn_layers=Decoder(dim=shape["d_model"], depth=shape["layers"], heads=shape["heads"], attn_flash=True),
+    layers = Decoder(
+        dim=shape["d_model"],
+        depth=shape["layers"],
+        heads=shape["heads"],
+        attn_dim_head=shape["d_model"] // shape["heads"],  # its default is 64 whatever the width
+        attn_flash=True,
     )
+    return TransformerWrapper(num_tokens=shape["vocab"], max_seq_len=length, attn_layers=layers)
 
 
 @PEER.register("hf_llama")
@@ -57,6 +61,12 @@ def _peer_hf_llama(length: int, shape: dict[str, int]) -> nn.Module:
         attn_implementation="sdpa",
     )
     return LlamaForCausalLM(config)
+
+
+@PEER.register("hf_llama_static")
+def _peer_hf_llama_static(length: int, shape: dict[str, int]) -> nn.Module:
+    """HF transformers LlamaForCausalLM (SDPA); --generate decodes with its generate() and a StaticCache"""
+    return _peer_hf_llama(length, shape)
 
 
 @PEER.register("local_attention")
@@ -102,6 +112,17 @@ class _CheckoutFinder(importlib.abc.MetaPathFinder):
         if path is not None:  # a submodule: its package's own __path__ finds it
             return None
         return importlib.machinery.PathFinder.find_spec(name, [self.folder])
+
+
+def module_from_file(path: str | Path, key: str) -> ModuleType:
+    """The Python file at ``path`` (a reference we did not write, e.g. fla's ``naive.py``) as module ``key``,
+    loaded once; nothing is added to ``sys.path``."""
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[key] = module
+    return sys.modules[key]
 
 
 def import_checkout(folder: str | Path, *modules: str) -> list[ModuleType]:

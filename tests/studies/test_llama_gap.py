@@ -61,6 +61,10 @@ def test_ablation_cells_change_what_they_name_at_equal_parameters(tmp_path):
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert abs(count(cell) - count(base)) / count(base) < 0.01
     assert ablation_overrides("layernorm/mlp/default") == {"norm": "layernorm", "init": "default"}
+    drawn, _ = s.build("transformer_pp_llama_init", 11, 0)  # the preset drawn as HF Llama draws its weights
+    assert drawn.config.init == {"name": "gpt2", "scale_depth": False}
+    linear = drawn.stack.blocks[0].attention.to_out.weight
+    assert abs(float(linear.detach().std()) - 0.02) < 0.005  # N(0, 0.02), not scaled by depth
     with pytest.raises(ValueError, match="norm/feed_forward/init"):
         study(tmp_path, ablation=["rmsnorm/gelu/default"])
 

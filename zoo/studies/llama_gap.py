@@ -51,13 +51,17 @@ from zoo.studies.reference_loop import (
 )
 from zoo.train.eval_protocols import split_stream
 
-MODELS = ("transformer_pp", "llama", "vanilla_lm")
+# transformer_pp_llama_init: the preset drawn as HF Llama draws its weights (init=gpt2 without the depth
+# scaling: every linear and the token table N(0, 0.02)), which separates the block from the initialisation
+MODELS = ("transformer_pp", "llama", "vanilla_lm", "transformer_pp_llama_init")
+# (the token table too: gpt2 draws it N(0, 0.02) read unscaled, so the preset's token_init_std steps aside)
+LLAMA_DRAWN = dict(init={"name": "gpt2", "scale_depth": False}, token_init_std=0.0)
 BASE_CELL = "layernorm/mlp/default"  # the ablation's vanilla_lm as it is: the headline vanilla_lm's seed runs
 
 
 @dataclass
 class Options:
-    models: list[str] = field(default_factory=lambda: list(MODELS))
+    models: list[str] = field(default_factory=lambda: list(MODELS))  # in this order, one seed of each first
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     ablation: list[str] = field(default_factory=lambda: [
         f"{n}/{f}/{i}" for n in ("layernorm", "rmsnorm") for f in ("mlp", "swiglu") for i in ("default", "gpt2")])
@@ -101,15 +105,17 @@ class LlamaGap(Study):
                 "shape, and which change of the 2017 block (norm, feed-forward, init) buys what?")
     figures = ("gap.png",)
     # HF's Llama only where transformers is installed (the references extra): the rest runs everywhere
-    toy_options = dict(models=[m for m in MODELS if m != "llama" or find_spec("transformers")], seeds=[0],
+    toy_options = dict(models=["transformer_pp", "vanilla_lm", *(["llama"] if find_spec("transformers") else [])],
+                       seeds=[0],
                        ablation=["rmsnorm/swiglu/gpt2"], steps=2, batch_size=2, length=16, warmup=1,
                        timing_rounds=1, d_model=16, n_layers=1, test_segments=4)
 
     def ours(self, preset: str, vocab: int, **overrides) -> torch.nn.Module:
         o = self.options
         sizes = dict(vocab_size=vocab, d_model=o.d_model, n_layers=o.n_layers, n_heads=4, max_len=o.length)
-        if preset == "transformer_pp":
-            return zoo.create_model("transformer_pp", **sizes, d_ff=round(8 * o.d_model / 3), tie_embeddings=True)
+        if preset.startswith("transformer_pp"):
+            return zoo.create_model("transformer_pp", **sizes, d_ff=round(8 * o.d_model / 3), tie_embeddings=True,
+                                    **(LLAMA_DRAWN if preset == "transformer_pp_llama_init" else {}))
         return zoo.create_model("vanilla_lm", **sizes, d_ff=4 * o.d_model, position="rope", tie_embeddings=True,
                                 **overrides)
 
@@ -200,6 +206,10 @@ class LlamaGap(Study):
                  f"{'within' if within else 'not within'} {o.margin} bpc on the mean"
                  + (f"; the interval {'lies inside' if inside else 'reaches past'} +-{o.margin}"
                     if interval.low is not None else "") + ".**"]
+        if per_model["transformer_pp_llama_init"]:
+            drawn = compare(per_model["transformer_pp_llama_init"], theirs, higher_is_better=False).interval
+            ci = f" (95% interval {drawn.low:+.3f} to {drawn.high:+.3f})" if drawn.low is not None else ""
+            lines.append(f"transformer_pp initialised as HF Llama - HF Llama = {drawn.mean:+.3f} bpc{ci}.")
         if per_model["vanilla_lm"]:
             gap = compare(per_model["vanilla_lm"], theirs, higher_is_better=False).interval
             ci = f" (95% interval {gap.low:+.3f} to {gap.high:+.3f})" if gap.low is not None else ""

@@ -186,7 +186,7 @@ class LlamaGap(Study):
             count = int(parameters[model])
             lines.append(f"| {model} | {count:,} | {len(values)} | {interval.mean:.3f}{ci} | {seeds} |")
         lines += ["", self.verdict(per_model), ""]
-        lines += self.ablation_lines(bpc, parameters) + [""] + self.timing_lines(rows)
+        lines += (self.ablation_lines(bpc, parameters) + [""] if o.ablation else []) + self.timing_lines(rows)
         series = {"test bpc per seed": {m: [(s, v, v, v) for s, v in sorted(per_model[m].items())]
                                         for m in MODELS if per_model[m]}}
         panels_figure(self.paths.out / "gap.png", series, xlabel="seed", ylabel="test bits per character")

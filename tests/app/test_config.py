@@ -28,6 +28,7 @@ from zoo.app.run import build  # noqa: E402
 from zoo.app.schema import named_schema, options_defaults, schema_type  # noqa: E402
 from zoo.config import merge_config  # noqa: E402
 from zoo.data import list_tasks  # noqa: E402
+from zoo.registry import UnknownNameError  # noqa: E402
 
 GROUPS = [
     "model",
@@ -206,7 +207,7 @@ def test_the_command_line_explains_a_typo_from_hydras_own_failure(monkeypatch, c
     module = load_script(CONF_DIR.parent / "experiments" / "train.py")
     for argv, expected in (
         (["trainer.max_step=3"], "valid: accumulate"),
-        (["-m", "model=vanilla_lm,gtrxl", "residual.gate_bias=0"], "residual=gru_gate residual.gate_bias="),
+        (["attention.n_hashs=8"], "Did you mean 'n_hashes'"),  # the preset's part: every mechanism's options, checked
     ):
         monkeypatch.setattr(sys, "argv", ["train.py", *argv])
         GlobalHydra.instance().clear()
@@ -217,9 +218,21 @@ def test_the_command_line_explains_a_typo_from_hydras_own_failure(monkeypatch, c
     assert "HYDRA_FULL_ERROR" not in os.environ  # set for the launch only
 
 
-def test_option_of_unchosen_attention_says_pick_one_first():
-    message = explain_overrides(["attention.score=dot"])
-    assert "attention=" in message and "additive" in message and "vanilla" in message
+def test_part_options_apply_to_the_presets_own_part_without_picking_it():
+    """The issue's command: attention.n_kv_heads=1 (no attention=...) reaches the preset's mechanism, beside the
+    norm and feed-forward picked on their axes; an option the preset's part lacks composes (some mechanism has
+    it) and is refused when the model is built, naming the part and its options."""
+    base = ["experiment=tiny", "model=vanilla_lm", "trainer.seq_len=16", "trainer.batch_size=2"]
+    _, _, model = build(compose(base + ["norm=rmsnorm", "feed_forward=swiglu", "attention.n_kv_heads=1"]))
+    assert model.config.attention == {"name": "vanilla", "n_kv_heads": 1}
+    assert (model.config.norm["name"], model.config.feed_forward["name"]) == ("rmsnorm", "swiglu")
+    assert model.stack.blocks[0].attention.to_k.out_features == model.config.d_model // model.config.n_heads
+    _, _, model = build(compose(base + ["norm.eps=0.001"]))  # the same on another axis
+    assert model.config.norm == {"name": "layernorm", "eps": 0.001}
+    with pytest.raises(UnknownNameError, match="attention 'vanilla' 'score'; valid: .*n_kv_heads"):
+        build(compose(base + ["attention.score=dot"]))
+    # an option no mechanism has is refused when the config is composed
+    assert "Did you mean 'n_hashes'" in explain_overrides(["attention.n_hashs=8"])
 
 
 def test_unknown_choice_lists_options():

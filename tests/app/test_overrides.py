@@ -269,9 +269,10 @@ def test_part_groups_set_their_options_and_refuse_typos():
     assert "valid: gate_bias, name" in message and "Did you mean 'gate_bias'" in message
     with pytest.raises(ConfigCompositionException):
         compose(["residual=gru_gate", "residual.gate_bais=0"])
-    for argv in (["model.residual.gate_bias=0"], ["residual.gate_bias=0"]):  # no part picked yet: say how
-        message = explain_overrides(argv)
-        assert "residual=gru_gate residual.gate_bias=" in message and "pre_norm" in message, message
+    message = explain_overrides(["model.residual.gate_bias=0"])  # the model key of an axis: say how
+    assert "residual=gru_gate residual.gate_bias=" in message and "pre_norm" in message, message
+    # the group's default node is the preset's own part, its options set in place (gtrxl's gru_gate)
+    assert explain_overrides(["model=gtrxl", "residual.gate_bias=1"]) is None
     assert "Did you mean 'act'" in explain_overrides(["stack=universal", "stack.actt=true"])
     with pytest.raises(ConfigCompositionException, match="max_steps"):
         compose(["stack=universal", "stack.max_steps=many"])

@@ -139,6 +139,25 @@ def named_schema(kind: str, name: str, options_cls: type, *, unset: bool = False
     return make_dataclass(f"{kind.capitalize()}Schema_{name}", fields)
 
 
+PRESET_CHOICE = "preset"  # each part group's default option: the preset's own part, its options settable
+
+
+def preset_schema(axis: str, registry: Registry[Any]) -> type:
+    """The default node of a part group (``attention: preset``): no ``name`` (the preset's own part(s),
+    every layer's) and every option of every registered part of the axis, null = unset. So
+    ``attention.n_kv_heads=1`` composes without picking a mechanism and reaches the preset's; an option
+    the preset's part lacks is refused when the model is built, naming the part and its options. An
+    option that two parts type differently is typed ``Any`` here (the part's own Options check it)."""
+    types_of: dict[str, set[Any]] = {}
+    for name in registry.list():
+        for fname, tp, _ in options_fields(registry.get(name).Options):
+            types_of.setdefault(fname, set()).add(tp)
+    fields = [("name", Optional[str], field(default=None))]  # noqa: UP045 - a runtime type for OmegaConf
+    for fname, tps in types_of.items():
+        fields.append((fname, optional(next(iter(tps))) if len(tps) == 1 else Any, field(default=None)))
+    return make_dataclass(f"{axis.capitalize()}Schema_preset", fields)
+
+
 def model_schema() -> type:
     """``preset`` + ``tiny`` (start from the preset's registered CPU-sized variant, e.g. its attention
     blocks shrunk to fit short sequences) + every ModelConfig field as optional: null keeps the
@@ -251,6 +270,7 @@ def register_schemas() -> None:
     cs.store(group="schema", name="optim", node=simple_schema(OptimOptions, "OptimSchema"))
     cs.store(group="schema", name="logger", node=simple_schema(LoggerOptions, "LoggerSchema"))
     for axis, registry in PART_GROUPS.items():
+        cs.store(group=axis, name=PRESET_CHOICE, node=preset_schema(axis, registry))
         for name in registry.list():
             schema = named_schema(axis, name, registry.get(name).Options, unset=True)
             cs.store(group=f"schema/{axis}", name=name, node=schema)

@@ -1,0 +1,140 @@
+"""One training loop for models we wrote and models we did not: the ground a comparison between them
+stands on (``zoo/studies/llama_gap.py``; the Llama runs of ``results/streaming/rope``).
+
+Our trainer cannot train Hugging Face's ``LlamaForCausalLM`` or x-transformers' decoder, and our trainer
+against another loop moves the same model's bits per character by 0.02-0.06 (data order, Adam's beta2;
+``results/streaming/rope``). So every model of a comparison is trained here, in one loop: windows of
+``length + 1`` tokens drawn at random positions of the training split by a generator seeded with the run's
+seed (the same batches for every model of a seed), Adam at ``lr`` with ``warmup`` linear warm-up steps then
+a cosine decay to zero, gradients clipped to norm 1; then scored on non-overlapping test segments.
+
+The models differ only in how they are called (:func:`next_token_loss`): ours take tokens and targets,
+HF's take labels equal to the inputs (shifted inside), x-transformers' return logits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+OURS, LLAMA, X_TRANSFORMERS = "ours", "llama", "x_transformers"
+
+
+def build_llama(vocab: int, length: int, *, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
+                intermediate: int = 512, tie: bool = False, attention_dropout: float = 0.0,
+                eager: bool = False) -> nn.Module:
+    """``transformers.LlamaForCausalLM`` (rotary, pre-RMSNorm, SwiGLU of width ``intermediate``, no biases,
+    N(0, 0.02) initialisation); ``eager`` attention returns its weights (``output_attentions``)."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as error:  # an optional reference: say how to get it
+        raise RuntimeError(f"the Llama reference needs Hugging Face transformers (make peers): {error}") from error
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=d_model, intermediate_size=intermediate, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=length,
+        attention_dropout=attention_dropout, tie_word_embeddings=tie,
+        attn_implementation="eager" if eager else "sdpa",
+    )
+    return LlamaForCausalLM(config)
+
+
+def build_xtransformers(vocab: int, length: int, *, d_model: int = 128, n_layers: int = 4,
+                        n_heads: int = 4) -> nn.Module:
+    """x-transformers' decoder in our ``vanilla_lm`` pre-norm shape: LayerNorm before each sub-layer, GELU
+    feed-forward of 4 d_model with biases, rotary over the whole head, tied embeddings, attention dropout 0.1."""
+    try:
+        from x_transformers import Decoder, TransformerWrapper
+    except ImportError as error:
+        raise RuntimeError(f"the x-transformers reference needs x-transformers (make peers): {error}") from error
+    layers = Decoder(dim=d_model, depth=n_layers, heads=n_heads, attn_dim_head=d_model // n_heads,
+                     rotary_pos_emb=True, ff_mult=4, attn_dropout=0.1)
+    return TransformerWrapper(num_tokens=vocab, max_seq_len=length, use_abs_pos_emb=False, tie_embedding=True,
+                              attn_layers=layers)
+
+
+def next_token_loss(model: nn.Module, batch: Tensor, kind: str) -> Tensor:
+    """Mean cross-entropy of each next token inside ``batch`` [b, t] (t - 1 predictions, for every kind)."""
+    if kind == OURS:
+        return model(batch[:, :-1], batch[:, 1:]).loss
+    if kind == X_TRANSFORMERS:
+        logits = model(batch[:, :-1])
+        return nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+    return model(batch, labels=batch).loss
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then a cosine decay to zero (our trainer's shape)."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
+@dataclass
+class LoopSettings:
+    steps: int = 2000
+    batch_size: int = 16
+    length: int = 256  # tokens per window: length - 1 predictions each
+    lr: float = 1e-3
+    warmup: int = 100
+    seed: int = 0
+
+
+def random_windows(stream: Tensor, settings: LoopSettings, generator: torch.Generator) -> Tensor:
+    """[batch_size, length] windows at random start positions of ``stream`` (1-D token ids)."""
+    starts = torch.randint(0, len(stream) - settings.length, (settings.batch_size,), generator=generator)
+    return torch.stack([stream[s : s + settings.length] for s in starts.tolist()])
+
+
+def train_in_loop(model: nn.Module, kind: str, train: Tensor, settings: LoopSettings) -> float:
+    """Train ``model`` in place on the 1-D ``train`` stream; returns the seconds it took. The batches depend
+    on ``settings.seed`` alone, so every model of a seed sees the same ones."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    generator = torch.Generator().manual_seed(settings.seed)
+    begin = time.perf_counter()
+    model.train()
+    for step in range(settings.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings.steps, settings.lr, settings.warmup)
+        loss = next_token_loss(model, random_windows(train, settings, generator), kind)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return time.perf_counter() - begin
+
+
+def segments_of(stream: Tensor, length: int, limit: int = 0) -> Tensor:
+    """[n, length] non-overlapping segments from the start of ``stream`` (the first ``limit`` when > 0)."""
+    n = len(stream) // length if limit <= 0 else min(limit, len(stream) // length)
+    return stream[: n * length].view(n, length)
+
+
+@torch.no_grad()
+def segment_bpc(model: nn.Module, kind: str, segments: Tensor, batch_size: int = 32) -> float:
+    """Bits per token over ``segments`` [n, t], each scored on its own (t - 1 predictions each)."""
+    model.eval()
+    total, count = 0.0, 0
+    for chunk in segments.split(batch_size):
+        predictions = chunk.shape[0] * (chunk.shape[1] - 1)
+        total += float(next_token_loss(model, chunk, kind)) * predictions
+        count += predictions
+    return total / count / math.log(2)
+
+
+@torch.no_grad()
+def llama_sink_rows(model: nn.Module, segments: Tensor, first: int, sinks: int) -> list[dict]:
+    """The mean attention weight HF Llama's queries at positions ``first``.. give to the first ``sinks`` keys,
+    per layer and head, from its own ``output_attentions`` (build it with ``eager=True``), with the share a
+    uniform distribution would give (StreamingLLM's attention sinks, arXiv:2309.17453)."""
+    attentions = model(segments, output_attentions=True).attentions  # per layer [n, h, t, t]
+    t = segments.shape[1]
+    uniform = float((sinks / torch.arange(first + 1, t + 1, dtype=torch.float64)).mean())
+    rows = []
+    for layer, weights in enumerate(attentions):
+        for head, mass in enumerate(weights[:, :, first:, :sinks].sum(-1).mean((0, 2)).tolist()):
+            rows.append(dict(layer=layer, head=head, mass=mass, uniform=uniform, ratio=mass / uniform))
+    return rows

@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# test processes (pytest-xdist): each test runs on one torch thread, so one process per core
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow lint docs bench peers clean-venv
 
@@ -18,10 +20,10 @@ demo: $(STAMP)
 	$(PY) experiments/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -n $(TEST_WORKERS) -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check zoo experiments tests

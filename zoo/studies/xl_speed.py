@@ -20,6 +20,7 @@ tokens), same shape: 2 layers, d 256, 4 heads, FFN 1,024, vocab 256, batch 1; in
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass, field
 
 import torch
@@ -96,11 +97,15 @@ class XLSpeed(Study):
     question = ("Is Transformer-XL's evaluation with state reuse hundreds of times faster per token than a vanilla "
                 "model re-computing its context (paper Table 9), and its training step at most half x-transformers'?")
     figures = ("eval_speed.png",)
-    toy_options = dict(lengths=[16], segment=8, layers=1, d_model=16, rounds=1, train_configs=["16+16"],
-                       train_rounds=1, train_d_model=16)
+    # the training comparison needs the peer (the `peers` extra): at toy size it runs where that is installed
+    toy_options = dict(lengths=[16], segment=8, layers=1, d_model=16, rounds=1, train_rounds=1, train_d_model=16,
+                       train_configs=["16+16"] if importlib.util.find_spec("x_transformers") else [])
 
     def run(self) -> None:
         o, threads = self.options, self.threads
+        require(not o.train_configs or importlib.util.find_spec("x_transformers") is not None,
+                "xl_speed: the training comparison times x-transformers' step beside ours; install it "
+                "(pip install -e '.[peers]') or leave it out with study.train_configs=[]")
         rows = Rows(self.rows_path, ("kind", "threads", "attention_length", "segment", "memory"))
         shape = dict(vocab_size=256, d_model=o.d_model, n_layers=o.layers, n_heads=4, d_ff=4 * o.d_model, dropout=0.0)
         torch.manual_seed(0)

@@ -46,7 +46,7 @@ def test_every_required_row_exists_with_the_issue_counts():
             assert paper.get(key) not in (None, ""), f"{name}: paper.{key} is missing"
 
 
-@pytest.mark.parametrize("name", PAPERS)
+@pytest.mark.parametrize("name", default_run_keeps(PAPERS, FAST_PAPERS))
 def test_parameter_count_matches_the_paper(name):
     info = describe([f"experiment=paper/{name}"])
     assert isinstance(info["params"], int) and info["params"] > 1_000_000

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.fast_cases import FAST_PRESETS, default_run_keeps
 from torch.utils.flop_counter import FlopCounterMode
 
 import zoo
@@ -164,7 +165,7 @@ def test_reversible_recomputed_gradients_equal_stored_ones(name):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=param_name)
 
 
-@pytest.mark.parametrize("preset", zoo.list_models())
+@pytest.mark.parametrize("preset", default_run_keeps(zoo.list_models(), FAST_PRESETS))
 def test_every_preset_takes_each_part_and_the_norms_or_refuses_with_the_reason(preset):
     """Each feed-forward part (with rmsnorm, so both new axes at once) in every preset: it builds and
     trains a step on the head's own batch, or is refused at build time naming the feed-forward."""

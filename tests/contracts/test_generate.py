@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.fast_cases import FAST_PRESETS, default_run_keeps
 
 import zoo
 from zoo.attention.base import ATTENTION
@@ -110,7 +111,7 @@ def test_every_causal_preset_decodes_left_padding_as_alone_or_refuses(name):
     check_left_padding(preset_lm(name))
 
 
-@pytest.mark.parametrize("name", LM_PRESETS)
+@pytest.mark.parametrize("name", default_run_keeps(LM_PRESETS, FAST_PRESETS))
 def test_the_issue_call_runs_for_every_causal_preset(name):
     """The issue's call, sampled: each row stops at its end token (pad after it, never changing), and
     a padded batch is either decoded or refused with the reason."""

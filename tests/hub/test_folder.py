@@ -15,6 +15,7 @@ import torch
 import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file
+from support.fast_cases import FAST_PRESETS, default_run_keeps
 
 import zoo
 from zoo.hub.folder import FORMAT_VERSION, V1_FORMAT, NotAZooModel
@@ -44,7 +45,7 @@ def tied_groups(model: torch.nn.Module) -> list[list[str]]:
     return [names for names in by_storage.values() if len(names) > 1]
 
 
-@pytest.mark.parametrize("preset", zoo.list_models())
+@pytest.mark.parametrize("preset", default_run_keeps(zoo.list_models(), FAST_PRESETS))
 def test_every_preset_round_trips_exactly(tmp_path, preset):
     model = tiny(preset)
     model.save_pretrained(tmp_path / "m")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.fast_cases import default_run_keeps
 
 import zoo
 from zoo.attention.base import ATTENTION
@@ -276,7 +277,7 @@ def check_cases(world: int, cases: list[Case], context: int | None = None) -> No
                 torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=f"{case.name} state")
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", default_run_keeps([2, 4], ["2"]))
 def test_split_over_ranks_equals_one_process(world):
     check_cases(world, DEFAULT)
 

@@ -388,7 +388,9 @@ def test_bad_device_names_the_key(tmp_path):
 # -- 10. nothing is written outside the run directory --------------------------------------------------
 
 
-@pytest.mark.parametrize("artefact", ["metrics.jsonl", "result.json", "config.json", "checkpoints"])
+@pytest.mark.parametrize(
+    "artefact", default_run_keeps(["metrics.jsonl", "result.json", "config.json", "checkpoints"], ["checkpoints"])
+)
 def test_planted_links_are_refused(tmp_path, artefact):
     """Before: the app wrote through links planted in the run directory, to files outside it."""
     from zoo.train.rundir import RunDirError

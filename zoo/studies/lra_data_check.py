@@ -34,6 +34,23 @@ from zoo.data.listops import VOCAB
 from zoo.studies.base import STUDY, Study
 from zoo.studies.common import PROJECT_ROOT, Rows
 
+# what the Nystromformer pipeline's pickles hold: lists of dicts of numpy arrays and numbers
+ARRAY_GLOBALS = {
+    "numpy": {"ndarray", "dtype"},
+    "numpy.core.multiarray": {"_reconstruct", "scalar"},
+    "numpy._core.multiarray": {"_reconstruct", "scalar"},
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays and plain containers only: a pickle naming any other global (which could run
+    code) is refused rather than loaded."""
+
+    def find_class(self, module: str, name: str):
+        if name in ARRAY_GLOBALS.get(module, ()) or (module == "numpy" and name.endswith("DType")):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a numpy array's part: refused (data only)")
+
 Example = tuple[list[str], int]
 TASKS = ("listops", "imdb", "aan", "cifar10_gray", "pathfinder")
 
@@ -106,7 +123,7 @@ def image_check(task_name: str, data: str, reference: str) -> dict[str, object]:
     theirs = []
     for path in sorted(Path(reference).glob("*curv_contour_length_14.*.pickle")):
         with open(path, "rb") as f:
-            theirs += [(tuple(int(v) for v in r["input_ids_0"]), int(r["label"])) for r in pickle.load(f)]
+            theirs += [(tuple(int(v) for v in r["input_ids_0"]), int(r["label"])) for r in _ArrayUnpickler(f).load()]
     theirs.sort()
     return dict(examples=len(ours), unit="images (pixels with label)", compared=len(ours),
                 differing=sum(a != b for a, b in zip(ours, theirs, strict=True)), labels_differing="")

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
+from zoo.attention.base import ATTENTION
 from zoo.attention.vanilla import VanillaAttention
 from zoo.bench.generate import state_bytes
 from zoo.config import NoOptions
@@ -45,9 +46,10 @@ def mode_models(model: torch.nn.Module, window: int, sinks: int) -> dict[str, to
     out = {}
     for mode in MODES:
         part = dict(config["attention"] if isinstance(config["attention"], dict) else {"name": config["attention"]})
-        if part["name"] != "vanilla":
-            raise ValueError(f"the four modes are options of the vanilla KV cache; the model's attention is "
-                             f"{part['name']!r}")
+        cache_options = getattr(ATTENTION.get(part["name"]), "Options", NoOptions).__dataclass_fields__
+        if not {"max_cache", "sinks"} <= set(cache_options):  # the modes are options of a bounded KV cache
+            raise ValueError(f"the four modes set max_cache and sinks of the model's KV cache; its attention "
+                             f"{part['name']!r} has no such options")
         rolled = {"cache_positions": True} if renumber and mode in ("window", "sinks") else {}
         built = zoo.create_model(
             **{**config, "attention": {**part, **attention[mode]}, "position": {**position, **rolled}})

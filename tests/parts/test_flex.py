@@ -23,15 +23,23 @@ VARIANTS = {
     "sparse_fixed": [{"stride": 4, "c": 2, "combine": c} for c in ("union", "interleaved", "per_head")],
 }
 ALL = [(name, options, causal) for name in FLEX for options in VARIANTS.get(name, [{}]) for causal in (True, False)]
-# the default run: the causal local window and causal dense attention at one length (each case compiles
-# FlexAttention anew, 12-24 s on this CPU); each pattern's first option set, and the whole matrix at three
-# lengths, are marked slow
+# the default run: each pattern's first option set at one length through FlexAttention's semantics written
+# densely, and the causal local window through the compiled kernel (each compiled case compiles FlexAttention
+# anew: 30-100 s on this CPU with a cold inductor cache, as on a fresh machine); the rest, and the whole
+# matrix at three lengths, are marked slow
 FIRST = [case for case in ALL if case[1] == VARIANTS.get(case[0], [{}])[0]]
-DEFAULT = {("local_1d", True), ("vanilla", True)}
+DEFAULT = {("local_1d", True, "compiled")} | {(case[0], case[2], "semantics") for case in FIRST}
+
+
+def slow_unless(default: bool) -> tuple:
+    return () if default else (pytest.mark.slow,)
+
+
 CASES = [
-    (*case, (19,)) if (case[0], case[2]) in DEFAULT else pytest.param(*case, (19,), marks=pytest.mark.slow)
+    pytest.param(*case, (19,), kernel, marks=slow_unless((case[0], case[2], kernel) in DEFAULT))
     for case in FIRST
-] + [pytest.param(*case, (7, 19, 45), marks=pytest.mark.slow) for case in ALL]
+    for kernel in ("semantics", "compiled")
+] + [pytest.param(*case, (7, 19, 45), "compiled", marks=pytest.mark.slow) for case in ALL]
 
 
 def test_every_static_pattern_offers_the_flex_backend():
@@ -48,13 +56,16 @@ def pair(name, options, causal, layer_index=0):
 
 
 def case_id(case) -> str:
-    name, options, causal, lengths = case.values if hasattr(case, "values") else case
-    return f"{name}-{'-'.join(f'{k}{v}' for k, v in options.items())}-{'causal' if causal else 'bidir'}-{len(lengths)}"
+    name, options, causal, lengths, kernel = case.values
+    options = "-".join(f"{k}{v}" for k, v in options.items())
+    return f"{name}-{options}-{'causal' if causal else 'bidir'}-{len(lengths)}-{kernel}"
 
 
-@pytest.mark.parametrize("name,options,causal,lengths", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize(
+    "name,options,causal,lengths,kernel", CASES, ids=[case_id(c) for c in CASES], indirect=["kernel"]
+)
 @torch.no_grad()
-def test_flex_equals_the_native_path(name, options, causal, lengths):
+def test_flex_equals_the_native_path(name, options, causal, lengths, kernel):
     for layer_index in (0, 1):  # interleaved patterns alternate with depth
         native, flexed = pair(name, options, causal, layer_index)
         for t in lengths:
@@ -67,18 +78,28 @@ def test_flex_equals_the_native_path(name, options, causal, lengths):
                 torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-4)
 
 
+@pytest.fixture
+def kernel(request, monkeypatch):
+    """``compiled``: torch's compiled FlexAttention (a compile per shape and rule: 30-100 s a case on this CPU
+    with a cold cache); ``semantics``: FlexAttention's semantics written densely (:func:`dense_flex`, no
+    compile), which checks everything the zoo hands the kernel (block mask, score_mod, cache layout)."""
+    if request.param == "semantics":
+        monkeypatch.setattr(flex, "compiled_flex", lambda: dense_flex([]))
+    return request.param
+
+
 @pytest.mark.parametrize(
-    "name",
+    "name,kernel",
     [
-        n
-        if n == "local_1d"  # the default run's case (each compiles FlexAttention anew: 30 s on this CPU)
-        else pytest.param(n, marks=pytest.mark.slow)
+        pytest.param(n, kernel, marks=slow_unless(kernel == "semantics"))
         for n in FLEX
         if ATTENTION.get(n).supports_memory
+        for kernel in ("semantics", "compiled")
     ],
+    indirect=["kernel"],
 )
 @torch.no_grad()
-def test_flex_continues_a_stream_like_the_native_cache(name):
+def test_flex_continues_a_stream_like_the_native_cache(name, kernel):
     """The fourth piece meets 40 keys (a last tile of 8 in the CPU kernel: see test_cpu_keys_are_padded...)
     in a cache that appends in place, its unfilled capacity right after the keys."""
     options = VARIANTS.get(name, [{}])[0]
@@ -229,18 +250,19 @@ def with_position(name, options, causal, scheme):
     return layers
 
 
-# the default run: a learned pair bias on a blocked layer (every case compiles FlexAttention anew, 30 s each
-# on this CPU); every pattern with every scheme is marked slow
+# the default run: every pattern with every scheme through FlexAttention's dense semantics; on the compiled
+# kernel, marked slow
 POSITION_CASES = [
-    (name, scheme) if (name, scheme) == ("local_1d", "t5_bias") else pytest.param(name, scheme, marks=pytest.mark.slow)
+    pytest.param(name, scheme, kernel, marks=slow_unless(kernel == "semantics"))
     for name in FLEX
     for scheme in SCHEMES
+    for kernel in ("semantics", "compiled")
 ]
 
 
-@pytest.mark.parametrize("name,scheme", POSITION_CASES)
+@pytest.mark.parametrize("name,scheme,kernel", POSITION_CASES, indirect=["kernel"])
 @torch.no_grad()
-def test_a_position_inside_attention_runs_on_flex_as_on_the_native_path(name, scheme):
+def test_a_position_inside_attention_runs_on_flex_as_on_the_native_path(name, scheme, kernel):
     """rope rotates before either path; ALiBi's and T5's bias enter FlexAttention as its score_mod (a table
     over the call's distances), equal to the native path's bias, padded and in a stream over a cache."""
     options = VARIANTS.get(name, [{}])[0]

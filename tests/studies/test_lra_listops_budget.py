@@ -29,15 +29,12 @@ def test_each_runs_overrides_reach_the_app_and_lsh_runs_as_their_reformer_2(tmp_
         )
         return run_dir
 
-    class Scored:
-        stdout = 'scoring...\n{"test/accuracy": 0.3, "step": 2}'
-
-    def fake_run(command, **_):
-        scored.append(command)
-        return Scored()
+    def fake_score(checkpoint, split):
+        scored.append((checkpoint, split))
+        return {"test/accuracy": 0.3, "step": 2}
 
     monkeypatch.setattr(study_module, "train", fake_train)
-    monkeypatch.setattr(study_module.subprocess, "run", fake_run)
+    monkeypatch.setattr(study_module, "score_checkpoint", fake_score)
     study = create_study(
         "lra_listops_budget",
         StudyPaths(out=tmp_path / "out", runs=tmp_path / "runs"),
@@ -53,7 +50,7 @@ def test_each_runs_overrides_reach_the_app_and_lsh_runs_as_their_reformer_2(tmp_
     assert local_dir == "listops_local_1d_s3" and "attention.block=64" in local and "model.dropout=0" in local
     assert not any(arg.startswith("attention.n_hashes") for arg in local)
     runs = tmp_path / "runs"
-    assert [c[2] for c in scored] == [str(runs / d / "checkpoints" / "best.pt") for d in (lsh_dir, local_dir)]
+    assert scored == [(runs / d / "checkpoints" / "best.pt", "test") for d in (lsh_dir, local_dir)]
     rows = Rows(study.rows_path, ("run", "kind", "step")).read()
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [(r["run"], r["dev_accuracy"], r["train_loss_since_last_eval"]) for r in evals] == [

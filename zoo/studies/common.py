@@ -47,6 +47,20 @@ def train(overrides: Sequence[str], run_dir: Path, *, threads: int = 1, echo: Ca
     return run_dir
 
 
+def score_checkpoint(checkpoint: Path, split: str = "test") -> dict[str, Any]:
+    """``experiments/evaluate.py CHECKPOINT --split SPLIT``'s result (the task metric over the whole split and
+    the checkpoint's step), scored in this process: a new interpreter per run cost about 10 s of start-up."""
+    import torch
+
+    from zoo.app.run import load_run
+    from zoo.train.scoring import evaluate_model
+
+    _, task, model, ckpt = load_run(checkpoint)
+    with torch.no_grad():
+        result = evaluate_model(model, task, split, 0)
+    return {**result, "checkpoint": str(checkpoint), "step": ckpt["step"], "model": model.config.name}
+
+
 def run_outcome(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """A finished training run's ``result.json`` (final and best metric, steps, parameters, wall seconds) and
     its ``metrics.csv`` rows (``logger=csv``: one per logged step and per evaluation)."""

@@ -21,14 +21,12 @@ rows through ``read_runs`` (directories of ``listops_*_s*`` runs; read, never tr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import PROJECT_ROOT, Rows, train
+from zoo.studies.common import PROJECT_ROOT, Rows, score_checkpoint, train
 
 REPORTED_SOFTMAX = 37.1  # softmax attention in this setting (mlpen/Nystromformer), dev/test accuracy %
 MAJORITY = 17.74  # the most frequent answer's share of the 1,984 dev / test sequences, %
@@ -109,11 +107,8 @@ class ListOpsBudget(Study):
                        "trainer.progress=false", "trainer.device=cpu", "logger=csv", *o.overrides],
                       run_dir, threads=self.threads)
                 if not (run_dir / "test_best.txt").is_file():
-                    scored = subprocess.run(
-                        [sys.executable, str(PROJECT_ROOT / "experiments" / "evaluate.py"),
-                         str(run_dir / "checkpoints" / "best.pt"), "--split", "test"],
-                        cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
-                    (run_dir / "test_best.txt").write_text(scored.stdout)
+                    scored = score_checkpoint(run_dir / "checkpoints" / "best.pt", "test")
+                    (run_dir / "test_best.txt").write_text(json.dumps(scored, indent=2))
                 dirs.append(run_dir)
         for root in o.read_runs:
             dirs += sorted(p for p in (PROJECT_ROOT / root).glob("listops_*_s*") if p.is_dir())

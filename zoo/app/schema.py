@@ -254,15 +254,32 @@ def is_zoo_part(obj: Any) -> bool:
     return module == "zoo" or module.startswith("zoo.")
 
 
+def registered_parts() -> tuple:
+    """What the schemas are generated from: every registered part, task and preset with its Options (the
+    objects themselves, so an entry replaced under the same name differs)."""
+    registries = [*PART_GROUPS.values(), TASK, MODEL]
+    return tuple(
+        tuple((name, r.get(name), getattr(r.get(name), "Options", None)) for name in r.list()) for r in registries
+    )
+
+
+_stored_from: tuple | None = None  # registered_parts() when the schemas were last stored
+
+
 def register_schemas() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent: re-storing replaces).
 
     A part, task or preset registered outside the zoo (a module named in ``imports=``, an installed
     entry point) also becomes a group option of its own (``attention=my_attention``): the same
-    generated node a YAML file in ``conf/`` would hold, so it needs no file."""
+    generated node a YAML file in ``conf/`` would hold, so it needs no file. Storing every node costs
+    0.3-0.8 s, so it is skipped while the registries hold what they held last time (every compose calls this)."""
     from hydra.core.config_store import ConfigStore
 
+    global _stored_from
     cs = ConfigStore.instance()
+    parts = registered_parts()
+    if parts == _stored_from and "root_schema.yaml" in cs.repo:
+        return
     cs.store(name="root_schema", node=RootSchema)
     model = model_schema()
     cs.store(group="schema", name="model", node=model)
@@ -285,6 +302,7 @@ def register_schemas() -> None:
         if not is_zoo_part(MODEL.get(name)):
             node = make_dataclass(f"ModelSchema_{name}", [("preset", str, field(default=name))], bases=(model,))
             cs.store(group="model", name=name, node=node)
+    _stored_from = parts
 
 
 def to_options(options_cls: type, values: dict[str, Any]) -> dict[str, Any]:

@@ -14,10 +14,13 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zoo.app.compose import compose
 from zoo.app.csv_rows import append_rows, read_rows
-from zoo.app.run import run
+from zoo.app.run import load_run, run
 from zoo.bench.machine import describe_machine
+from zoo.train.scoring import evaluate_model
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_APP = PROJECT_ROOT / "experiments" / "train.py"
@@ -50,11 +53,6 @@ def train(overrides: Sequence[str], run_dir: Path, *, threads: int = 1, echo: Ca
 def score_checkpoint(checkpoint: Path, split: str = "test") -> dict[str, Any]:
     """``experiments/evaluate.py CHECKPOINT --split SPLIT``'s result (the task metric over the whole split and
     the checkpoint's step), scored in this process: a new interpreter per run cost about 10 s of start-up."""
-    import torch
-
-    from zoo.app.run import load_run
-    from zoo.train.scoring import evaluate_model
-
     _, task, model, ckpt = load_run(checkpoint)
     with torch.no_grad():
         result = evaluate_model(model, task, split, 0)

@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# test processes (pytest-xdist): each test runs on one torch thread, so one process per core
+# test processes (pytest-xdist): each test runs on one torch thread, so one process per core; an idle
+# process takes tests queued for the other (worksteal), so one long test at the end does not leave a core idle;
+# the slowest tests are printed at the end, to keep the default run within its 5 minutes
 TEST_WORKERS ?= 2
+TEST_FLAGS := -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 .PHONY: demo test test-slow lint docs bench peers clean-venv
 
@@ -20,10 +23,10 @@ demo: $(STAMP)
 	$(PY) experiments/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest $(TEST_FLAGS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) -m slow
+	$(PY) -m pytest $(TEST_FLAGS) -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check zoo experiments tests

@@ -10,16 +10,25 @@ a cosine decay to zero, gradients clipped to norm 1; then scored on non-overlapp
 
 The models differ only in how they are called (:func:`next_token_loss`): ours take tokens and targets,
 HF's take labels equal to the inputs (shifted inside), x-transformers' return logits.
+
+:func:`stepped` is the other loop every study shares: the app's own ``train_step`` one batch at a time, for
+the comparisons the app's run cannot express: ours beside a reference model trained on the very same batches
+(reformer-pytorch, ``torch.nn.Transformer``, the LRA code's ``ModelForSC``, each wrapped to be called as ours
+are) and step-for-step parity with another program's log (``xl_parity``, ``lra_parity``).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from zoo.train.steps import train_step
 
 OURS, LLAMA, X_TRANSFORMERS = "ours", "llama", "x_transformers"
 
@@ -105,6 +114,20 @@ def train_in_loop(model: nn.Module, kind: str, train: Tensor, settings: LoopSett
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     return time.perf_counter() - begin
+
+
+def stepped(model: nn.Module, batch_at: Callable[[int], dict[str, Tensor]], optimizer: torch.optim.Optimizer, *,
+            steps: int, start: int = 0, scheduler: Any = None, clip: float = 1.0,
+            state: Any = None) -> Iterator[tuple[int, Any, float]]:
+    """Train ``model`` by the app's ``train_step`` on ``batch_at(step)`` for steps ``start``..``steps - 1``,
+    yielding ``(steps done, output, loss)`` after each; ``state`` (a model carrying memory) is carried from
+    step to step. The caller decides what to log, when to stop (a generator left early trains no more) and,
+    by zipping two of them, runs two models in lockstep on the same batches."""
+    for step in range(start, steps):
+        out, loss = train_step(model, batch_at(step), optimizer, scheduler=scheduler, clip=clip, state=state)
+        if state is not None:
+            state = out.state
+        yield step + 1, out, float(loss)
 
 
 def segments_of(stream: Tensor, length: int, limit: int = 0) -> Tensor:

@@ -124,7 +124,8 @@ class XLParity(Study):
             for same_length in (True, False):
                 settings = ProtocolSettings(protocol="memory", seq_len=o.seq_len, batch_size=o.eval_batch,
                                             mem_len=o.eval_mem_len, clamp_len=o.clamp_len, same_length=same_length)
-                scored = evaluate_protocol(model, task(o.eval_batch), "test", settings, show_progress=False)
+                with torch.no_grad():
+                    scored = evaluate_protocol(model, task(o.eval_batch), "test", settings, show_progress=False)
                 found.append(dict(kind="test", run=steps, step="", same_length=same_length, lr=lr,
                                   bpc=f"{scored['test/bpc']:.7f}", scored=scored["test/scored"], load_1min=load_now()))
             rows.add(found)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import zoo.studies.reference_loop as reference_loop
 from zoo.app.csv_rows import read_rows
 from zoo.data.algorithmic import algorithmic_batch
 from zoo.studies import StudyPaths, create_study
 from zoo.studies.ut_length import MODELS, Options, build, logits_of, score_greedy, score_teacher_forced
-from zoo.train.steps import adam, optimizer_step, schedule, train_step
+from zoo.train.steps import adam, optimizer_step, schedule
 
 TINY = dict(tasks=["reverse"], seeds=[0], train_steps=2, d_model=16, steps_t=4, train_max=6, offset_max=10,
             test_lengths=[12], n_test=4, greedy_lengths=[12], n_greedy=2, batch=4)
@@ -61,17 +60,9 @@ def test_offsets_reach_the_models_in_training_only(name):
     assert not torch.allclose(logits_of(model, batch), first)
 
 
-def test_torch_reference_trains_through_the_shared_loop_as_its_plain_loop_did(monkeypatch, tmp_path):
+def test_torch_reference_trains_through_the_shared_loop_as_its_plain_loop_did(tmp_path, stepped_losses):
     """torch.nn.Transformer trains through the app's train_step in the studies' step loop like our models; its
     losses over a few steps equal those of a plain loop (cross-entropy, backward, clip 1.0, Adam + cosine), bitwise."""
-    seen = []
-
-    def recording(*args, **kwargs):
-        out, loss = train_step(*args, **kwargs)
-        seen.append(float(loss))
-        return out, loss
-
-    monkeypatch.setattr(reference_loop, "train_step", recording)
     options = dict(tasks=["copy"], models=["torch"], seeds=[0], train_steps=4, d_model=16, steps_t=2, train_max=5,
                    offset_max=10, test_lengths=[5], n_test=2, greedy_lengths=[], batch=4)
     create_study("ut_length", StudyPaths(out=tmp_path, runs=tmp_path), **options).run()
@@ -90,4 +81,4 @@ def test_torch_reference_trains_through_the_shared_loop_as_its_plain_loop_did(mo
         loss.backward()
         optimizer_step(model, optimizer, scheduler=scheduler, clip=1.0)
         expected.append(float(loss.detach()))
-    assert seen == expected
+    assert stepped_losses == expected

@@ -28,7 +28,7 @@ from zoo.app.compose import compose
 from zoo.app.run import build, optim_options
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import PROJECT_ROOT, Rows, markdown_table, number, saved_figure
+from zoo.studies.common import PROJECT_ROOT, Rows, markdown_table, number, step_difference_figure
 from zoo.studies.lra_reference import (
     TheirClassifier,
     copy_into_theirs,
@@ -156,7 +156,9 @@ class LRAParity(Study):
                       *markdown_table(["their attention", "best dev step", "dev accuracy %", "test accuracy % (best)"],
                                       [[r["variant"], r["best_step"], r["dev_accuracy"], r["test_accuracy"]]
                                        for r in alone])]
-        self.figure(compared)
+        step_difference_figure(self.paths.out / "relative_difference.png", compared,
+                               ylabel="|ours - theirs| / theirs",
+                               title="ListOps loss, ours beside mlpen/Nystromformer's run_tasks.py")
         return "\n".join([*lines, "", "![relative difference per step](relative_difference.png)", "",
                           self.verdict(compared)])
 
@@ -173,13 +175,3 @@ class LRAParity(Study):
         same = compared.get("setting") and max(d for _, d in compared["setting"]) < PARITY
         head = "our loop is theirs" if same else "our loop does not follow theirs in the setting"
         return f"**Verdict: {head}**: " + "; ".join(parts) + "."
-
-    def figure(self, compared: dict[str, list[tuple[int, float]]]) -> None:
-        with saved_figure(self.paths.out / "relative_difference.png", figsize=(6.4, 3.4)) as (_, axis):
-            for variant, pairs in compared.items():
-                if pairs:  # an exact match (0) is drawn at 1e-9, below float32's rounding of a loss near 2 (1e-7)
-                    axis.semilogy([s for s, _ in pairs], [max(d, 1e-9) for _, d in pairs], lw=1, label=variant)
-            axis.set(xlabel="training step", ylabel="|ours - theirs| / theirs",
-                     title="ListOps loss, ours beside mlpen/Nystromformer's run_tasks.py")
-            if any(compared.values()):
-                axis.legend(fontsize=8)

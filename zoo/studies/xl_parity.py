@@ -33,7 +33,7 @@ from zoo.app.compose import compose
 from zoo.config import require
 from zoo.data import TASK
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import PROJECT_ROOT, Rows, load_now, markdown_table, number, saved_figure
+from zoo.studies.common import PROJECT_ROOT, Rows, load_now, markdown_table, number, step_difference_figure
 from zoo.studies.reference_loop import stepped
 from zoo.train.eval_protocols import ProtocolSettings, evaluate_protocol
 from zoo.train.options import OptimOptions, make_optimizer, make_schedule
@@ -151,7 +151,10 @@ class XLParity(Study):
                  "2e-6 relative), and the test bpc of our final weights by the memory protocol.", "",
                  *markdown_table(["steps", "lr", "steps compared", "largest relative difference",
                                   "first step above", "test bpc, same_length on / off"], body)]
-        self.figure(compared)
+        step_difference_figure(self.paths.out / "relative_difference.png",
+                               {f"{run} steps": pairs for run, pairs in compared.items()},
+                               ylabel="|ours - reference| / reference",
+                               title="Transformer-XL training loss, ours beside kimiyoung/transformer-xl")
         return "\n".join([*lines, "", "![relative difference per step](relative_difference.png)", "",
                           self.verdict(compared)])
 
@@ -168,13 +171,3 @@ class XLParity(Study):
                                              else f"within 1e-5 up to step {above - 1}, apart from step {above}"))
         return ("**Verdict: the loops agree step for step while the run is stable**: " + "; ".join(parts) + ". "
                 "Where they part, compare with ours against ours from weights nudged by 1e-7 (the README).")
-
-    def figure(self, compared: dict[str, list[tuple[int, float]]]) -> None:
-        with saved_figure(self.paths.out / "relative_difference.png", figsize=(6.4, 3.4)) as (_, axis):
-            for run, pairs in compared.items():
-                if pairs:  # an exact match (0) is drawn at 1e-9, below float32's rounding of the loss
-                    axis.semilogy([s for s, _ in pairs], [max(d, 1e-9) for _, d in pairs], lw=1, label=f"{run} steps")
-            axis.set(xlabel="training step", ylabel="|ours - reference| / reference",
-                     title="Transformer-XL training loss, ours beside kimiyoung/transformer-xl")
-            if any(compared.values()):
-                axis.legend(fontsize=8)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.script_modules import load_script
 
 from zoo.app.compose import compose
 from zoo.app.paper import count_parameters, meta_model
@@ -145,54 +144,3 @@ def test_table1_files_the_setting_beside_its_reported_figures(tmp_path):
     assert row[1:6] == ["37.10", "65.00", "79.40", "38.20", "74.20"] and row[-1] == "58.78"
     assert out[labels.index("vanilla (ours)")][1] == "30.00" and "sparse_fixed (ours, nystromformer setting)" in labels
     json.dumps(out)
-
-
-def parity_script():
-    path = Path(__file__).resolve().parents[2] / "experiments" / "lra_parity.py"
-    return load_script(path)
-
-
-@pytest.mark.skipif(not REF.is_dir(), reason="mlpen/Nystromformer not fetched to ../ref/Nystromformer")
-def test_our_loop_follows_theirs_step_for_step(tmp_path):
-    """experiments/lra_parity.py: the setting's model and optimiser beside their ModelForSC, AdamW and OneCycleLR
-    from the same weights on the same batches (dropout 0): the losses agree to float rounding."""
-    main = parity_script().main
-    short = ["data.max_length=96", "data.min_length=48", "trainer.seq_len=96", "trainer.batch_size=8"]
-    worst = main(["--reference", str(REF), "--steps", "6", "--out", str(tmp_path / "steps.csv"), "--", *short])
-    assert worst < 1e-5
-    # our default RMS-1 token table is another model: read unscaled here, it is no longer the one copied
-    scaled = main(
-        [
-            "--reference",
-            str(REF),
-            "--steps",
-            "6",
-            "--out",
-            str(tmp_path / "scaled.csv"),
-            "--",
-            *short,
-            "model.token_init_std=0",
-        ]
-    )
-    assert scaled > 10 * max(worst, 1e-7)
-
-
-@pytest.mark.skipif(not REF.is_dir(), reason="mlpen/Nystromformer not fetched to ../ref/Nystromformer")
-def test_their_run_alone_logs_resumes_and_scores_its_best_state(tmp_path):
-    """lra_parity.py --theirs: their nystrom-64 on our batches, stopped after 2 steps and resumed to 4; the log
-    carries our metric keys (curve.py reads both), and result.json the test accuracy of the best dev state."""
-    script = parity_script()
-    short = ["trainer.seq_len=128", "data.max_length=128", "data.min_length=64", "trainer.eval_every=2"]
-    short += ["trainer.log_every=1", "data.eval_size=64"]
-    run = tmp_path / "listops_their_nystrom-64_s0"
-    common = ["--reference", str(REF), "--theirs", "nystrom-64", "--run-dir", str(run)]
-    script.main([*common, "--stop-after", "2", "--", *short])
-    first = (run / "metrics.jsonl").read_text().splitlines()
-    with open(run / "metrics.jsonl", "a") as log:  # a row logged after last.pt, by a run killed before its next
-        log.write(json.dumps({"step": 3, "train/loss": 9.0}) + "\n")
-    script.main([*common, "--stop-after", "4", "--", *short])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(first) == 2 and [row["step"] for row in rows] == [1, 2, 3, 4] and rows[2]["train/loss"] != 9.0
-    assert [row["step"] for row in rows if "val/accuracy" in row] == [2, 4]
-    result = json.loads((run / "result.json").read_text())
-    assert result["best_step"] in (2, 4) and 0.0 <= result["test_accuracy"] <= 1.0

@@ -15,8 +15,8 @@ Vocabulary (shared by source and target, so the encoder-decoder can tie all thre
 0 pad, 1 bos, 2 eos, 3 .. 3 + n_symbols - 1 the symbols (digits 0-9 for addition), then ``+``.
 
 ``data=algorithmic data.problem=addition`` trains an encoder-decoder on them through the app (the
-metric: token accuracy given the true prefix, the answer's eos included); experiments/ut_length.py
-and the study ``universal_algorithmic`` draw batches with :func:`algorithmic_batch` and add sequence
+metric: token accuracy given the true prefix, the answer's eos included); the studies ``ut_length``
+and ``universal_algorithmic`` draw batches with :func:`algorithmic_batch` and add sequence
 accuracy and greedy decoding.
 """
 

@@ -7,7 +7,7 @@ ablation with full shared-QK attention in the same reversible, chunked skeleton 
 ones. Deviation: sinusoidal positions instead of the paper's axial position embeddings.
 
 :func:`duplication_model` builds the one-layer model of the paper's duplication task (Table 2), the
-one the study reformer_duplication and experiments/reformer_table2.py train.
+one the study reformer_duplication trains (through the app, and beside reformer-pytorch).
 """
 
 from __future__ import annotations

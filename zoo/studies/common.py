@@ -212,3 +212,15 @@ def bars_figure(path: Path, bars: dict[str, tuple[float, float, float]], *, ylab
             axis.axhline(reference, color="grey", lw=0.8, ls=":")
         axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
         axis.set(ylabel=ylabel, title=title)
+
+
+def step_difference_figure(path: Path, series: dict[str, list[tuple[int, float]]], *, ylabel: str, title: str) -> None:
+    """A parity run's relative difference per training step, one line per label of ``series`` ((step, difference)
+    pairs) on a log scale; an exact match (0) is drawn at 1e-9, below float32's rounding of a loss (about 1e-7)."""
+    with saved_figure(path, figsize=(6.4, 3.4)) as (_, axis):
+        for label, pairs in series.items():
+            if pairs:
+                axis.semilogy([s for s, _ in pairs], [max(d, 1e-9) for _, d in pairs], lw=1, label=label)
+        axis.set(xlabel="training step", ylabel=ylabel, title=title)
+        if any(series.values()):
+            axis.legend(fontsize=8)

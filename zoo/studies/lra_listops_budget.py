@@ -14,7 +14,7 @@ two are options: ``lsh:attention.bias=false:attention.scale_scores=false``).
 
 Deviation from their loop, for CPU time only: the dev split (1,984 examples) is scored every ``eval_every``
 = 500 steps, not every 50, so the best checkpoint is chosen among 10 evaluations instead of 100. Runs made
-elsewhere (their own loop by ``experiments/lra_parity.py --theirs``, ablations trained by hand) join the
+elsewhere (their own loop by the ``lra_parity`` study's ``theirs``, ablations trained by hand) join the
 rows through ``read_runs`` (directories of ``listops_*_s*`` runs; read, never trained).
 """
 
@@ -59,7 +59,7 @@ def run_overrides(run: str) -> tuple[str, list[str]]:
 def curve_rows(run: Path) -> list[dict]:
     """A run's evaluations (dev accuracy, mean training loss since the previous one) and, once finished, the
     test accuracy of its best checkpoint; else how far it got. Reads our metrics.jsonl / test_best.txt and the
-    reference's (lra_parity.py --theirs writes the same metric keys and a result.json)."""
+    reference's (lra_parity's ``theirs`` writes the same metric keys and a result.json)."""
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows, losses, last = [], [], 0
     for m in metrics:

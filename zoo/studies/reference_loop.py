@@ -9,19 +9,83 @@ seed (the same batches for every model of a seed), Adam at ``lr`` with ``warmup`
 a cosine decay to zero, gradients clipped to norm 1; then scored on non-overlapping test segments.
 
 The models differ only in how they are called (:func:`next_token_loss`): ours take tokens and targets,
-HF's take labels equal to the inputs (shifted inside), x-transformers' return logits.
+HF's take labels equal to the inputs (shifted inside), x-transformers' return logits. :class:`TorchSeq2Seq`
+is ``torch.nn.Transformer`` wrapped to be called as our encoder-decoders are (``ut_length``'s reference).
+
+:func:`stepped` is the other loop every study shares: the app's own ``train_step`` one batch at a time, for
+the comparisons the app's run cannot express: ours beside a reference model trained on the very same batches
+(reformer-pytorch, ``torch.nn.Transformer``, the LRA code's ``ModelForSC``, each wrapped to be called as ours
+are) and step-for-step parity with another program's log (``xl_parity``, ``lra_parity``).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from zoo.config import IGNORE_INDEX
+from zoo.models.base import ModelOutput
+from zoo.position.base import sinusoid_table
+from zoo.train.steps import train_step
+
 OURS, LLAMA, X_TRANSFORMERS = "ours", "llama", "x_transformers"
+
+
+class TorchSeq2Seq(nn.Module):
+    """``torch.nn.Transformer`` (PyTorch's encoder-decoder, code we did not write) called as our encoder-decoders
+    are, so the step loop trains both: three-way tied embeddings (scaled by sqrt(d)) and the sinusoid added
+    outside it; in training each sequence (source and target drawn apart, as ours do) starts at a random
+    position 0..offset_max (Universal Transformers' randomised offsets, arXiv:1807.03819)."""
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, d_ff: int, layers: int, offset_max: int):
+        super().__init__()
+        self.d_model, self.offset_max = d_model, offset_max
+        self.embed = nn.Parameter(torch.randn(vocab, d_model) * d_model**-0.5)
+        self.transformer = nn.Transformer(d_model, n_heads, layers, layers, d_ff, dropout=0.0, batch_first=True)
+
+    def vectors(self, tokens: Tensor) -> Tensor:
+        b, t = tokens.shape
+        positions = torch.arange(t)[None]
+        if self.training and self.offset_max:
+            positions = positions + torch.randint(0, self.offset_max + 1, (b, 1))
+        signal = sinusoid_table(positions.flatten(), self.d_model).view(-1, t, self.d_model)
+        return nn.functional.embedding(tokens, self.embed) * math.sqrt(self.d_model) + signal
+
+    def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *, src_pad_mask: Tensor,
+                tgt_pad_mask: Tensor) -> ModelOutput:
+        """Logits [b, t, vocab]; with ``targets`` the cross-entropy over those not -100 (our models' loss)."""
+        logits = self.logits(src, tgt, src_pad_mask, tgt_pad_mask)
+        if targets is None:
+            return ModelOutput(logits)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return ModelOutput(logits, loss)
+
+    def logits(self, src: Tensor, tgt: Tensor, src_pad_mask: Tensor, tgt_pad_mask: Tensor) -> Tensor:
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], dtype=torch.bool)
+        h = self.transformer(self.vectors(src), self.vectors(tgt), tgt_mask=causal, src_key_padding_mask=~src_pad_mask,
+                             tgt_key_padding_mask=~tgt_pad_mask, memory_key_padding_mask=~src_pad_mask,
+                             tgt_is_causal=True)
+        return h @ self.embed.t()
+
+    @torch.no_grad()
+    def generate(self, src: Tensor, max_len: int, src_pad_mask: Tensor, bos: int, eos: int, pad: int) -> Tensor:
+        """Greedy decoding, recomputing the prefix (nn.Transformer keeps no cache)."""
+        prefix = torch.full((src.shape[0], 1), bos, dtype=torch.long)
+        done = torch.zeros(src.shape[0], dtype=torch.bool)
+        for _ in range(max_len):
+            logits = self.logits(src, prefix, src_pad_mask, torch.ones_like(prefix, dtype=torch.bool))
+            token = logits[:, -1].argmax(-1).masked_fill(done, pad)
+            prefix = torch.cat([prefix, token[:, None]], 1)
+            done |= token == eos
+            if bool(done.all()):
+                break
+        return prefix[:, 1:]
 
 
 def build_llama(vocab: int, length: int, *, d_model: int = 128, n_layers: int = 4, n_heads: int = 4,
@@ -105,6 +169,20 @@ def train_in_loop(model: nn.Module, kind: str, train: Tensor, settings: LoopSett
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     return time.perf_counter() - begin
+
+
+def stepped(model: nn.Module, batch_at: Callable[[int], dict[str, Tensor]], optimizer: torch.optim.Optimizer, *,
+            steps: int, start: int = 0, scheduler: Any = None, clip: float = 1.0,
+            state: Any = None) -> Iterator[tuple[int, Any, float]]:
+    """Train ``model`` by the app's ``train_step`` on ``batch_at(step)`` for steps ``start``..``steps - 1``,
+    yielding ``(steps done, output, loss)`` after each; ``state`` (a model carrying memory) is carried from
+    step to step. The caller decides what to log, when to stop (a generator left early trains no more) and,
+    by zipping two of them, runs two models in lockstep on the same batches."""
+    for step in range(start, steps):
+        out, loss = train_step(model, batch_at(step), optimizer, scheduler=scheduler, clip=clip, state=state)
+        if state is not None:
+            state = out.state
+        yield step + 1, out, float(loss)
 
 
 def segments_of(stream: Tensor, length: int, limit: int = 0) -> Tensor:

@@ -74,7 +74,7 @@ class Regressor(nn.Module):
         o = options
         overrides = dict(d_model=o.d_model, n_layers=o.layers, n_heads=o.heads, d_ff=2 * o.d_model, dropout=0.0,
                          head="none")  # a backbone: hidden states out, our own read-out
-        with torch.device("meta"):  # shapes only: ask the parts whether they carry segment memory
+        with torch.random.fork_rng():  # ask the parts whether they carry segment memory, drawing nothing
             memory = carries_memory(zoo.create_model(preset, **overrides))
         option = attention_class(zoo.preset_config(preset).attention).memory_option  # xl_rel: mem_len
         if memory and option:  # enough of it for the largest delay

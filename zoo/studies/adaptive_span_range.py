@@ -112,7 +112,7 @@ class AdaptiveSpanRange(Study):
     question = ("On text that copies from a known distance D, do learned spans settle where the data needs them "
                 "(about D - 1), ours as the authors' code does?")
     figures = ("spans.png",)
-    toy_options = dict(runs=["ours-adaptive"], distance=6, train_chars=2000, valid_chars=256, steps=2, segment=8,
+    toy_options = dict(runs=["ours-adaptive"], distance=6, train_chars=1000, valid_chars=64, steps=2, segment=8,
                        batch=2, layers=1, d_model=16, heads=2, max_span=16, small_span=4, ramp=4, log_every=1)
 
     def init_of(self, run: str) -> str:

@@ -28,6 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.bench import import_checkout
+from zoo.train.steps import schedule
+
 OURS, LLAMA, X_TRANSFORMERS = "ours", "llama", "x_transformers"
 
 
@@ -169,9 +172,6 @@ def train_authors_adaptive_span(path: str, data_dir: str, o: Any, *, adaptive: b
     is not a difference. Their ``main.py`` is not run: it asserts CUDA and caches a pickle today's
     ``torch.load`` refuses. ``log(step, train bpc, spans per layer)`` every ``log_every`` steps; returns the
     validation bpc, the spans (tokens: ``AdaptiveMask.current_val`` x S) and the CPU seconds."""
-    from zoo.bench import import_checkout
-    from zoo.train.steps import schedule
-
     if not path or not (Path(path) / "adaptive_span.py").is_file():
         raise RuntimeError(f"{path!r} is not a checkout of facebookresearch/adaptive-span (no adaptive_span.py)")
     ref_data, ref_models, ref_trainer = import_checkout(path, "data", "models", "trainer")  # their top-level names

@@ -1,12 +1,10 @@
-"""The copy-at-distance task (zoo/data/copy_at_distance.py) and the smoke run of its experiment."""
+"""The copy-at-distance task (zoo/data/copy_at_distance.py); its study is tested in tests/studies."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
-from support.script_modules import load_script
 
 from zoo.data import copy_at_distance as task
 
@@ -58,59 +56,3 @@ def test_splits_round_trip_in_the_authors_layout(tmp_path):
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         task.generate(10, **options)
-
-
-def load_experiment():
-    return load_script(ROOT / "experiments/adaptive_span_range.py")
-
-
-def test_experiment_smoke(tmp_path):
-    """Three tiny runs of ours, resumable, then the report; the authors' runs refuse a missing --ref."""
-    experiment = load_experiment()
-    common = [
-        "--out",
-        str(tmp_path / "out"),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--train-chars",
-        "4000",
-        "--valid-chars",
-        "600",
-        "--steps",
-        "4",
-        "--log-every",
-        "2",
-        "--segment",
-        "16",
-        "--batch",
-        "2",
-        "--layers",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--max-span",
-        "32",
-        "--small-span",
-        "8",
-        "--ramp",
-        "4",
-        "--distance",
-        "20",
-    ]
-    experiment.main([*common, "--runs", "ours-adaptive,ours-fixed,ours-small"])
-    with open(tmp_path / "out/summary.csv") as f:
-        summary = list(csv.DictReader(f))
-    assert [r["run"] for r in summary] == ["ours-adaptive", "ours-fixed", "ours-small"]
-    fixed, small = summary[1], summary[2]
-    assert float(fixed["span_mean"]) == 32 and float(small["span_mean"]) == 8
-    assert int(fixed["flops_paper"]) == 4 * int(small["flops_paper"])  # window S = 32 against 8
-    experiment.main([*common, "--runs", "ours-fixed"])  # resumable: the existing row is kept, not redone
-    with open(tmp_path / "out/summary.csv") as f:
-        assert len(list(csv.DictReader(f))) == 3
-    experiment.main([*common, "--merge"])
-    assert "ours-small" in (tmp_path / "out/results.md").read_text()
-    assert (tmp_path / "out/spans.png").is_file()
-    with pytest.raises(SystemExit, match="--ref"):
-        experiment.main([*common, "--runs", "ref-adaptive", "--ref", str(tmp_path / "absent")])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.script_modules import load_script
 
 import zoo
 from zoo.presets.factory import get_preset
@@ -215,40 +214,3 @@ def test_bad_vector_inputs_are_refused_clearly():
     classifier = tiny("vanilla_classifier")
     with pytest.raises(ValueError, match=r"classifier targets must be \[b\] = \(2,\)"):
         classifier(embeds=x, targets=torch.zeros(3, dtype=torch.long))
-
-
-def test_backbone_memory_example_runs_and_writes_its_outputs(tmp_path):
-    """experiments/backbone_memory.py at a few steps: table, CSV and plot written; bad delays refused."""
-    import csv
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "experiments" / "backbone_memory.py"
-    script = load_script(path)
-    common = [
-        "--segment",
-        "4",
-        "--segments",
-        "3",
-        "--mem-len",
-        "8",
-        "--d-model",
-        "16",
-        "--streams",
-        "2",
-        "--eval-batch",
-        "4",
-    ]
-    common += ["--threads", str(torch.get_num_threads())]  # leave the test session's setting as it is
-    assert script.main(["--presets", "gtrxl", "vanilla_lm", "--ks", "2", "6", *common, "--out", str(tmp_path)]) == 0
-    with open(tmp_path / "results.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["preset"], r["k"], r["delay"]) for r in rows] == [
-        ("gtrxl", "2", "within segment"),
-        ("gtrxl", "6", "beyond segment"),
-        ("vanilla_lm", "2", "within segment"),
-        ("vanilla_lm", "6", "beyond segment"),
-    ]
-    assert rows[1]["share_source_earlier"] == "1.00" and rows[0]["mse_source_in_segment"]
-    assert (tmp_path / "mse_vs_delay.png").stat().st_size > 0 and (tmp_path / "results.md").exists()
-    with pytest.raises(SystemExit):
-        script.main(["--ks", "9", *common, "--out", str(tmp_path)])  # delay longer than the memory

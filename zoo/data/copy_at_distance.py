@@ -17,7 +17,7 @@ key at t + 1 - D: distance D - 1 in attention's terms.
 The transition table depends on ``chain_seed`` only, so train, valid and test share one language
 and differ in their samples. ``write_splits`` writes the three files in the layout the authors'
 code reads (``train.txt``, ``valid.txt``, ``test.txt``: characters separated by spaces, one line);
-experiments/adaptive_span_range.py trains on those. ``data=copy_at_distance`` generates the same
+the ``adaptive_span_range`` study gives them to the authors' code. ``data=copy_at_distance`` generates the same
 texts in memory (seeds 1, 2, 3) and reads them as a character LM, like ``char_lm``.
 """
 

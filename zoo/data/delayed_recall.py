@@ -18,7 +18,7 @@ Vocabulary: 0 (query), 1..n_cues (cues), n_cues + 1 .. n_cues + n_noise (noise);
 
 ``data=delayed_recall`` trains on it through the app: one segment (``trainer.seq_len`` tokens) per
 batch, the streams' segments in order, the memory reset where a new stream starts; the metric is the
-recall accuracy over all delays. experiments/gtrxl_recall.py and gtrxl_robustness.py draw whole
+recall accuracy over all delays. The studies ``gtrxl_recall`` and ``gtrxl_robustness`` draw whole
 streams with :func:`delayed_recall_batch` and report the accuracy per delay.
 """
 

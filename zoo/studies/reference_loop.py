@@ -16,6 +16,10 @@ is ``torch.nn.Transformer`` wrapped to be called as our encoder-decoders are (``
 the comparisons the app's run cannot express: ours beside a reference model trained on the very same batches
 (reformer-pytorch, ``torch.nn.Transformer``, the LRA code's ``ModelForSC``, each wrapped to be called as ours
 are) and step-for-step parity with another program's log (``xl_parity``, ``lra_parity``).
+
+The adaptive-span authors' ``TransformerSeq`` (``zoo/studies/adaptive_span_range.py``) is trained by their own
+loop, driven here once (:func:`train_authors_adaptive_span`): the comparison there is each code as its
+authors train it, on the same files, sizes and optimiser.
 """
 
 from __future__ import annotations
@@ -24,15 +28,17 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from zoo.bench import import_checkout
 from zoo.config import IGNORE_INDEX
 from zoo.models.base import ModelOutput
 from zoo.position.base import sinusoid_table
-from zoo.train.steps import train_step
+from zoo.train.steps import schedule, train_step
 
 OURS, LLAMA, X_TRANSFORMERS = "ours", "llama", "x_transformers"
 
@@ -216,3 +222,61 @@ def llama_sink_rows(model: nn.Module, segments: Tensor, first: int, sinks: int) 
         for head, mass in enumerate(weights[:, :, first:, :sinks].sum(-1).mean((0, 2)).tolist()):
             rows.append(dict(layer=layer, head=head, mass=mass, uniform=uniform, ratio=mass / uniform))
     return rows
+
+
+# -- the adaptive-span authors' code, trained by their own loop ------------------------------------------------
+class _DataParallelLike(nn.Module):
+    """Their trainer reads ``model.module`` (they wrap in DataParallel, which needs CUDA)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def train_authors_adaptive_span(path: str, data_dir: str, o: Any, *, adaptive: bool,
+                                log: Callable[[int, float, list[list[float]]], None]) -> dict[str, Any]:
+    """The authors' ``TransformerSeq`` (facebookresearch/adaptive-span, a checkout at ``path``, unpatched) trained
+    by their ``trainer.train_iteration`` on the splits in ``data_dir`` read by their ``data.Corpus``, then scored
+    by their ``full_eval``. ``o`` holds the sizes (``d_model``, ``heads``, ``layers``, ``max_span``, ``segment``,
+    ``batch``), the span's (``ramp``, ``l1``, ``span_init`` as a fraction of S) and the schedule (``lr``,
+    ``warmup``, ``steps``, ``clip``, ``log_every``, ``seed``): Adam with our cosine schedule, so the optimiser
+    is not a difference. Their ``main.py`` is not run: it asserts CUDA and caches a pickle today's
+    ``torch.load`` refuses. ``log(step, train bpc, spans per layer)`` every ``log_every`` steps; returns the
+    validation bpc, the spans (tokens: ``AdaptiveMask.current_val`` x S) and the CPU seconds."""
+    if not path or not (Path(path) / "adaptive_span.py").is_file():
+        raise RuntimeError(f"{path!r} is not a checkout of facebookresearch/adaptive-span (no adaptive_span.py)")
+    ref_data, ref_models, ref_trainer = import_checkout(path, "data", "models", "trainer")  # their top-level names
+    corpus = ref_data.Corpus(data_dir, False)  # their reader (get_train_val_test_data caches a pickle)
+    train, val, _ = ref_data._get_train_val_test_data(corpus, o.batch)
+    torch.manual_seed(o.seed)
+    model = _DataParallelLike(ref_models.TransformerSeq(
+        vocab_size=corpus.vocab_size, hidden_size=o.d_model, nb_heads=o.heads, nb_layers=o.layers,
+        attn_span=o.max_span, emb_dropout=0.0, inner_hidden_size=4 * o.d_model, dropout=0.0, block_size=o.segment,
+        adapt_io_params={"adapt_io_enabled": False},
+        adapt_span_params={"adapt_span_enabled": adaptive, "adapt_span_loss": o.l1, "adapt_span_ramp": o.ramp,
+                           "adapt_span_init": o.span_init, "adapt_span_cache": False},
+        pers_mem_params={"pers_mem_size": 0}))
+    optimizer = torch.optim.Adam(model.parameters(), lr=o.lr, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = schedule(optimizer, "cosine", warmup=o.warmup, total=o.steps)
+    optimizer.grad_clip = o.clip  # their trainer clips the global norm when optimizer.grad_clip > 0
+
+    def spans() -> list[list[float]]:
+        if not adaptive:
+            return [[float(o.max_span)] * o.heads for _ in range(o.layers)]
+        return [[float(z) * o.max_span for z in layer.attn.attn.adaptive_span._mask.current_val.detach().flatten()]
+                for layer in model.module.layers]
+
+    cache = [torch.zeros(o.batch, o.max_span, o.d_model) for _ in range(o.layers)]
+    position, step, begin = 0, 0, time.process_time()
+    while step < o.steps:
+        n = min(o.log_every, o.steps - step)
+        loss, position, cache = ref_trainer.train_iteration(model, optimizer, scheduler, train, n, o.segment, False,
+                                                            position, cache, 1)
+        step += n
+        log(step, loss / math.log(2), spans())
+    with torch.no_grad():
+        bpc = ref_trainer.full_eval(model, optimizer, scheduler, val, o.segment, o.d_model) / math.log(2)
+    return dict(bpc=bpc, spans=spans(), cpu=time.process_time() - begin)

@@ -37,12 +37,19 @@ def score_batch(logits: Tensor, batch: dict[str, Tensor]) -> tuple[float, float,
     return float(nll), float(correct), float(scored.sum())
 
 
+PER_ELEMENT_STATS = 64  # a 1-D statistic this short (one value per head) is logged per element too
+
+
 def scalar_stats(stats: dict[str, Any], prefix: str) -> dict[str, float]:
-    """Mechanism statistics (tensors or numbers) as named floats for the loggers."""
+    """Mechanism statistics (tensors or numbers) as named floats for the loggers: a tensor's mean, and a short
+    1-D one (a value per head, e.g. adaptive span's ``span``) also element by element as ``<key>/<i>``, so a
+    training run's log holds each head's trajectory."""
     out = {}
     for key, value in stats.items():
         if isinstance(value, Tensor) and value.numel():
             out[f"{prefix}{key}"] = float(value.detach().float().mean())
+            if value.dim() == 1 and 1 < value.numel() <= PER_ELEMENT_STATS:
+                out.update({f"{prefix}{key}/{i}": v for i, v in enumerate(value.detach().float().tolist())})
         elif isinstance(value, (int, float)):
             out[f"{prefix}{key}"] = float(value)
     return out

@@ -1,46 +1,8 @@
 """What a configuration builds, without data or training, beside its paper's figures.
 
-    python experiments/describe.py experiment=paper/xl_enwik8_24l
-    python experiments/describe.py model=reformer trainer.seq_len=8192 --json
-    python experiments/describe.py --list            # the paper configurations
-    python experiments/describe.py imports=[my_research.attention] attention=my_attention   # your own part
+Usage and options: ``python experiments/describe.py --help``; its command line: zoo/app/commands/describe.py."""
 
-Prints the preset, each axis and its options, the exact parameter count (the model is built on
-the meta device: no memory, no data), estimated FLOPs and activation memory per training token at
-the configured length, and for experiment=paper/* the published figures beside ours. ``--json``
-prints one JSON object (``params`` is an int). Rules of the estimates: zoo/app/paper.py.
-"""
-
-from __future__ import annotations
-
-import argparse
-import json
-import sys
-from pathlib import Path
-
-from zoo.app.paper import describe, format_report
-
-PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
-
-
-def main(argv: list[str] | None = None) -> dict | None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for experiments/train.py")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--list", action="store_true", help="list the paper configurations")
-    args = parser.parse_args(argv)
-    if args.list:
-        for path in sorted(PAPER_DIR.glob("*.yaml")):
-            print(f"experiment=paper/{path.stem}")
-        return None
-    info = describe(args.overrides)
-    print(json.dumps(info, indent=2, default=str) if args.json else format_report(info))
-    return info
-
+from zoo.app.commands.describe import command, main  # noqa: F401  (main(argv): the same command, in process)
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, ImportError) as exc:  # a bad configuration (the message names the key), imports= gone
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    command()

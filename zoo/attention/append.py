@@ -20,9 +20,11 @@ token. What users rely on stays true:
 - **Fixed slots** (LSH's bucket cache, :class:`SlotStore`): a state overwrites slots instead of
   appending, so the state it continues from and the one it returns hold the same storage: it writes in
   place when it is the last state written to its storage (its ``version`` is the store's) and copies
-  tensors that are not the store's (a prefill's, reordered beams'). A state whose storage a later step
-  has overwritten is refused with the reason (its slots are gone): decode again from the state a
-  prefill returned, or from the latest state.
+  tensors that are not the store's (a prefill's, reordered beams'): into the storage its previous copy
+  went to when no state holds a view of that one any more (decoding again from one prefilled state
+  reuses warm memory; the state keeps that storage while it lives), else into a new one. A state whose
+  storage a later step has overwritten is refused with the reason (its slots are gone): decode again
+  from the state a prefill returned, or from the latest state.
 - **Reordering and moving** (``reorder_state``, ``.to(device)``) make new tensors that are no view of
   the store, so the next append copies them into a new store: the rule checks the views themselves
   (their data pointers), never trusts a store handed along with them.
@@ -158,12 +160,14 @@ def needs_gradient(*tensors: Tensor) -> bool:
 
 class SlotStore:
     """Fixed-size tensors a state overwrites at some slots (LSH's per-bucket windows); ``version``
-    counts the writes, so a state knows whether it is the last one written. A plain class (see
-    :class:`AppendStore`)."""
+    counts the writes, so a state knows whether it is the last one written. States hold views of
+    ``tensors`` (:meth:`views`), so the storage's use count tells when none is left (:meth:`unused`).
+    A plain class (see :class:`AppendStore`)."""
 
     def __init__(self, tensors: list[Tensor]):
         self.tensors = [x.detach().clone() for x in tensors]
         self.version = 0
+        self.bare = [use_count(x) for x in self.tensors]  # before any state's view of them exists
 
     def shares(self, tensors: list[Tensor]) -> bool:
         return all(a.data_ptr() == b.data_ptr() and a.shape == b.shape for a, b in zip(tensors, self.tensors))
@@ -171,13 +175,35 @@ class SlotStore:
     def holds(self, tensors: list[Tensor], version: int) -> bool:
         return version == self.version and self.shares(tensors)
 
+    def views(self) -> list[Tensor]:
+        return [x.view_as(x) for x in self.tensors]
+
+    def unused(self, like: list[Tensor]) -> bool:
+        """True when no state (nor any tensor taken from one) sees this storage any more, and it can hold
+        ``like``: it may then be refilled instead of allocating (and faulting in) a new one."""
+        return all(
+            x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and bare is not None and use_count(x) == bare
+            for x, y, bare in zip(self.tensors, like, self.bare)
+        )
+
+    def refill(self, tensors: list[Tensor]) -> SlotStore:
+        for mine, x in zip(self.tensors, tensors):
+            mine.copy_(x.detach())
+        return self
+
 
 def write_slots(
-    store: SlotStore | None, tensors: list[Tensor], version: int, write: Callable[[list[Tensor]], None]
+    store: SlotStore | None,
+    tensors: list[Tensor],
+    version: int,
+    write: Callable[[list[Tensor]], None],
+    spare: SlotStore | None = None,
 ) -> tuple[SlotStore, int]:
     """``write`` (in-place updates of the tensors it is given) applied to a state's ``tensors``: into
-    their store when the state is the last written to it, else into a copy (the rule above). Returns
-    the store and the new state's version; refuses a state whose slots a later step overwrote."""
+    their store when the state is the last written to it, else into a copy (the rule above), made in
+    ``spare`` (the store an earlier continuation of the same state copied into) when no state uses it any
+    more. Returns the store and the new state's version; refuses a state whose slots a later step
+    overwrote."""
     if store is not None and version != store.version and store.shares(tensors):
         raise ValueError(
             f"this state (write {version}) was continued in place by a later decoding step (write {store.version}) "
@@ -185,7 +211,7 @@ def write_slots(
             "the prefill returned, which is never overwritten"
         )
     if store is None or not store.holds(tensors, version):
-        store = SlotStore(tensors)
+        store = spare.refill(tensors) if spare is not None and spare.unused(tensors) else SlotStore(tensors)
     with torch.no_grad():
         write(store.tensors)
     store.version += 1

@@ -56,6 +56,9 @@ class LSHCache:
     # the storage a decode step overwrites in place (zoo/attention/append.py), and this state's write of it
     store: SlotStore | None = field(default=None, compare=False, repr=False)
     version: int = 0
+    # the storage a decode from this state last copied it into, refilled by the next one once no state
+    # uses it (append.py's write_slots): decoding from one prefilled state again copies into warm memory
+    spare: SlotStore | None = field(default=None, compare=False, repr=False)
 
     @property
     def length(self) -> int:
@@ -206,8 +209,10 @@ def _one_token(
         values.scatter_(3, at, torch.where(keep[..., None], value, values.gather(3, at)))
 
     cached = [cache.keys, cache.values, cache.bucket, cache.position]
-    store, version = write_slots(cache.store, cached, cache.version, write)
-    return out[:, :, None], LSHCache(*store.tensors, cache.next + 1, store=store, version=version)
+    store, version = write_slots(cache.store, cached, cache.version, write, spare=cache.spare)
+    if store is not cache.store:  # copied from this state: the next copy from it may reuse that storage
+        cache.spare = store
+    return out[:, :, None], LSHCache(*store.views(), cache.next + 1, store=store, version=version)
 
 
 def _kept(

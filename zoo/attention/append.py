@@ -165,7 +165,7 @@ class SlotStore:
     A plain class (see :class:`AppendStore`)."""
 
     def __init__(self, tensors: list[Tensor]):
-        self.tensors = [x.detach().clone() for x in tensors]
+        self.tensors = [x.detach().clone(memory_format=torch.contiguous_format) for x in tensors]
         self.version = 0
         self.bare = [use_count(x) for x in self.tensors]  # before any state's view of them exists
 
@@ -182,7 +182,11 @@ class SlotStore:
         """True when no state (nor any tensor taken from one) sees this storage any more, and it can hold
         ``like``: it may then be refilled instead of allocating (and faulting in) a new one."""
         return all(
-            x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and bare is not None and use_count(x) == bare
+            x.shape == y.shape
+            and x.dtype == y.dtype
+            and x.device == y.device
+            and bare is not None
+            and use_count(x) == bare
             for x, y, bare in zip(self.tensors, like, self.bare)
         )
 
@@ -192,27 +196,28 @@ class SlotStore:
         return self
 
 
-def write_slots(
-    store: SlotStore | None,
-    tensors: list[Tensor],
-    version: int,
-    write: Callable[[list[Tensor]], None],
-    spare: SlotStore | None = None,
-) -> tuple[SlotStore, int]:
-    """``write`` (in-place updates of the tensors it is given) applied to a state's ``tensors``: into
-    their store when the state is the last written to it, else into a copy (the rule above), made in
-    ``spare`` (the store an earlier continuation of the same state copied into) when no state uses it any
-    more. Returns the store and the new state's version; refuses a state whose slots a later step
-    overwrote."""
+def own_slots(
+    store: SlotStore | None, tensors: list[Tensor], version: int, spare: SlotStore | None = None
+) -> SlotStore:
+    """The store a state's next write goes to, holding the state's ``tensors`` (contiguous): their store
+    when the state is the last written to it, else a copy (the rule above), made in ``spare`` (the store
+    an earlier continuation of the same state copied into) when no state uses it any more. Refuses a
+    state whose slots a later step overwrote. Write with :func:`write_slots`."""
     if store is not None and version != store.version and store.shares(tensors):
         raise ValueError(
             f"this state (write {version}) was continued in place by a later decoding step (write {store.version}) "
             "that overwrote its fixed slots (LSH's bucket cache): continue from the latest state, or from the state "
             "the prefill returned, which is never overwritten"
         )
-    if store is None or not store.holds(tensors, version):
-        store = spare.refill(tensors) if spare is not None and spare.unused(tensors) else SlotStore(tensors)
+    if store is not None and store.holds(tensors, version):
+        return store
+    return spare.refill(tensors) if spare is not None and spare.unused(tensors) else SlotStore(tensors)
+
+
+def write_slots(store: SlotStore, write: Callable[[list[Tensor]], None]) -> int:
+    """``write`` (in-place updates of the tensors it is given) applied to the store :func:`own_slots`
+    returned; the new state's version."""
     with torch.no_grad():
         write(store.tensors)
     store.version += 1
-    return store, store.version
+    return store.version

@@ -28,6 +28,7 @@ Shapes: b batch, h heads, R rounds, N = n_buckets x c cached slots, L = N + t it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.append import SlotStore, write_slots
+from zoo.attention.append import SlotStore, own_slots, write_slots
 from zoo.attention.sorted_chunks import MASKED_SCORE, SELF_SCORE
 
 PIECE = 256  # new tokens scored per pass over the cache
@@ -173,13 +174,24 @@ def _one_token(
     """One new token: its keys in round r are the cached items of its bucket (the cache keeps exactly
     the c most recent ones, in the bucket's c slots), gathered and scored (O(R c k), no sort); it then
     takes an empty slot of its bucket, or the slot of the bucket's oldest item when the bucket is full."""
-    k = qk.shape[-1]
+    b, h, _, k = qk.shape
     bucket = buckets[..., 0]  # [b, h, R]
+    rounds = bucket.shape[-1]
     real = bucket < n_buckets  # padding (bucket n_buckets) sees only itself and is never kept
+    # the storage this step writes to (the state's own, or a copy of it: append.py's rule), read first
+    store = own_slots(cache.store, [cache.keys, cache.values, cache.bucket, cache.position], cache.version, cache.spare)
+    if store is not cache.store:  # copied from this state: the next copy from it may reuse that storage
+        cache.spare = store
+    # bucket B's c slots are row B of each round's [n_buckets, c (k)] block: read as whole rows
+    region = torch.arange(b * h * rounds, device=qk.device) * n_buckets + bucket.clamp(max=n_buckets - 1).flatten()
+
+    def bucket_rows(x: Tensor) -> Tensor:  # [b, h, R, N(, k)] (contiguous) -> [b, h, R, c(, k)]
+        per_slot = x.shape[4:]
+        return x.view(-1, c * math.prod(per_slot)).index_select(0, region).view(b, h, rounds, c, *per_slot)
+
+    keys_kept, values_kept, _, positions_kept = store.tensors
+    keys, values, position = bucket_rows(keys_kept), bucket_rows(values_kept), bucket_rows(positions_kept)
     slots = bucket.clamp(max=n_buckets - 1)[..., None] * c + torch.arange(c, device=qk.device)  # [b, h, R, c]
-    position = cache.position.gather(-1, slots)
-    index = slots[..., None].expand(-1, -1, -1, -1, k)
-    keys, values = cache.keys.gather(3, index), cache.values.gather(3, index)  # [b, h, R, c, k]
     same = (position >= 0) & real[..., None]  # every filled slot of the region holds its bucket's item
     scores = torch.einsum("bhk,bhrck->bhrc", qk[:, :, 0], keys)
     if bias_of is not None:  # the cached items carry their positions; empty slots are masked below
@@ -192,7 +204,6 @@ def _one_token(
     if dropout > 0:
         probs = F.dropout(probs, p=dropout)
     out = torch.einsum("bhrc,bhrck->bhrk", probs[..., :-1], values) + probs[..., -1:] * v[:, :, None, 0]
-    rounds = bucket.shape[-1]
     out = (out * torch.softmax(lse, dim=-1)[..., None]).sum(2) if rounds > 1 else out[:, :, 0]
     # the slot it takes: an empty one of its bucket (position -1, the smallest), else the oldest item's
     slot = slots.gather(-1, position.argmin(-1, keepdim=True))  # [b, h, R, 1]
@@ -208,10 +219,7 @@ def _one_token(
         keys.scatter_(3, at, torch.where(keep[..., None], unit, keys.gather(3, at)))
         values.scatter_(3, at, torch.where(keep[..., None], value, values.gather(3, at)))
 
-    cached = [cache.keys, cache.values, cache.bucket, cache.position]
-    store, version = write_slots(cache.store, cached, cache.version, write, spare=cache.spare)
-    if store is not cache.store:  # copied from this state: the next copy from it may reuse that storage
-        cache.spare = store
+    version = write_slots(store, write)
     return out[:, :, None], LSHCache(*store.views(), cache.next + 1, store=store, version=version)
 
 

@@ -245,15 +245,18 @@ def _kept(
     end = torch.searchsorted(sorted_bucket, sorted_bucket, right=True)  # past the last item of each one's bucket
     target = sorted_bucket.clamp(max=n_buckets - 1) * c + c - end + torch.arange(length, device=end.device)
     target = torch.where(keep_sorted, target, slots)  # the others go to one extra slot, dropped
-    k = keys.shape[-1]
+    # per slot, the combined item it takes (``length``: none, the slot is empty)
+    taken = order.new_full((*order.shape[:3], slots + 1), length).scatter_(3, target, order)[..., :slots]
+    empty = taken == length
+    rows = taken.clamp(max=length - 1) + length * torch.arange(
+        taken.shape[0] * taken.shape[1] * taken.shape[2], device=taken.device
+    ).view(taken.shape[:3] + (1,))
 
-    def laid_out(x: Tensor, empty: float | int) -> Tensor:
-        """x [b, h, R, L(, k)] of the combined items -> [b, h, R, N(, k)] by bucket, ``empty`` elsewhere."""
-        wide = x.dim() == 5
-        at = order[..., None].expand(-1, -1, -1, -1, k) if wide else order
-        to = target[..., None].expand(-1, -1, -1, -1, k) if wide else target
-        shape = (*x.shape[:3], slots + 1, *x.shape[4:])
-        return x.new_full(shape, empty).scatter_(3, to, x.detach().gather(3, at)).narrow(3, 0, slots)
+    def laid_out(x: Tensor, fill: float | int) -> Tensor:
+        """x [b, h, R, L(, k)] of the combined items -> [b, h, R, N(, k)] by bucket, ``fill`` where empty."""
+        per_item = x.shape[4:]
+        picked = x.detach().reshape(-1, *per_item).index_select(0, rows.flatten()).view(*taken.shape, *per_item)
+        return picked.masked_fill(empty.view(*empty.shape, *(1,) * len(per_item)), fill)
 
     return LSHCache(
         laid_out(keys, 0.0),

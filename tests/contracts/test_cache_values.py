@@ -138,3 +138,55 @@ def test_the_lsh_bucket_cache_is_overwritten_in_place():
         out = model(ids(1, 1, 100 + j), state=out.state)
         storages.add(out.state.layers[0].attention.keys.untyped_storage().data_ptr())
     assert len(storages) == 1, f"{len(storages)} storages for 50 tokens: the bucket cache is copied per token"
+
+
+def first_cache_tensor(state) -> torch.Tensor:
+    """The first float tensor of layer 0's cache (keys, or the kept layer inputs)."""
+    cache = state.layers[0].attention
+    return next(t for t in vars(cache).values() if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+@pytest.mark.parametrize("name", ["vanilla", "local_1d", "adaptive_span", "lsh"])
+@torch.no_grad()
+def test_decoding_again_once_the_first_continuation_is_gone_equals_one_call(name):
+    """A prefilled state decoded from again after its first continuation was dropped: the dense and pattern
+    caches take back the positions nobody sees any more and append in place (the dense cache: into the
+    prefill's own storage, no copy), LSH copies its prefilled slots into the storage the continuation before
+    used; every continuation equals the full pass, and a tensor taken from a continuation (a view of its
+    storage) keeps its values while it is held."""
+    model = lm(name)
+    prompt, a, b, c = ids(2, 9, 0), ids(2, 6, 1), ids(2, 6, 2), ids(2, 6, 3)
+    prefilled = model(prompt, state=model.init_state(2)).state
+    _, after_a = continue_by_tokens(model, prefilled, a)
+    taken = first_cache_tensor(after_a)[..., -3:, :]
+    kept = taken.clone()
+    del after_a  # only a view taken from it is left: the next continuation must not write into it
+    second, after_b = continue_by_tokens(model, prefilled, b)
+    torch.testing.assert_close(taken, kept, atol=0, rtol=0)
+    storage_b = first_cache_tensor(after_b).untyped_storage().data_ptr()
+    del taken, after_b
+    third, after_c = continue_by_tokens(model, prefilled, c)  # nothing but the prefilled state is left
+    torch.testing.assert_close(second, model(torch.cat([prompt, b], 1)).logits[:, 9:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(third, model(torch.cat([prompt, c], 1)).logits[:, 9:], atol=1e-4, rtol=1e-4)
+    storage_c = first_cache_tensor(after_c).untyped_storage().data_ptr()
+    if name == "vanilla":
+        assert storage_c == first_cache_tensor(prefilled).untyped_storage().data_ptr(), "the prefill was copied"
+    if name == "lsh":
+        assert storage_c == storage_b, "the bucket cache was copied into new storage, not the unused one"
+
+
+@torch.no_grad()
+def test_an_lsh_state_overwritten_by_a_later_step_is_refused():
+    """LSH's bucket cache overwrites its slots in place, so a state continued past is no longer what it was:
+    decoding from it again is refused with the reason (it used to continue silently from overwritten slots),
+    while the prefilled state and the latest one still continue exactly."""
+    model = lm("lsh")
+    prompt, a, b = ids(2, 9, 0), ids(2, 6, 1), ids(2, 3, 2)
+    prefilled = model(prompt, state=model.init_state(2)).state
+    _, middle = continue_by_tokens(model, prefilled, a[:, :3])
+    _, latest = continue_by_tokens(model, middle, a[:, 3:])
+    with pytest.raises(ValueError, match="overwrote its fixed slots"):
+        continue_by_tokens(model, middle, b)
+    from_latest, _ = continue_by_tokens(model, latest, b)
+    whole = model(torch.cat([prompt, a, b], 1)).logits[:, 15:]
+    torch.testing.assert_close(from_latest, whole, atol=1e-4, rtol=1e-4)

@@ -11,20 +11,24 @@ hashes depend on the token alone (the rotations are fixed between optimiser step
 fed in any pieces equals one call.
 
 The cache is bounded: n_buckets x chunk_size items per round, whatever the stream's length (the
-receptive field itself is bounded: a bucket holds at most c visible keys). With the automatic
+receptive field itself is bounded: a bucket holds at most c visible keys). It is laid out by bucket:
+bucket B's items sit in slots [B c, (B + 1) c) of each round, so a decoding step reads only its
+bucket's c slots per round (O(R c k), whatever n_buckets), not the whole cache. With the automatic
 bucket count, the paper's chunk look-back or keys across buckets, a key set depends on tokens that
 come later (the number of chunks, the chunk boundaries), so ``lsh`` refuses a state then.
 
 How a call runs, per round, vectorised over batch, heads and rounds: the cached items and the new
 ones are sorted together by (bucket, position); a new item's keys are the c sorted slots before it
 that share its bucket; an item stays in the cache while fewer than c later items share its bucket.
-New tokens go in pieces of ``PIECE`` so the gathered windows stay small.
+New tokens go in pieces of ``PIECE`` so the gathered windows stay small. One token (decoding) needs no
+sort: it reads its bucket's slots and overwrites one of them (an empty one, else the oldest).
 
 Shapes: b batch, h heads, R rounds, N = n_buckets x c cached slots, L = N + t items, k head dim.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zoo.attention.append import SlotStore, write_slots
+from zoo.attention.append import SlotStore, own_slots, write_slots
 from zoo.attention.sorted_chunks import MASKED_SCORE, SELF_SCORE
 
 PIECE = 256  # new tokens scored per pass over the cache
@@ -40,9 +44,10 @@ PIECE = 256  # new tokens scored per pass over the cache
 
 @dataclass
 class LSHCache:
-    """Per round, the ``chunk_size`` most recent items of every bucket. keys (unit-length, unscaled)
-    and values [b, h, R, N, k]; bucket and position [b, h, R, N] (position -1 = an empty slot,
-    whose bucket sorts after every real one); ``next``: the absolute position of the next token."""
+    """Per round, the ``chunk_size`` (c) most recent items of every bucket, bucket B's in slots
+    [B c, (B + 1) c) in any order. keys (unit-length, unscaled) and values [b, h, R, N, k]; bucket and
+    position [b, h, R, N] (position -1 = an empty slot, whose bucket n_buckets + 1 sorts after every
+    real one); ``next``: the absolute position of the next token."""
 
     keys: Tensor | None = None
     values: Tensor | None = None
@@ -52,6 +57,9 @@ class LSHCache:
     # the storage a decode step overwrites in place (zoo/attention/append.py), and this state's write of it
     store: SlotStore | None = field(default=None, compare=False, repr=False)
     version: int = 0
+    # the storage a decode from this state last copied it into, refilled by the next one once no state
+    # uses it (append.py's write_slots): decoding from one prefilled state again copies into warm memory
+    spare: SlotStore | None = field(default=None, compare=False, repr=False)
 
     @property
     def length(self) -> int:
@@ -164,46 +172,55 @@ def _one_token(
     bias_of: Callable[[Tensor, Tensor], Tensor] | None,
 ) -> tuple[Tensor, LSHCache]:
     """One new token: its keys in round r are the cached items of its bucket (the cache keeps exactly
-    the c most recent ones), scored in place over all N slots under a mask (O(N k), no sort); it then
-    takes an empty slot, or the slot of its bucket's oldest item when the bucket is full."""
-    k = qk.shape[-1]
+    the c most recent ones, in the bucket's c slots), gathered and scored (O(R c k), no sort); it then
+    takes an empty slot of its bucket, or the slot of the bucket's oldest item when the bucket is full."""
+    b, h, _, k = qk.shape
     bucket = buckets[..., 0]  # [b, h, R]
-    filled = cache.position >= 0
-    same = (cache.bucket == bucket[..., None]) & filled  # [b, h, R, N]
-    scores = torch.einsum("bhk,bhrnk->bhrn", qk[:, :, 0], cache.keys)
+    rounds = bucket.shape[-1]
+    real = bucket < n_buckets  # padding (bucket n_buckets) sees only itself and is never kept
+    # the storage this step writes to (the state's own, or a copy of it: append.py's rule), read first
+    store = own_slots(cache.store, [cache.keys, cache.values, cache.bucket, cache.position], cache.version, cache.spare)
+    if store is not cache.store:  # copied from this state: the next copy from it may reuse that storage
+        cache.spare = store
+    # bucket B's c slots are row B of each round's [n_buckets, c (k)] block: read as whole rows
+    region = torch.arange(b * h * rounds, device=qk.device) * n_buckets + bucket.clamp(max=n_buckets - 1).flatten()
+
+    def bucket_rows(x: Tensor) -> Tensor:  # [b, h, R, N(, k)] (contiguous) -> [b, h, R, c(, k)]
+        per_slot = x.shape[4:]
+        return x.view(-1, c * math.prod(per_slot)).index_select(0, region).view(b, h, rounds, c, *per_slot)
+
+    keys_kept, values_kept, _, positions_kept = store.tensors
+    keys, values, position = bucket_rows(keys_kept), bucket_rows(values_kept), bucket_rows(positions_kept)
+    slots = bucket.clamp(max=n_buckets - 1)[..., None] * c + torch.arange(c, device=qk.device)  # [b, h, R, c]
+    same = (position >= 0) & real[..., None]  # every filled slot of the region holds its bucket's item
+    scores = torch.einsum("bhk,bhrck->bhrc", qk[:, :, 0], keys)
     if bias_of is not None:  # the cached items carry their positions; empty slots are masked below
         head = torch.arange(qk.shape[1], device=qk.device).view(1, -1, 1, 1)
-        scores = scores + bias_of(cache.next - cache.position, head)
+        scores = scores + bias_of(cache.next - position, head)
     scores = scores.masked_fill(~same, MASKED_SCORE)
     scores = torch.cat([scores, torch.full_like(scores[..., :1], SELF_SCORE)], dim=-1)  # oneself, last
     lse = torch.logsumexp(scores, dim=-1)  # [b, h, R]
     probs = torch.exp(scores - lse[..., None])
     if dropout > 0:
         probs = F.dropout(probs, p=dropout)
-    out = torch.einsum("bhrn,bhrnk->bhrk", probs[..., :-1], cache.values) + probs[..., -1:] * v[:, :, None, 0]
-    rounds = bucket.shape[-1]
+    out = torch.einsum("bhrc,bhrck->bhrk", probs[..., :-1], values) + probs[..., -1:] * v[:, :, None, 0]
     out = (out * torch.softmax(lse, dim=-1)[..., None]).sum(2) if rounds > 1 else out[:, :, 0]
-    # the slot it takes: the first empty one while its bucket has room, else its bucket's oldest item
-    oldest = cache.position.masked_fill(~same, torch.iinfo(torch.long).max).argmin(-1)
-    empty = (~filled).to(torch.uint8).argmax(-1)
-    slot = torch.where(same.sum(-1) < c, empty, oldest)[..., None]  # [b, h, R, 1]
-    real = bucket < n_buckets  # padding is never kept
-    position = torch.full_like(slot, cache.next)
-    index = slot[..., None].expand(-1, -1, -1, -1, k)
+    # the slot it takes: an empty one of its bucket (position -1, the smallest), else the oldest item's
+    slot = slots.gather(-1, position.argmin(-1, keepdim=True))  # [b, h, R, 1]
+    at = slot[..., None].expand(-1, -1, -1, -1, k)
     unit = F.normalize(qk[:, :, 0], dim=-1)[:, :, None, None].expand(-1, -1, rounds, -1, -1)
-    keep = real[..., None, None]
     value = v[:, :, 0][:, :, None, None].expand(-1, -1, rounds, -1, -1)
+    keep, now = real[..., None], torch.full_like(slot, cache.next)
 
-    def write(tensors: list[Tensor]) -> None:  # one slot per round overwritten, in place
+    def write(tensors: list[Tensor]) -> None:  # one slot per round overwritten, in place (padding: as it was)
         keys, values, buckets_kept, positions = tensors
-        positions.scatter_(-1, slot, torch.where(real[..., None], position, positions.gather(-1, slot)))
-        buckets_kept.scatter_(-1, slot, torch.where(real[..., None], bucket[..., None], buckets_kept.gather(-1, slot)))
-        keys.scatter_(3, index, torch.where(keep, unit, keys.gather(3, index)))
-        values.scatter_(3, index, torch.where(keep, value, values.gather(3, index)))
+        positions.scatter_(-1, slot, torch.where(keep, now, positions.gather(-1, slot)))
+        buckets_kept.scatter_(-1, slot, torch.where(keep, bucket[..., None], buckets_kept.gather(-1, slot)))
+        keys.scatter_(3, at, torch.where(keep[..., None], unit, keys.gather(3, at)))
+        values.scatter_(3, at, torch.where(keep[..., None], value, values.gather(3, at)))
 
-    cached = [cache.keys, cache.values, cache.bucket, cache.position]
-    store, version = write_slots(cache.store, cached, cache.version, write)
-    return out[:, :, None], LSHCache(*store.tensors, cache.next + 1, store=store, version=version)
+    version = write_slots(store, write)
+    return out[:, :, None], LSHCache(*store.views(), cache.next + 1, store=store, version=version)
 
 
 def _kept(
@@ -219,17 +236,32 @@ def _kept(
     next_position: int,
 ) -> LSHCache:
     """The items a later query may see: real (not padding, not empty) and among the c most recent of
-    their bucket, i.e. the sorted slot c places on holds another bucket (or lies past the end)."""
+    their bucket, i.e. the sorted slot c places on holds another bucket (or lies past the end), laid out
+    by bucket: the one e items from its bucket's end goes to slot B c + c - 1 - e; the other slots are
+    empty."""
     length = sorted_bucket.shape[-1]
     ahead = F.pad(sorted_bucket[..., c:], (0, min(c, length)), value=-1)[..., :length]
     keep_sorted = (ahead != sorted_bucket) & (sorted_bucket < n_buckets)
-    # kept items first (stable), then as many others as fill the slots; the others are emptied
-    first = (~keep_sorted).to(torch.uint8).argsort(dim=-1, stable=True)[..., :slots]
-    index = order.gather(-1, first)  # items of the combined arrays
-    kept = keep_sorted.gather(-1, first)
-    k = keys.shape[-1]
-    new_keys = keys.gather(3, index[..., None].expand(-1, -1, -1, -1, k)).detach()
-    new_values = values.gather(3, index[..., None].expand(-1, -1, -1, -1, k)).detach()
-    new_bucket = bucket.gather(-1, index).masked_fill(~kept, n_buckets + 1)
-    new_position = position.gather(-1, index).masked_fill(~kept, -1)
-    return LSHCache(new_keys, new_values, new_bucket, new_position, next_position)
+    end = torch.searchsorted(sorted_bucket, sorted_bucket, right=True)  # past the last item of each one's bucket
+    target = sorted_bucket.clamp(max=n_buckets - 1) * c + c - end + torch.arange(length, device=end.device)
+    target = torch.where(keep_sorted, target, slots)  # the others go to one extra slot, dropped
+    # per slot, the combined item it takes (``length``: none, the slot is empty)
+    taken = order.new_full((*order.shape[:3], slots + 1), length).scatter_(3, target, order)[..., :slots]
+    empty = taken == length
+    rows = taken.clamp(max=length - 1) + length * torch.arange(
+        taken.shape[0] * taken.shape[1] * taken.shape[2], device=taken.device
+    ).view(taken.shape[:3] + (1,))
+
+    def laid_out(x: Tensor, fill: float | int) -> Tensor:
+        """x [b, h, R, L(, k)] of the combined items -> [b, h, R, N(, k)] by bucket, ``fill`` where empty."""
+        per_item = x.shape[4:]
+        picked = x.detach().reshape(-1, *per_item).index_select(0, rows.flatten()).view(*taken.shape, *per_item)
+        return picked.masked_fill(empty.view(*empty.shape, *(1,) * len(per_item)), fill)
+
+    return LSHCache(
+        laid_out(keys, 0.0),
+        laid_out(values, 0.0),
+        laid_out(bucket, n_buckets + 1),
+        laid_out(position, -1),
+        next_position,
+    )

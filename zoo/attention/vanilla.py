@@ -106,14 +106,18 @@ def extend_cache(
     return k, v, pad_mask, store
 
 
-def stream_positions(cache: KVCache | None, t: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def stream_positions(
+    cache: KVCache | None, t: int, device: torch.device, keys: bool = True
+) -> tuple[Tensor, Tensor | None]:
     """(absolute positions of the t new tokens [t], of the keys [cache ; new] [m + t]) for a dense
-    self-attention continuing a stream from ``cache`` (None: a sequence starting at 0)."""
+    self-attention continuing a stream from ``cache`` (None: a sequence starting at 0). ``keys=False``:
+    None for the keys' (a layer that neither biases nor masks by position: a decoding step then builds
+    nothing over the whole context)."""
     start = 0 if cache is None else cache.next
     new = torch.arange(start, start + t, device=device)
     if cache is None or cache.k is None:
         return new, new
-    return new, torch.cat([cache.positions(device), new])
+    return new, torch.cat([cache.positions(device), new]) if keys else None
 
 
 @ATTENTION.register("vanilla")
@@ -319,7 +323,9 @@ class VanillaAttention(DocumentAttention, Attention):
         """Queries and keys/values of [cache ; segment] with the position part applied, their key
         padding, the cache to carry on, and the positions the part numbers queries and keys by."""
         k, v = self.split_heads(self.to_k(x)), self.split_heads(self.to_v(x))
-        positions, key_positions = stream_positions(state, x.shape[1], x.device)
+        # the keys' positions serve a pair bias and the soft-capped path's causality only
+        by_position = self.has_pair_bias or bool(self.options.softcap)
+        positions, key_positions = stream_positions(state, x.shape[1], x.device, keys=by_position)
         in_cache = state is not None and self.position is not None and self.position.cache_positions
         if not in_cache:  # rotated at their place in the stream, and cached rotated
             q, k = self.rotate(q, positions), self.rotate(k, positions)

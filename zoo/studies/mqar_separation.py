@@ -43,9 +43,9 @@ RUNS = [
     "attention=vanilla",
     "attention=local_1d attention.block=4 attention.memory=4",
     "attention=linear",
-    "attention=gla",
     "attention=gated_deltanet",
     f"model.attention=[{WINDOW},vanilla]",
+    "attention=gla",
 ]
 
 
@@ -53,7 +53,7 @@ RUNS = [
 class Options:
     runs: list[str] = field(default_factory=lambda: list(RUNS))  # each: app overrides of one mechanism
     seeds: list[int] = field(default_factory=lambda: [0, 1])
-    steps: int = 2000
+    steps: int = 3000
     lr: float = 3.0e-3
     warmup: int = 100
     eval_every: int = 250

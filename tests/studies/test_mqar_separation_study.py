@@ -47,8 +47,9 @@ def final(mechanism: str, seed: int, accuracy: float, ceiling: str = "") -> dict
         ([0.99, 0.95], "", "`m` recalls (lowest seed 0.950)"),
         ([0.99, 0.3], "", "recalls on some seeds only"),
         ([0.3], "", "`m` does not recall at this budget"),
-        ([0.36], "0.38", "so the window, not the training, bounds it"),
-        ([0.6], "0.38", "yet it answers more"),
+        ([0.36], "0.38", "a bound no training passes; it answers 0.360 (best seed), at that bound"),
+        ([0.15], "0.38", "below it at this budget"),
+        ([0.6], "0.38", "than its window reaches (0.380)"),
     ],
 )
 def test_the_verdict_reads_every_seed_and_a_windows_ceiling(accuracies, ceiling, verdict, tmp_path):

@@ -193,10 +193,13 @@ class MQARSeparation(Study):
         if all(a >= solved for a in final):
             return f"`{name}` recalls (lowest seed {min(final):.3f})."
         if ceiling:
-            bound = "so the window, not the training, bounds it" if max(final) <= float(ceiling) + CEILING_SLACK else (
-                "yet it answers more: the ceiling is wrong or it guesses well")
-            return (f"`{name}` does not recall (best seed {max(final):.3f}); its window reaches the key of "
-                    f"{float(ceiling):.3f} of the queries, {bound}.")
+            reach = float(ceiling)
+            if max(final) > reach + CEILING_SLACK:
+                return (f"`{name}` answers more queries ({max(final):.3f}) than its window reaches ({reach:.3f}): "
+                        "the ceiling is wrong or it guesses well.")
+            where = "at that bound" if max(final) >= reach - CEILING_SLACK else "below it at this budget"
+            return (f"`{name}` cannot recall: its window reaches the key of only {reach:.3f} of the queries, a bound "
+                    f"no training passes; it answers {max(final):.3f} (best seed), {where}.")
         if any(a >= solved for a in final):
             return f"`{name}` recalls on some seeds only ({' '.join(f'{a:.3f}' for a in final)}): not shown at this budget."
         return f"`{name}` does not recall at this budget (best seed {max(final):.3f})."

@@ -112,7 +112,8 @@ def window_ceiling(config: dict[str, Any], model_config: dict[str, Any], example
 class MQARSeparation(Study):
     Options = Options
     question = ("On Zoology's smallest MQAR cell (length 64, 4 pairs, d_model 64, 2 layers), at a CPU budget where "
-                "softmax attention leaves the plateau, which mechanisms recall, and with how many bytes of decoding state?")
+                "softmax attention leaves the plateau, which mechanisms recall, and with how many bytes of decoding "
+                "state?")
     figures = ("mqar_separation.png",)
     toy_options = dict(runs=["attention=local_1d attention.block=4 attention.memory=4"],
                        seeds=[0], steps=2, warmup=1, eval_every=2,
@@ -171,9 +172,11 @@ class MQARSeparation(Study):
         self.figure(rows, points)
         first = finals[0] if finals else {}
         lines = [
-            f"Budget: {o.steps:,} steps of 32 fresh examples (experiment=mqar/len64: vocabulary 256, length 64, 4 pairs, "
+            f"Budget: {o.steps:,} steps of 32 fresh examples (experiment=mqar/len64: vocabulary 256, length 64, "
+            "4 pairs, "
             f"d_model 64, 2 layers, 2 heads, learned positions), AdamW lr {o.lr:g}, {o.warmup} warm-up steps, cosine "
-            f"to zero; accuracy over the queries of 512 held-out examples at the last step. Seeds {sorted({int(r['seed']) for r in finals})}, "
+            "to zero; accuracy over the queries of 512 held-out examples at the last step. "
+            f"Seeds {sorted({int(r['seed']) for r in finals})}, "
             f"one thread per run, one run at a time, 1-minute load average {load_range(finals)} at the runs' ends.",
             "",
             f"The plateau every run starts on, answering some value of the context, scores one in {PAIRS} "
@@ -207,11 +210,13 @@ class MQARSeparation(Study):
             return (f"`{name}` cannot recall: its window reaches the key of only {reach:.3f} of the queries, a bound "
                     f"no training passes; it answers {max(final):.3f} (best seed), {where}.")
         if any(a >= solved for a in final):
-            return f"`{name}` recalls on some seeds only ({' '.join(f'{a:.3f}' for a in final)}): not shown at this budget."
+            seeds = " ".join(f"{a:.3f}" for a in final)
+            return f"`{name}` recalls on some seeds only ({seeds}): not shown at this budget."
         return f"`{name}` does not recall at this budget (best seed {max(final):.3f})."
 
     def figure(self, rows: list[dict[str, str]], points: dict[str, tuple]) -> None:
-        with saved_figure(self.paths.out / "mqar_separation.png", 1, 2, figsize=(11, 4), dpi=110) as (_, (curve, state)):
+        path = self.paths.out / "mqar_separation.png"
+        with saved_figure(path, 1, 2, figsize=(11, 4), dpi=110) as (_, (curve, state)):
             for i, name in enumerate(points):
                 colour = f"C{i}"
                 for seed in sorted({r["seed"] for r in rows if r["mechanism"] == name}):

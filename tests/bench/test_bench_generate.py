@@ -91,3 +91,16 @@ def test_the_command_line_decodes_at_each_batch(tmp_path):
     assert main(argv.split()) == 0
     with open(tmp_path / "generate.csv") as f:
         assert [(r["batch"], r["status"]) for r in csv.DictReader(f)] == [("1", "ok"), ("2", "ok")]
+
+
+def test_the_bound_of_a_state_a_step_reads_in_part_counts_only_that_part():
+    """LSH's bucket cache: a step reads its bucket's slots, one bucket in n_buckets, so its bound is n_buckets times
+    the whole state's; dense attention reads its whole cache."""
+    lsh = Variant("lsh", "zoo", "vanilla_lm", {"attention": {"name": "lsh", "n_buckets": 4, "chunk_size": 8}})
+    variants = [Variant("vanilla", "zoo", "vanilla_lm", {"attention": "vanilla"}), lsh]
+    _, summary = tiny_run(variants, [32], new_tokens=2, rounds=1)
+    rows = {r["variant"]: r for r in summary}
+    assert [rows[v]["read_share"] for v in ("vanilla", "lsh")] == [1.0, 0.25], [r["status"] for r in summary]
+    for row in summary:
+        bytes_read = row["cache_mib"] * 2**20 * row["read_share"]
+        assert row["bound_ms_per_step"] == pytest.approx(bytes_read / (row["bandwidth_gib_s"] * 2**30) * 1e3)

@@ -289,6 +289,10 @@ class Attention(AttentionHelpers, nn.Module):
         table, ``zoo.bench --generate`` and the contract suite."""
         return None
 
+    def state_read_share(self) -> float:
+        """Share of this layer's decoding state one step reads (``zoo.bench --generate``'s bound): all of it."""
+        return 1.0
+
     # -- context parallelism: the sequence split over ranks (zoo/parallel) ---------------------------
     def context_refusal(self) -> str | None:
         """Why this layer cannot run with its sequence split over the ranks of a context group, or None

@@ -180,6 +180,10 @@ class LSHAttention(SharedQKProjections):
         """Per round, the ``chunk_size`` most recent items of each of the ``n_buckets`` buckets."""
         return self.options.n_buckets * self.options.chunk_size
 
+    def state_read_share(self) -> float:
+        """A step reads its own bucket's ``chunk_size`` slots per round (lsh_stream.py): one bucket in n_buckets."""
+        return 1.0 / self.options.n_buckets
+
     def after_optimizer_step(self) -> None:
         self.hash_step += 1
 

@@ -51,6 +51,13 @@ def layer_bound(model: torch.nn.Module) -> int | None:
     return None if not bounds or None in bounds else max(bounds)
 
 
+def read_share(model: torch.nn.Module) -> float:
+    """Share of the state's bytes one decoding step reads, the mean of its layers' (``Attention.state_read_share``;
+    the layers of one model keep states of one size): 1.0 but for a state a step reads only part of (LSH's buckets)."""
+    shares = [m.state_read_share() for m in model.modules() if isinstance(m, Attention)]
+    return sum(shares) / len(shares) if shares else 1.0
+
+
 def run_generate(
     variants: list[Variant],
     contexts: list[int],
@@ -114,13 +121,15 @@ def run_generate(
                     synchronize(device)
                     prefill = time.perf_counter() - start
                 cache_bytes = state_bytes(peer.tensors(out) if peer else out.state)
+                share = 1.0 if peer else read_share(model)  # a peer's cache: every step reads all of it
                 row.update(
                     status="ok",
                     prefill_s=prefill,
                     cache_mib=cache_bytes / 2**20,
                     state_bound=None if peer else layer_bound(model),
-                    bound_tokens_per_s=batch * bandwidth / max(cache_bytes, 1),
-                    bound_ms_per_step=cache_bytes / bandwidth * 1e3,
+                    read_share=share,
+                    bound_tokens_per_s=batch * bandwidth / max(cache_bytes * share, 1),
+                    bound_ms_per_step=cache_bytes * share / bandwidth * 1e3,
                     bandwidth_gib_s=bandwidth / 2**30,
                 )
                 decoder = (
@@ -235,8 +244,9 @@ def generate_markdown(summary: list[dict[str, Any]], meta: dict[str, Any]) -> st
         f"{meta['new_tokens']} tokens one at a time from the same prefilled state, the variants in an order "
         "rotated each round, after one unrecorded warm-up round. cache MiB: every tensor of the model's state "
         "after the prefill (all layers); bound: the tokens a layer's state holds at most (none = grows). bandwidth "
-        "bound: batch x measured copy bandwidth / the state's bytes, the tokens/s a step that only reads its "
-        "state once could reach, and that step's ms (the state's bytes / the bandwidth; weights not counted; copy "
+        "bound: batch x measured copy bandwidth / the bytes a step reads (the state's, once; LSH: its bucket's "
+        "share), the tokens/s no such step can beat, and that step's ms (those bytes / the bandwidth; weights not "
+        "counted; copy "
         f"bandwidth {min(measured):,.1f}-{max(measured):,.1f} GiB/s, measured at each context); ms/step: one "
         "measured decoding step of the whole batch.",
         "",

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from zoo.bench.generate import plot_generate, run_generate
-from zoo.bench.variants import Variant, parse_set, peer_variant
+from zoo.bench.generate import plot_generate, read_share, run_generate
+from zoo.bench.variants import Variant, build, parse_set, peer_variant
 from zoo.config import require
 from zoo.studies.base import STUDY, Study
 from zoo.studies.common import Rows, machine_line
@@ -52,6 +52,7 @@ NUMBERS = (
     "cache_mib",
     "bound_tokens_per_s",
     "bound_ms_per_step",
+    "read_share",
     "prefill_s",
     "bandwidth_gib_s",
     "load_1min",
@@ -145,6 +146,7 @@ class Generate(Study):
             }
             for r in rows
         ]
+        self.bound_by_read_share(parsed)
         o = self.options
         loads = [r["load_1min"] for r in parsed if "load_1min" in r] or [0.0]
         measured = [r["bandwidth_gib_s"] for r in parsed if "bandwidth_gib_s" in r] or [0.0]
@@ -152,7 +154,8 @@ class Generate(Study):
             f"{o.layers}-layer LMs at d {o.d_model}, {o.heads} heads, vocab {o.vocab}, fp32, {o.new_tokens} greedy "
             f"tokens per round from a state prefilled once, {o.rounds} rounds (median, min-max); "
             f"{parsed[0].get('machine', '')}; 1-minute load average {min(loads):.1f}-{max(loads):.1f} while measuring. "
-            f"Bound: the state's bytes read once per step at the copy bandwidth measured at each context (rows' range "
+            "Bound: the bytes a step reads (the state's, once; LSH's bucket cache: its bucket's slots, one bucket in "
+            f"n_buckets) at the copy bandwidth measured at each context (rows' range "
             f"{min(measured):,.1f}-{max(measured):,.1f} GiB/s; "
             "weights not counted): the tokens/s and ms per step no decoder of that state can beat. share: measured "
             "tokens/s over that bound.",
@@ -178,6 +181,21 @@ class Generate(Study):
         lines += ["", *self.comparisons(parsed), "", "![tokens/s and state MiB against context](generate.png)"]
         plot_generate(parsed, self.paths.out / "generate.png", {"title": "decoding through the state"})
         return "\n".join(lines)
+
+    def bound_by_read_share(self, rows: list[dict]) -> None:
+        """Each measured row's bound from the bytes a step reads: rows written before the bench recorded
+        ``read_share`` get it from their variant's layers, built again at the study's shape."""
+        o, known = self.options, {}
+        shape = dict(d_model=o.d_model, heads=o.heads, layers=o.layers, vocab=o.vocab, batch=1, d_ff=4 * o.d_model)
+        for variant in self.variants():
+            if variant.kind == "zoo" and any(r["variant"] == variant.label and "read_share" not in r for r in rows):
+                known[variant.label] = read_share(build(variant, 64, shape, {}, "cpu")[0])
+        for r in rows:
+            if "cache_mib" in r and "bandwidth_gib_s" in r:
+                r.setdefault("read_share", known.get(r["variant"], 1.0))
+                read = r["cache_mib"] * 2**20 * r["read_share"]
+                r["bound_ms_per_step"] = read / (r["bandwidth_gib_s"] * 2**30) * 1e3
+                r["bound_tokens_per_s"] = r["batch"] * 1e3 / r["bound_ms_per_step"]
 
     @staticmethod
     def comparisons(rows: list[dict]) -> list[str]:

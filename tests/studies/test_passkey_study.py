@@ -45,9 +45,11 @@ def cells(accuracy: dict[int, float], reach: dict[int, float] | None = None, ref
 @pytest.mark.parametrize(
     "measured, verdict",
     [
-        (cells({64: 1.0, 128: 0.95, 256: 0.91}), "retrieves at every length tested (64-256), every depth (lowest 0.91)"),
+        (cells({64: 1.0, 128: 0.95, 256: 0.91}),
+         "retrieves at every length tested (64-256), every depth (lowest 0.91)"),
         (cells({64: 0.5, 128: 0.2, 256: 0.1}), "does not learn the task at 64 (1x: depth uniform 0.50)"),
-        (cells({64: 1.0, 128: 1.0, 256: 0.1}, refused=(128, 256)), "cannot by construction past 64: the model refuses 128"),
+        (cells({64: 1.0, 128: 1.0, 256: 0.1}, refused=(128, 256)),
+         "cannot by construction past 64: the model refuses 128"),
         (cells({64: 1.0, 128: 0.95, 256: 0.3}), "fails from 256 (4x; depth uniform 0.30)."),
         (cells({64: 1.0, 128: 0.5, 256: 0.26}, reach={64: 1.0, 128: 0.5, 256: 0.25}),
          "cannot by construction where the key lies beyond its window (2 cells, each at the share of digits it can "

@@ -34,7 +34,7 @@ from zoo.app.run import load_run
 from zoo.config import require
 from zoo.data.passkey import passkey_batch
 from zoo.studies.base import STUDY, Study
-from zoo.studies.common import Rows, load_now, load_range, markdown_table, panels_figure, run_outcome, train
+from zoo.studies.common import Rows, load_now, load_range, markdown_table, run_outcome, saved_figure, train
 from zoo.train.scoring import evaluate_model
 
 RUNS = [
@@ -56,7 +56,7 @@ CEILING_SLACK = 0.05  # accuracy within this of the reach share is what the wind
 class Options:
     runs: list[str] = field(default_factory=lambda: list(RUNS))  # each: app overrides of one run
     seeds: list[int] = field(default_factory=lambda: [0])
-    steps: int = 2000
+    steps: int = 3000
     lr: float = 3.0e-3
     warmup: int = 50
     train_len: int = 64
@@ -130,7 +130,8 @@ def score(checkpoint: Path, length: int, depth: float, eval_size: int) -> dict[s
 class Passkey(Study):
     Options = Options
     question = ("Trained on passkey retrieval at one short length, which position schemes and bounded mechanisms "
-                "still find the key at 2x-16x that length, which fail and from where, and which cannot by construction?")
+                "still find the key at 2x-16x that length, which fail and from where, and which cannot by "
+                "construction?")
     figures = ("passkey.png",)
     # one run that both reaches its table's end at 2x (a refusal row) and has a window (a reach share)
     toy_options = dict(runs=["attention=local_1d attention.block=4 attention.memory=4 position=learned "
@@ -183,6 +184,15 @@ class Passkey(Study):
             text = "-" if acc is None else f"{acc:.2f}"
             return text + (f" ({reach:.2f})" if reach is not None else "")
 
+        def depth_cells(name: str, length: int) -> str:
+            """``1.00 / 0.09 (out)``: a cell per fixed depth, marked where the window cannot reach the key."""
+            texts = []
+            for depth in fixed:
+                reach = cells.get((name, length, depth), (None, None, ""))[1]
+                out = reach is not None and reach < o.solved
+                texts.append(cell(name, length, depth).split(" (")[0] + (" (out)" if out else ""))
+            return "refused" if set(texts) == {"refused"} else " / ".join(texts)
+
         fixed = [d for d in depths if d != "uniform"]
         head = ["run", *[f"{n:,} ({n // o.train_len}x)" for n in lengths]]
         lines = [
@@ -200,9 +210,11 @@ class Passkey(Study):
         ]
         if fixed:
             lines += ["", f"**Key at fixed depths** (each cell: depth {' / '.join(fixed)} of the filler; 0 = first, "
-                      "1 = just before the question):", "",
-                      *markdown_table(head, [[f"`{n}`", *[" / ".join(cell(n, length, d).split(" (")[0] for d in fixed)
-                                                          for length in lengths]] for n in labels])]
+                      f"1 = just before the question; (out): under {o.solved:g} of the key's digits within the "
+                      "window's reach):",
+                      "",
+                      *markdown_table(head, [[f"`{n}`", *[depth_cells(n, length) for length in lengths]]
+                                             for n in labels])]
         lines += ["", "![accuracy per digit against test length, a panel per depth](passkey.png)", "",
                   "**Verdict per run:**", "", *[f"- {self.verdict(n, lengths, depths, cells)}" for n in labels],
                   "", "Runs: " + "; ".join(f"`{n}` = `{next(r['run'] for r in rows if r['label'] == n)}`"
@@ -257,8 +269,27 @@ class Passkey(Study):
         return f"`{name}` " + "; ".join(parts) + "."
 
     def figure(self, labels: list[str], lengths: list[int], depths: list[str], cells: dict) -> None:
-        series = {f"key depth {d}": {n: [(length, acc, acc, acc) for length in lengths
-                                         if (acc := cells.get((n, length, d), (None,))[0]) is not None]
-                                     for n in labels} for d in depths}
-        panels_figure(self.paths.out / "passkey.png", series, xlabel="test length (tokens)",
-                      ylabel="accuracy per digit", logx=True, vline=self.options.train_len)
+        """A panel per depth: accuracy against test length, a line per run (windows dashed), refusals as x at 0."""
+        columns = min(len(depths) + 1, 3)  # a spare panel holds the legend
+        grid = (-(-(len(depths) + 1) // columns), columns)
+        with saved_figure(self.paths.out / "passkey.png", *grid, figsize=(5.5 * columns, 3.8 * grid[0]), squeeze=False,
+                          dpi=100) as (_, axes):
+            for axis, depth in zip(axes.flat, depths):
+                for i, name in enumerate(labels):
+                    mine = [(n, cells[(name, n, depth)]) for n in lengths if (name, n, depth) in cells]
+                    points = [(n, c[0]) for n, c in mine if c[0] is not None]
+                    windowed = any(c[1] is not None for _, c in mine)
+                    axis.plot(*zip(*points), marker="o", ms=4, color=f"C{i}", ls="--" if windowed else "-",
+                              label=name)
+                    refused = [n for n, c in mine if c[2]]
+                    if refused:
+                        axis.plot(refused, [0.0] * len(refused), "x", color=f"C{i}", ms=7)
+                axis.axhline(0.1, color="grey", lw=0.8, ls=":")  # guessing a digit
+                axis.axvline(self.options.train_len, color="grey", lw=0.8, ls=":")
+                axis.set_xscale("log", base=2)
+                axis.set(xlabel="test length (tokens)", ylabel="accuracy per digit", ylim=(-0.03, 1.03),
+                         title=f"key at depth {depth}" if depth != "uniform" else "key at a uniform place")
+            for axis in list(axes.flat)[len(depths):]:
+                axis.axis("off")
+            axes.flat[len(depths)].legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=9,
+                                          title="run (dashed: a window; x: refused; dotted: chance)")

@@ -47,7 +47,8 @@ def cells(accuracy: dict[int, float], reach: dict[int, float] | None = None, ref
     [
         (cells({64: 1.0, 128: 0.95, 256: 0.91}),
          "retrieves at every length tested (64-256), every depth (lowest 0.91)"),
-        (cells({64: 0.5, 128: 0.2, 256: 0.1}), "does not learn the task at 64 (1x: depth uniform 0.50)"),
+        (cells({64: 0.5, 128: 0.2, 256: 0.1}),
+         "does not solve the task at its training length 64 at this budget (1x: depth uniform 0.50)"),
         (cells({64: 1.0, 128: 1.0, 256: 0.1}, refused=(128, 256)),
          "cannot by construction past 64: the model refuses 128"),
         (cells({64: 1.0, 128: 0.95, 256: 0.3}), "fails from 256 (4x; depth uniform 0.30)."),
@@ -55,7 +56,7 @@ def cells(accuracy: dict[int, float], reach: dict[int, float] | None = None, ref
          "cannot by construction where the key lies beyond its window (2 cells, each at the share of digits it can "
          "reach); where the window reaches every digit it retrieves (lowest 1.00)."),
         (cells({64: 0.7, 128: 0.3, 256: 0.2}, reach={64: 0.74, 128: 0.31, 256: 0.15}),
-         "cannot by construction where the key lies beyond its window (3 cells"),  # not "does not learn" at 1x
+         "cannot by construction where the key lies beyond its window (3 cells"),  # not "does not solve" at 1x
         (cells({64: 1.0, 128: 0.3, 256: 0.26}, reach={64: 1.0, 128: 0.5, 256: 0.25}),
          "window (1 cells, each at the share of digits it can reach); where the window reaches every digit it "
          "retrieves (lowest 1.00); fails from 128 (2x; depth uniform 0.30)."),

@@ -250,7 +250,8 @@ class Passkey(Study):
         missed = {k: c for k, c in failed.items() if k not in blind}
         if any(n == train_len for n, _ in missed):
             at_one = ", ".join(f"{d} {c[0]:.2f}" for (n, d), c in missed.items() if n == train_len)
-            return f"`{name}` does not learn the task at {train_len} (1x: depth {at_one}) at this budget."
+            return f"`{name}` does not solve the task at its training length {train_len} at this budget (1x: depth " \
+                   f"{at_one})."
         parts = []
         if refused:
             parts.append(f"cannot by construction past {max(n for n in lengths if n not in refused):,}: the model "

@@ -118,11 +118,12 @@ class MQARFrontier(MQARSeparation):
                   p["wall_s"]] for p in sorted(points, key=lambda p: (p["family"], p["state_bytes_per_layer"] or 0))]
         seeds = sorted({int(r["seed"]) for r in finals})
         return "\n".join([
-            f"Budget per point: {o.steps:,} steps of 32 fresh examples (experiment=mqar/len64: vocabulary 256, length 64, "
-            f"{PAIRS} pairs, d_model 64, 2 layers, 2 heads unless the point sets `n_heads`, learned positions), AdamW "
-            f"lr {o.lr:g} unless the point sets its own, {o.warmup} warm-up steps, cosine to zero; final query accuracy "
-            f"on 512 held-out examples. Seeds {seeds}; one thread per run, one run at a time, 1-minute load average "
-            f"{load_range(finals)} at the runs' ends. The plateau (some value of the context) scores {1 / PAIRS:.2f}.",
+            f"Budget per point: {o.steps:,} steps of 32 fresh examples (experiment=mqar/len64: vocabulary 256, length "
+            f"64, {PAIRS} pairs, d_model 64, 2 layers, 2 heads unless the point sets `n_heads`, learned positions), "
+            f"AdamW lr {o.lr:g} unless the point sets its own, {o.warmup} warm-up steps, cosine to zero; final query "
+            f"accuracy on 512 held-out examples. Seeds {seeds}; one thread per run, one run at a time, 1-minute load "
+            f"average {load_range(finals)} at the runs' ends. The plateau (some value of the context) scores "
+            f"{1 / PAIRS:.2f}.",
             "",
             *markdown_table(["family", "setting", "decoding state per layer (bytes, measured)", "final accuracy "
                              "per seed", "window's ceiling", "on the front", "wall s"], table),

@@ -28,8 +28,10 @@ def test_a_windows_reach_is_all_or_nothing_at_a_fixed_depth_and_shrinks_with_the
 
 def test_runs_are_named_by_mechanism_and_positions():
     assert label(local(16, 16)) == "local_1d(16+16)+rope"
-    assert label(dict(max_len=64, attention=dict(name="vanilla"), position=dict(name="learned"))) == \
-        "vanilla+learned(64)"
+    learned = dict(max_len=64, attention=dict(name="vanilla"), position=dict(name="learned"))
+    assert label(learned, "position=learned model.max_len=64") == "vanilla+learned(64)"
+    strided = dict(attention=dict(name="sparse_strided", stride=8), position=dict(name="rope"))
+    assert label(strided) == "sparse_strided(8)+rope"
     assert label(dict(attention=dict(name="vanilla"), position=dict(name="none"))) == "vanilla+none"
     assert label(dict(attention=dict(name="gated_deltanet"), position=dict(name="none"))) == "gated_deltanet"
 

@@ -83,18 +83,19 @@ def depth_name(depth: float) -> str:
     return "uniform" if depth < 0 else f"{depth:g}"
 
 
-def label(model_config: dict[str, Any]) -> str:
-    """``local_1d(16+16)+rope``, ``sparse_strided(8)+rope``, ``vanilla+learned(64)``: mechanism and positions."""
-    attention = model_config.get("attention") or {}
-    name = attention.get("name")
-    if name == "local_1d":
-        name = f"local_1d({attention.get('block')}+{attention.get('memory')})"
-    elif name == "sparse_strided":
-        name = f"sparse_strided({attention.get('stride')})"
+def label(model_config: dict[str, Any], spec: str = "") -> str:
+    """``local_1d(16+16)+rope``, ``sparse_strided(8)+rope``, ``vanilla+learned(64)``: the mechanism with the
+    options the run set on it (the stored config keeps only those), then the positions with the run's own
+    ``model.`` overrides (a learned table's length)."""
+    attention = dict(model_config.get("attention") or {})
+    name = str(attention.pop("name", None))
+    if attention:
+        name += "(" + "+".join(str(value) for value in attention.values()) + ")"
     position = (model_config.get("position") or {}).get("name", "none")
-    if position == "learned":
-        position = f"learned({model_config['max_len']})"
-    return name if position == "none" and name != "vanilla" else f"{name}+{position}"
+    table = [item.split("=", 1)[1] for item in spec.split() if item.startswith("model.")]
+    if table:
+        position += "(" + "+".join(table) + ")"
+    return name if position == "none" and not name.startswith("vanilla") else f"{name}+{position}"
 
 
 def reach_share(model_config: dict[str, Any], length: int, depth: float, n_digits: int = 5,
@@ -164,7 +165,7 @@ class Passkey(Study):
         begin = time.perf_counter()
         scored = score(run_dir / "checkpoints" / "last.pt", length, depth, self.options.eval_size)
         reach = reach_share(model_config, length, depth, n_digits=data["n_digits"])
-        return dict(run=spec, label=label(model_config), seed=seed, train_len=self.options.train_len,
+        return dict(run=spec, label=label(model_config, spec), seed=seed, train_len=self.options.train_len,
                     test_len=length, factor=length // self.options.train_len, depth=depth_name(depth), **scored,
                     reach="" if reach is None else f"{reach:.4f}", train_accuracy=f"{result['final_metric']:.4f}",
                     steps=result["steps"], params=result["params"], train_wall_s=f"{result['wall_s']:.0f}",

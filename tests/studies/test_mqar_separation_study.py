@@ -13,8 +13,12 @@ CONFIG = dict(data=dict(num_kv_pairs=4, vocab_size=256, power_a=0.01, random_non
               trainer=dict(seq_len=64))
 
 
+def model(attention, layers: int = 2) -> dict:
+    return dict(name="vanilla_lm", vocab_size=256, d_model=16, n_heads=2, n_layers=layers, attention=attention)
+
+
 def local(block: int, memory: int, layers: int = 2) -> dict:
-    return dict(n_layers=layers, attention=dict(name="local_1d", block=block, memory=memory))
+    return model(dict(name="local_1d", block=block, memory=memory), layers)
 
 
 def test_a_windows_ceiling_is_all_or_nothing_where_the_answer_is_known_and_grows_with_the_window():
@@ -24,8 +28,11 @@ def test_a_windows_ceiling_is_all_or_nothing_where_the_answer_is_known_and_grows
     shares = [window_ceiling(CONFIG, local(4, m), examples=256) for m in (2, 4, 8, 16)]
     assert 0.0 < shares[0] < shares[1] < shares[2] < shares[3] < 1.0
     assert window_ceiling(CONFIG, local(4, 4, layers=1), examples=256) < shares[1]  # the second layer relays
-    assert window_ceiling(CONFIG, dict(n_layers=2, attention=dict(name="vanilla"))) is None
-    hybrid = dict(n_layers=2, attention=[dict(name="local_1d", block=4, memory=4), "vanilla"])
+    # a strided layer after a band reaches every earlier key: every query's key, whatever the gap
+    assert window_ceiling(CONFIG, model(dict(name="sparse_strided", stride=8)), examples=64) == 1.0
+    assert window_ceiling(CONFIG, model(dict(name="sparse_strided", stride=8), layers=1), examples=64) < 1.0
+    assert window_ceiling(CONFIG, model(dict(name="vanilla"))) is None  # no fixed pattern: no ceiling
+    hybrid = model([dict(name="local_1d", block=4, memory=4), "vanilla"])
     assert window_ceiling(CONFIG, hybrid) is None
 
 

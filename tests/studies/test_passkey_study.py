@@ -11,9 +11,13 @@ from zoo.studies import StudyPaths, create_study
 from zoo.studies.passkey import label, reach_share
 
 
+def model(attention: dict, layers: int = 2) -> dict:
+    return dict(name="vanilla_lm", vocab_size=16, d_model=16, n_heads=2, n_layers=layers, max_len=1024,
+                attention=attention, position=dict(name="rope"))
+
+
 def local(block: int, memory: int, layers: int = 2) -> dict:
-    return dict(n_layers=layers, max_len=1024, attention=dict(name="local_1d", block=block, memory=memory),
-                position=dict(name="rope"))
+    return model(dict(name="local_1d", block=block, memory=memory), layers)
 
 
 def test_a_windows_reach_is_all_or_nothing_at_a_fixed_depth_and_shrinks_with_the_length():
@@ -23,7 +27,9 @@ def test_a_windows_reach_is_all_or_nothing_at_a_fixed_depth_and_shrinks_with_the
     shares = [reach_share(local(16, 16), n, -1.0, examples=256) for n in (64, 128, 256, 512)]
     assert 1.0 > shares[0] > shares[1] > shares[2] > shares[3] > 0.0
     assert reach_share(local(16, 16, layers=1), 128, -1.0, examples=256) < shares[1]  # the second layer relays
-    assert reach_share(dict(n_layers=2, attention=dict(name="sparse_strided", stride=8)), 128, -1.0) is None
+    assert reach_share(model(dict(name="sparse_strided", stride=8)), 128, -1.0, examples=64) == 1.0  # band, stride
+    assert reach_share(model(dict(name="sparse_strided", stride=8), layers=1), 128, 0.0, examples=8) == 0.0
+    assert reach_share(model(dict(name="vanilla")), 128, -1.0) is None  # every earlier key: no fixed bound
 
 
 def test_runs_are_named_by_mechanism_and_positions():

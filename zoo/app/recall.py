@@ -30,6 +30,7 @@ import torch
 
 from zoo.app.aggregate import mean_interval
 from zoo.app.summary import gather
+from zoo.attention.blocked import PatternAttention
 from zoo.bench.generate import state_bytes
 from zoo.presets.factory import create_model
 
@@ -45,6 +46,27 @@ def decoding_state(model_config: dict[str, Any], seq_len: int) -> tuple[float | 
     with torch.no_grad():
         out = model(tokens, state=state)
     return state_bytes(out.state) / model.config.n_layers, ""
+
+
+def reachable_keys(model_config: dict[str, Any], length: int) -> torch.Tensor | None:
+    """bool [length, length]: can position i read position j through the causal stack, each layer's fixed
+    pattern (``PatternAttention.allowed``, any head) composed over the layers, a position always keeping its
+    own (the residual)? None when a layer's keys are not a fixed pattern (every earlier key, hash buckets, a
+    recurrent state): then the task, not the pattern, bounds what it reads. A test-size analysis (the
+    studies ask it at 64-1,024 positions), never a mechanism's implementation."""
+    model = create_model(**model_config)
+    layers = [block.attention for block in model.stack.blocks]
+    if not all(isinstance(layer, PatternAttention) for layer in layers):
+        return None
+    position = torch.arange(length)
+    i, j = position[:, None], position[None, :]
+    reach = torch.eye(length)
+    for layer in layers:
+        allowed = layer.allowed(i, j)
+        allowed = allowed.any(0) if allowed.dim() == 3 else allowed  # per-head patterns: any head reads it
+        step = (allowed & (j <= i)) | (i == j)
+        reach = (step.float() @ reach).clamp(max=1.0)  # i reads m in this layer, m already reached j
+    return reach.bool()
 
 
 def mechanism_label(model_config: dict[str, Any], varied: dict[str, str]) -> str:

@@ -15,8 +15,8 @@ state the trained model returns after 64 tokens (:func:`zoo.app.recall.decoding_
 time and the load it ran under.
 
 A windowed mechanism is scored against its ceiling: the share of held-out queries whose key lies within
-what its layers can reach (each layer reaches back to its query block's start minus ``memory``; two
-layers compose), from the task's own generator. At or below that ceiling the window, not the training,
+what its layers can reach (each layer's fixed pattern, composed over the layers), from the task's own
+generator. At or below that ceiling the window, not the training,
 is what stops it.
 """
 
@@ -28,10 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from zoo.app.aggregate import mean_interval
-from zoo.app.recall import decoding_state
+from zoo.app.recall import decoding_state, reachable_keys
 from zoo.config import IGNORE_INDEX, require
 from zoo.data.mqar import mqar_batch
 from zoo.studies.base import STUDY, Study
@@ -81,20 +79,24 @@ def layer_attentions(model_config: dict[str, Any]) -> list[dict[str, Any]]:
     return [per_layer[i % len(per_layer)] for i in range(model_config["n_layers"])]
 
 
+def attention_label(attention: dict[str, Any]) -> str:
+    """``local_1d(4+4)``: a layer's mechanism with the option values the run set on it (a stored config
+    keeps only those, in the order given)."""
+    options = [str(value) for key, value in attention.items() if key != "name"]
+    return str(attention.get("name")) + (f"({'+'.join(options)})" if options else "")
+
+
 def label(model_config: dict[str, Any]) -> str:
-    """``local_1d(4+4)+vanilla``: each distinct layer's mechanism, a local window as block + memory."""
-
-    def one(a: dict[str, Any]) -> str:
-        return f"local_1d({a.get('block')}+{a.get('memory')})" if a.get("name") == "local_1d" else str(a.get("name"))
-
-    return "+".join(dict.fromkeys(one(a) for a in layer_attentions(model_config)))
+    """``local_1d(4+4)+vanilla``: each distinct layer's mechanism (:func:`attention_label`)."""
+    return "+".join(dict.fromkeys(attention_label(a) for a in layer_attentions(model_config)))
 
 
 def window_ceiling(config: dict[str, Any], model_config: dict[str, Any], examples: int = 1024) -> float | None:
-    """Share of held-out queries whose key a stack of ``local_1d`` layers can reach (None if a layer is not
-    local): from query position q each layer reaches back to ``floor(q / block) * block - memory``."""
-    layers = layer_attentions(model_config)
-    if any(a.get("name") != "local_1d" for a in layers):
+    """Share of held-out queries whose key the stack's fixed attention pattern reaches
+    (:func:`zoo.app.recall.reachable_keys`; None when a layer reads every earlier key or picks them by
+    content): from the task's own generator, so the share is of the queries this task asks."""
+    reach = reachable_keys(model_config, config["trainer"]["seq_len"])
+    if reach is None:
         return None
     data, pairs = config["data"], config["data"]["num_kv_pairs"]
     batch = mqar_batch(examples, config["trainer"]["seq_len"], seed=12345, vocab_size=data["vocab_size"],
@@ -102,10 +104,7 @@ def window_ceiling(config: dict[str, Any], model_config: dict[str, Any], example
     tokens, targets = batch["tokens"], batch["targets"]
     example, query = (targets != IGNORE_INDEX).nonzero(as_tuple=True)
     key_slot = (tokens[example, : 2 * pairs : 2] == tokens[example, query].unsqueeze(-1)).float().argmax(-1)
-    start = query.clone()
-    for a in layers:
-        start = (torch.div(start, a["block"], rounding_mode="floor") * a["block"] - a["memory"]).clamp(min=0)
-    return float((2 * key_slot >= start).float().mean())
+    return float(reach[query, 2 * key_slot].float().mean())
 
 
 @STUDY.register("mqar_separation")

@@ -14,9 +14,9 @@ uniform place per example). A row per (run, seed, test length, depth): accuracy 
 digits whose key a windowed stack can reach at all (from the generator), or the model's refusal.
 
 A learned table of ``model.max_len`` positions cannot be read past its end: the model refuses such a length
-(``check_decode_length``) and the row says so. A stack of ``local_1d`` layers reaches back, from query
-position q, to ``floor(q / block) * block - memory`` per layer (two layers compose); past that the key is
-out of sight whatever the training, which is its ceiling.
+(``check_decode_length``) and the row says so. A stack of fixed attention patterns (a window, a strided
+set) reaches back only as far as its layers compose (:func:`zoo.app.recall.reachable_keys`); past that the
+key is out of sight whatever the training, which is its ceiling.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from typing import Any
 
 import torch
 
+from zoo.app.recall import reachable_keys
 from zoo.app.run import load_run
 from zoo.config import require
 from zoo.data.passkey import passkey_batch
 from zoo.studies.base import STUDY, Study
 from zoo.studies.common import Rows, load_now, load_range, markdown_table, run_outcome, saved_figure, train
+from zoo.studies.mqar_separation import attention_label
 from zoo.train.scoring import evaluate_model
 
 RUNS = [
@@ -87,10 +89,7 @@ def label(model_config: dict[str, Any], spec: str = "") -> str:
     """``local_1d(16+16)+rope``, ``sparse_strided(8)+rope``, ``vanilla+learned(64)``: the mechanism with the
     options the run set on it (the stored config keeps only those), then the positions with the run's own
     ``model.`` overrides (a learned table's length)."""
-    attention = dict(model_config.get("attention") or {})
-    name = str(attention.pop("name", None))
-    if attention:
-        name += "(" + "+".join(str(value) for value in attention.values()) + ")"
+    name = attention_label(dict(model_config.get("attention") or {"name": None}))
     position = (model_config.get("position") or {}).get("name", "none")
     table = [item.split("=", 1)[1] for item in spec.split() if item.startswith("model.")]
     if table:
@@ -100,19 +99,16 @@ def label(model_config: dict[str, Any], spec: str = "") -> str:
 
 def reach_share(model_config: dict[str, Any], length: int, depth: float, n_digits: int = 5,
                 examples: int = 1024) -> float | None:
-    """Share of the key's digits that a stack of ``local_1d`` layers can reach from the question (None if the
-    mechanism is not a window): digit i sits at ``where + 1 + i`` and is asked at ``length - n_digits - 1 + i``;
-    each layer reaches back from a query position to ``floor(q / block) * block - memory``."""
-    attention = model_config.get("attention") or {}
-    if attention.get("name") != "local_1d" or attention.get("sinks"):
+    """Share of the key's digits the stack's fixed attention pattern reaches from the question
+    (:func:`zoo.app.recall.reachable_keys`; None when a layer reads every earlier key or picks them by
+    content): digit i sits at ``where + 1 + i`` and is asked at ``length - n_digits - 1 + i``."""
+    reach = reachable_keys(model_config, length)
+    if reach is None:
         return None
-    block, memory = attention["block"], attention["memory"]
     out = passkey_batch(examples, length, n_digits=n_digits, depth=depth, generator=torch.Generator().manual_seed(0))
     digit = torch.arange(n_digits)
-    start = (length - n_digits - 1 + digit).expand(examples, -1)
-    for _ in range(model_config["n_layers"]):
-        start = (torch.div(start, block, rounding_mode="floor") * block - memory).clamp(min=0)
-    return float((out["where"][:, None] + 1 + digit >= start).float().mean())
+    asked = (length - n_digits - 1 + digit).expand(examples, -1)
+    return float(reach[asked, out["where"][:, None] + 1 + digit].float().mean())
 
 
 def score(checkpoint: Path, length: int, depth: float, eval_size: int) -> dict[str, Any]:

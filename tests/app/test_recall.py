@@ -12,7 +12,7 @@ pytest.importorskip("hydra")
 
 from support.app_cli import train_main  # noqa: E402
 
-from zoo.app.recall import decoding_state, figure2_cells, pareto_front  # noqa: E402
+from zoo.app.recall import decoding_state, figure2_cells, main, pareto_front, verdicts  # noqa: E402
 
 TOY = [
     "sweep=mqar_figure2",
@@ -51,6 +51,11 @@ def test_toy_sweep_writes_figure2_and_the_frontier_with_measured_state(tmp_path,
     assert cells["linear", 64]["state_bytes_per_layer"] == cells["linear", 128]["state_bytes_per_layer"]
     assert (sweep / "figure2.png").is_file() and (sweep / "frontier.png").is_file()
     assert "Pareto front" in (sweep / "recall.md").read_text()
+    # the grid split over two sweep directories re-renders as one report
+    again = tmp_path / "again"
+    main([str(sweep), str(sweep), "--out", str(again)])
+    assert len(read(again / "recall_rows.csv")) == 2 * len(read(sweep / "recall_rows.csv"))
+    assert "length 128, **linear**" in (again / "recall.md").read_text()
 
 
 def cell(mechanism, accuracy, state, seq_len=64):
@@ -90,3 +95,19 @@ def test_a_model_that_cannot_decode_has_no_state():
     config = dict(name="vanilla_lm", vocab_size=16, d_model=16, n_layers=1, n_heads=2, d_ff=32, attention="lsh")
     state, why = decoding_state(config, 32)
     assert state is None and "cannot continue" in why
+
+
+def width(mechanism, d_model, accuracy, low=None, high=None, seeds=1):
+    return dict(mechanism=mechanism, seq_len=64, d_model=d_model, accuracy=accuracy, low=low, high=high, seeds=seeds)
+
+
+def test_verdicts_say_from_which_width_a_mechanism_recalls():
+    cells = [width("a", 64, 0.99, 0.98, 1.0, 3), width("a", 128, 1.0, 1.0, 1.0, 3),
+             width("g", 64, 0.30), width("g", 128, 0.95),
+             width("l", 64, 0.25), width("l", 128, 0.26),
+             width("o", 64, 0.95), width("o", 128, 0.5)]
+    said = {line.split("**")[1]: line for line in verdicts(cells)}
+    assert "recalls at every width tried" in said["a"] and "[0.980, 1.000] (3 seeds)" in said["a"]
+    assert "recalls from d_model 128 on" in said["g"]
+    assert "does not recall at any width tried" in said["l"]
+    assert "recalls at d_model 64 only" in said["o"]

@@ -81,11 +81,21 @@ def reachable_keys(model_config: dict[str, Any], length: int) -> torch.Tensor | 
     return reach.bool()
 
 
+def attention_label(attention: dict[str, Any]) -> str:
+    """``local_1d(4+4)``: a layer's mechanism with the option values the run set on it (a stored config
+    keeps only those, in the order given)."""
+    options = [str(value) for key, value in attention.items() if key != "name"]
+    return str(attention.get("name")) + (f"({'+'.join(options)})" if options else "")
+
+
 def mechanism_label(model_config: dict[str, Any], varied: dict[str, str]) -> str:
-    """The mechanism and the state options the sweep set (``local_1d window=16``): a point of the frontier."""
+    """The mechanism and the state options the sweep set (``local_1d window=16``): a point of the frontier;
+    a per-layer hybrid names each layer with its options (``local_1d(4+4)+vanilla``)."""
     attention = model_config.get("attention") or {}
-    names = attention if isinstance(attention, list) else [attention]
-    label = "+".join(str(a.get("name", "?")) for a in names)
+    if isinstance(attention, list):
+        label = "+".join(dict.fromkeys(attention_label(a) for a in attention))
+    else:
+        label = str(attention.get("name", "?"))
     options = [f"{k.removeprefix('attention.')}={v}" for k, v in sorted(varied.items()) if k.startswith("attention.")]
     return " ".join([label, *options])
 

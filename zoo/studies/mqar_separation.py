@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.app.aggregate import mean_interval
-from zoo.app.recall import decoding_state, reachable_keys
+from zoo.app.recall import attention_label, decoding_state, reachable_keys
 from zoo.config import IGNORE_INDEX, require
 from zoo.data.mqar import mqar_batch
 from zoo.studies.base import STUDY, Study
@@ -77,13 +77,6 @@ def layer_attentions(model_config: dict[str, Any]) -> list[dict[str, Any]]:
     per_layer = attention if isinstance(attention, list) else [attention]
     per_layer = [a if isinstance(a, dict) else {"name": a} for a in per_layer]
     return [per_layer[i % len(per_layer)] for i in range(model_config["n_layers"])]
-
-
-def attention_label(attention: dict[str, Any]) -> str:
-    """``local_1d(4+4)``: a layer's mechanism with the option values the run set on it (a stored config
-    keeps only those, in the order given)."""
-    options = [str(value) for key, value in attention.items() if key != "name"]
-    return str(attention.get("name")) + (f"({'+'.join(options)})" if options else "")
 
 
 def label(model_config: dict[str, Any]) -> str:

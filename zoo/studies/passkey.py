@@ -30,13 +30,12 @@ from typing import Any
 
 import torch
 
-from zoo.app.recall import reachable_keys
+from zoo.app.recall import attention_label, reachable_keys
 from zoo.app.run import load_run
 from zoo.config import require
 from zoo.data.passkey import passkey_batch
 from zoo.studies.base import STUDY, Study
 from zoo.studies.common import Rows, load_now, load_range, markdown_table, run_outcome, saved_figure, train
-from zoo.studies.mqar_separation import attention_label
 from zoo.train.scoring import evaluate_model
 
 RUNS = [

@@ -15,7 +15,9 @@ keeps the reason and stays off the frontier.
 Outputs (:func:`write_report`): ``recall_rows.csv`` (one row per job), ``figure2.csv`` (per
 mechanism, length and d_model: best learning rate per seed, then mean and 95% interval over seeds),
 ``frontier.csv`` (the same cells with their state, the Pareto front marked), ``figure2.png`` and
-``frontier.png``, and ``recall.md`` naming the front.
+``frontier.png`` (attention's curve from the paper's figure drawn beside ours), and ``recall.md`` naming
+the front and giving a verdict per length and mechanism. ``python -m zoo.app.recall`` renders one report from
+a grid split over several sweep directories.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def recall_rows(sweep_dirs: list[str | Path]) -> list[dict[str, Any]]:
                     accuracy=float(job["best_metric"]),
                     state_bytes_per_layer=state,
                     no_state=why,
-                    dir=job["dir"],
+                    job=f"{Path(sweep).name}/{Path(job['dir']).name}",  # sweep and job, no machine path
                 )
             )
     return rows

@@ -89,6 +89,7 @@ def test_figure2_cells_take_the_best_rate_per_seed():
     ]
     (only,) = figure2_cells(rows)
     assert only["accuracy"] == pytest.approx(0.7) and only["seeds"] == 2 and only["best_lrs"] == "0.003 0.001"
+    assert only["per_seed"] == "0.600 / 0.800"
 
 
 def test_a_model_that_cannot_decode_has_no_state():

@@ -156,6 +156,7 @@ def figure2_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 low=interval.low,
                 high=interval.high,
                 best_lrs=" ".join(str(by_seed[s]["lr"]) for s in sorted(by_seed)),
+                per_seed=" / ".join(f"{by_seed[s]['accuracy']:.3f}" for s in sorted(by_seed)),
                 state_bytes_per_layer=states.pop() if len(states) == 1 else None,
             )
         )
@@ -184,10 +185,12 @@ def pareto_front(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _interval(cell: dict[str, Any]) -> str:
-    """``0.980 [0.950, 1.000] (3 seeds)``, or ``0.250 (1 seed)`` where one seed leaves no interval."""
+    """``0.980 [0.950, 1.000] (seeds: 1.000 / 0.940 / 1.000)``, or ``0.250 (1 seed)`` where one seed leaves
+    no interval; each seed's accuracy is shown, since a mean of 0.6 can be one seed recalling and one not."""
     if cell["low"] is None:
         return f"{cell['accuracy']:.3f} ({cell['seeds']} seed)"
-    return f"{cell['accuracy']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}] ({cell['seeds']} seeds)"
+    seeds = f"seeds: {cell['per_seed']}" if cell.get("per_seed") else f"{cell['seeds']} seeds"
+    return f"{cell['accuracy']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}] ({seeds})"
 
 
 def verdicts(cells: list[dict[str, Any]], solved: float = SOLVED) -> list[str]:
@@ -222,6 +225,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def _plots(cells: list[dict[str, Any]], front: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -235,8 +239,17 @@ def _plots(cells: list[dict[str, Any]], front: list[dict[str, Any]], out: Path) 
             widths = [c["d_model"] for c in line]
             drawn = ax.plot(widths, [c["accuracy"] for c in line], marker="o", label=mechanism)
             if all(c["low"] is not None for c in line):  # 95% interval over seeds (none from one seed)
-                band = [c["low"] for c in line], [c["high"] for c in line]
-                ax.fill_between(widths, *band, alpha=0.2, color=drawn[0].get_color())
+                below = [c["accuracy"] - max(c["low"], 0.0) for c in line]  # drawn within [0, 1]
+                above = [min(c["high"], 1.0) - c["accuracy"] for c in line]
+                ax.errorbar(
+                    widths,
+                    [c["accuracy"] for c in line],
+                    yerr=[below, above],
+                    fmt="none",
+                    capsize=3,
+                    alpha=0.5,
+                    color=drawn[0].get_color(),
+                )
             paper = PAPER_CURVES.get(mechanism, {}).get(length)
             if paper:
                 ax.plot(
@@ -254,6 +267,9 @@ def _plots(cells: list[dict[str, Any]], front: list[dict[str, Any]], out: Path) 
             xscale="log",
             ylim=(0, 1.02),
         )
+        ticks = sorted({c["d_model"] for c in mine} | {w for m in PAPER_CURVES.values() for w in m.get(length, {})})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "figure2.png", dpi=120)
@@ -264,9 +280,16 @@ def _plots(cells: list[dict[str, Any]], front: list[dict[str, Any]], out: Path) 
         ax.scatter(
             [c["state_bytes_per_layer"] for c in points], [c["accuracy"] for c in points], label=f"length {length}"
         )
+        for c in points:  # each point named: the mechanism and its width
+            name = f"{c['mechanism']} d{c['d_model']}"
+            ax.annotate(
+                name, (c["state_bytes_per_layer"], c["accuracy"]), fontsize=6, xytext=(3, 3), textcoords="offset points"
+            )
         edge = sorted((c for c in front if c["seq_len"] == length), key=lambda c: c["state_bytes_per_layer"])
         ax.plot([c["state_bytes_per_layer"] for c in edge], [c["accuracy"] for c in edge], linestyle="--")
-    ax.set(xscale="log", xlabel="decoding state per layer (bytes, measured)", ylabel="MQAR accuracy", ylim=(0, 1.02))
+    ax.set(xscale="log", xlabel="decoding state per layer (bytes, measured)", ylabel="MQAR accuracy", ylim=(0, 1.05))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "frontier.png", dpi=120)
